@@ -1,0 +1,33 @@
+# PGXS build of idem_consumer.
+#
+# Extension scripts live in extension/, the pg_regress suite in sql/ and
+# expected/, isolation specs in test/isolation/, TAP tests in test/t/.
+
+MODULE_big = idem_consumer
+OBJS = \
+	src/idem_consumer.o \
+	src/keystore.o \
+	src/plan_cache.o \
+	src/apply.o
+
+EXTENSION = idem_consumer
+DATA = $(wildcard extension/idem_consumer--*.sql)
+PGFILEDESC = "idem_consumer - idempotent message consumption"
+
+REGRESS = apply bad_input plan_cache security storage
+REGRESS_OPTS = --load-extension=idem_consumer
+
+ISOLATION = apply_concurrency
+ISOLATION_OPTS = --inputdir=test/isolation --load-extension=idem_consumer
+
+TAP_TESTS = 1
+PROVE_TESTS = test/t/*.pl
+
+# PostgreSQL's headers are not -Wextra clean for unused parameters and
+# signed/unsigned comparisons; everything else -Wextra finds is an error
+# when built with COPT=-Werror, as CI does.
+PG_CFLAGS = -Wall -Wextra -Wno-unused-parameter -Wno-sign-compare
+
+PG_CONFIG ?= pg_config
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)

@@ -1,0 +1,46 @@
+/*-------------------------------------------------------------------------
+ *
+ * idem_consumer.c
+ *	  Library entry point of idem_consumer: defines the GUCs and lets each
+ *	  module register what it needs.  Nothing here depends on being loaded
+ *	  through shared_preload_libraries.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "fmgr.h"
+#include "utils/guc.h"
+
+#include "idem_consumer.h"
+
+PG_MODULE_MAGIC;
+
+/* Number of distinct business SQL texts whose plans a backend keeps. */
+int			idem_plan_cache_size = 256;
+
+void		_PG_init(void);
+
+/*
+ * Defines the GUCs and initializes each module.
+ */
+void
+_PG_init(void)
+{
+	DefineCustomIntVariable("idem_consumer.plan_cache_size",
+							"Sets how many business SQL texts a session keeps prepared plans for.",
+							"The least recently used plan is dropped when the limit is reached.",
+							&idem_plan_cache_size,
+							256,
+							1,
+							65536,
+							PGC_USERSET,
+							0,
+							NULL,
+							NULL,
+							NULL);
+
+	MarkGUCPrefixReserved("idem_consumer");
+
+	keystore_init();
+}

@@ -1,0 +1,419 @@
+/*-------------------------------------------------------------------------
+ *
+ * keystore.c
+ *	  The extension's storage: the consumers table, the processed-keys table
+ *	  and the statements that read and write them.
+ *
+ * Every statement here runs as the owner of the tables, the way
+ * ri_triggers.c runs its checks as the owner of the referenced table: the
+ * caller needs EXECUTE on the API functions, not privileges on the storage.
+ * Nothing the caller controls (business SQL, search_path) runs while the
+ * user id is switched: the statements are fixed, fully schema-qualified
+ * text, and their parameters are values.
+ *
+ * Uniqueness of (consumer, key) is the exclusion constraint of
+ * idem_consumer.processed_keys, checked by INSERT ... ON CONFLICT DO
+ * NOTHING.  That gives the concurrency behaviour documented in the README
+ * for free: a second inserter of the same key waits for the first
+ * transaction and then either finds the key (first committed) or inserts it
+ * (first aborted); under REPEATABLE READ or SERIALIZABLE, a key committed
+ * after our snapshot was taken raises a serialization failure.
+ *
+ * Consumer ids are cached per backend, but only once the row that maps the
+ * name is known to be committed by another transaction: an id created by
+ * the current transaction would be a lie after a rollback, and a later
+ * backend would create the same consumer under a second id.
+ *
+ * The caller must be connected to SPI.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "port/pg_bswap.h"
+#include "utils/builtins.h"
+#include "utils/hsearch.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/syscache.h"
+#include "utils/timestamp.h"
+
+#include "idem_consumer.h"
+
+#define STORAGE_SCHEMA "idem_consumer"
+
+typedef enum KeystoreStmt
+{
+	KS_FIND_CONSUMER,
+	KS_CREATE_CONSUMER,
+	KS_RECORD_KEY,
+	KS_KEY_EXISTS,
+	KS_FORGET_KEY,
+	KS_NUM_STMTS
+} KeystoreStmt;
+
+typedef struct KeystoreStmtDef
+{
+	const char *sql;
+	int			nargs;
+	Oid			argtypes[3];
+} KeystoreStmtDef;
+
+static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
+	[KS_FIND_CONSUMER] = {
+		"SELECT consumer_id, xmin FROM " STORAGE_SCHEMA ".consumers"
+		" WHERE name OPERATOR(pg_catalog.=) $1",
+		1, {TEXTOID}
+	},
+	[KS_CREATE_CONSUMER] = {
+		"INSERT INTO " STORAGE_SCHEMA ".consumers (name) VALUES ($1)"
+		" ON CONFLICT (name) DO NOTHING RETURNING consumer_id",
+		1, {TEXTOID}
+	},
+	[KS_RECORD_KEY] = {
+		"INSERT INTO " STORAGE_SCHEMA ".processed_keys (consumer_id, processed_at, key)"
+		" VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+		3, {INT4OID, INT4OID, TEXTOID}
+	},
+	[KS_KEY_EXISTS] = {
+		"SELECT 1 FROM " STORAGE_SCHEMA ".processed_keys"
+		" WHERE " STORAGE_SCHEMA ".scoped_key(consumer_id, key)"
+		" OPERATOR(pg_catalog.=) " STORAGE_SCHEMA ".scoped_key($1, $2)",
+		2, {INT4OID, TEXTOID}
+	},
+	[KS_FORGET_KEY] = {
+		"DELETE FROM " STORAGE_SCHEMA ".processed_keys"
+		" WHERE " STORAGE_SCHEMA ".scoped_key(consumer_id, key)"
+		" OPERATOR(pg_catalog.=) " STORAGE_SCHEMA ".scoped_key($1, $2)",
+		2, {INT4OID, TEXTOID}
+	},
+};
+
+typedef struct ConsumerIdEntry
+{
+	char		name[IDEM_MAX_CONSUMER_BYTES + 1];	/* hash key */
+	int32		consumer_id;
+} ConsumerIdEntry;
+
+/*
+ * Per-backend state.  "located" means the OIDs, owner and plans belong to
+ * the storage as it is now; "recheck" is set by a relcache invalidation of
+ * the storage tables, after which we verify the tables still exist before
+ * trusting anything cached (DROP EXTENSION and CREATE EXTENSION again give
+ * new tables and new consumer ids).
+ */
+static struct
+{
+	bool		located;
+	bool		recheck;
+	Oid			keys_relid;
+	Oid			consumers_relid;
+	Oid			owner;
+	SPIPlanPtr	plans[KS_NUM_STMTS];
+	HTAB	   *consumer_ids;
+} keystore;
+
+PG_FUNCTION_INFO_V1(idem_scoped_key);
+
+/*
+ * Notes that a storage table may have been dropped or changed owner.
+ */
+static void
+keystore_relcache_callback(Datum arg, Oid relid)
+{
+	if (keystore.located &&
+		(relid == InvalidOid ||
+		 relid == keystore.keys_relid ||
+		 relid == keystore.consumers_relid))
+		keystore.recheck = true;
+}
+
+/*
+ * Registers the invalidation callback; called once from _PG_init.
+ */
+void
+keystore_init(void)
+{
+	CacheRegisterRelcacheCallback(keystore_relcache_callback, (Datum) 0);
+}
+
+/*
+ * Forgets every OID, plan and consumer id cached for the storage.
+ */
+static void
+keystore_reset(void)
+{
+	for (int i = 0; i < KS_NUM_STMTS; i++)
+	{
+		if (keystore.plans[i] != NULL)
+			SPI_freeplan(keystore.plans[i]);
+		keystore.plans[i] = NULL;
+	}
+	if (keystore.consumer_ids != NULL)
+		hash_destroy(keystore.consumer_ids);
+	keystore.consumer_ids = NULL;
+	keystore.located = false;
+	keystore.recheck = false;
+}
+
+/*
+ * Returns the owner of a storage table, or InvalidOid if it is gone.
+ */
+static Oid
+storage_table_owner(Oid relid)
+{
+	HeapTuple	tuple;
+	Oid			owner;
+
+	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+	if (!HeapTupleIsValid(tuple))
+		return InvalidOid;
+	owner = ((Form_pg_class) GETSTRUCT(tuple))->relowner;
+	ReleaseSysCache(tuple);
+	return owner;
+}
+
+/*
+ * Finds the storage tables of this database, or raises a clear error.
+ */
+static void
+keystore_locate(void)
+{
+	Oid			nspid;
+	HASHCTL		ctl;
+
+	nspid = get_namespace_oid(STORAGE_SCHEMA, true);
+	if (OidIsValid(nspid))
+	{
+		keystore.keys_relid = get_relname_relid("processed_keys", nspid);
+		keystore.consumers_relid = get_relname_relid("consumers", nspid);
+	}
+	if (!OidIsValid(nspid) ||
+		!OidIsValid(keystore.keys_relid) ||
+		!OidIsValid(keystore.consumers_relid))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("storage of extension \"idem_consumer\" is missing"),
+				 errdetail("Tables %s.processed_keys and %s.consumers were not found.",
+						   STORAGE_SCHEMA, STORAGE_SCHEMA),
+				 errhint("Recreate the extension with DROP EXTENSION idem_consumer; CREATE EXTENSION idem_consumer;")));
+
+	keystore.owner = storage_table_owner(keystore.keys_relid);
+
+	ctl.keysize = sizeof(((ConsumerIdEntry *) NULL)->name);
+	ctl.entrysize = sizeof(ConsumerIdEntry);
+	ctl.hcxt = CacheMemoryContext;
+	keystore.consumer_ids = hash_create("idem_consumer consumer ids", 16, &ctl,
+										HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+	keystore.located = true;
+	keystore.recheck = false;
+}
+
+/*
+ * Makes the cached storage state trustworthy before a statement runs.
+ */
+static void
+keystore_ready(void)
+{
+	if (keystore.located && keystore.recheck)
+	{
+		Oid			owner = storage_table_owner(keystore.keys_relid);
+
+		keystore.recheck = false;
+		if (!OidIsValid(owner) ||
+			!OidIsValid(storage_table_owner(keystore.consumers_relid)))
+			keystore_reset();
+		else
+			keystore.owner = owner;
+	}
+	if (!keystore.located)
+		keystore_locate();
+}
+
+/*
+ * Runs one storage statement as the owner of the storage tables.
+ */
+static int
+keystore_exec(KeystoreStmt stmt, Datum *values, long tcount)
+{
+	Oid			save_userid;
+	int			save_sec_context;
+	int			rc;
+
+	keystore_ready();
+
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(keystore.owner,
+						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_RESTRICTED_OPERATION);
+
+	if (keystore.plans[stmt] == NULL)
+	{
+		const KeystoreStmtDef *def = &keystore_stmt_defs[stmt];
+		SPIPlanPtr	plan;
+
+		plan = SPI_prepare(def->sql, def->nargs, (Oid *) def->argtypes);
+		if (plan == NULL)
+			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
+				 def->sql, SPI_result_code_string(SPI_result));
+		if (SPI_keepplan(plan) != 0)
+			elog(ERROR, "SPI_keepplan failed");
+		keystore.plans[stmt] = plan;
+	}
+
+	rc = SPI_execute_plan(keystore.plans[stmt], values, NULL, false, tcount);
+	if (rc < 0)
+		elog(ERROR, "SPI_execute_plan failed for \"%s\": %s",
+			 keystore_stmt_defs[stmt].sql, SPI_result_code_string(rc));
+
+	/* errors restore the user id through transaction abort */
+	SetUserIdAndSecContext(save_userid, save_sec_context);
+
+	return rc;
+}
+
+/*
+ * Returns the id of a consumer; with create, creates the consumer if it
+ * does not exist yet, otherwise returns 0 for an unknown consumer.
+ */
+int32
+keystore_consumer_id(const char *consumer, bool create)
+{
+	ConsumerIdEntry *entry;
+	Datum		name_datum;
+	bool		isnull;
+	int32		consumer_id;
+
+	keystore_ready();
+	entry = hash_search(keystore.consumer_ids, consumer, HASH_FIND, NULL);
+	if (entry != NULL)
+		return entry->consumer_id;
+
+	name_datum = CStringGetTextDatum(consumer);
+	for (;;)
+	{
+		keystore_exec(KS_FIND_CONSUMER, &name_datum, 1);
+		if (SPI_processed == 1)
+		{
+			TransactionId xmin;
+
+			consumer_id = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
+													  SPI_tuptable->tupdesc,
+													  1, &isnull));
+			xmin = DatumGetTransactionId(SPI_getbinval(SPI_tuptable->vals[0],
+													   SPI_tuptable->tupdesc,
+													   2, &isnull));
+			if (!TransactionIdIsCurrentTransactionId(xmin))
+			{
+				entry = hash_search(keystore.consumer_ids, consumer,
+									HASH_ENTER, NULL);
+				entry->consumer_id = consumer_id;
+			}
+			return consumer_id;
+		}
+
+		if (!create)
+			return 0;
+
+		keystore_exec(KS_CREATE_CONSUMER, &name_datum, 1);
+		if (SPI_processed == 1)
+			return DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
+											   SPI_tuptable->tupdesc,
+											   1, &isnull));
+
+		/*
+		 * A concurrent transaction created the consumer and committed after
+		 * our lookup; under READ COMMITTED the next lookup sees it.  Under
+		 * REPEATABLE READ the insert has already raised a serialization
+		 * failure, so this loop runs at most twice.
+		 */
+		create = false;
+	}
+}
+
+/*
+ * Converts the current transaction's start time to the integer seconds
+ * stored in processed_keys.processed_at.
+ */
+static int32
+processed_at_now(void)
+{
+	int64		seconds = GetCurrentTransactionStartTimestamp() / USECS_PER_SEC;
+
+	if (seconds < 0 || seconds > PG_INT32_MAX)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
+				 errmsg("transaction start time is outside the range idem_consumer can record"),
+				 errdetail("Processing times are stored as seconds from 2000-01-01 to 2068-01-19.")));
+	return (int32) seconds;
+}
+
+/*
+ * Records a key; returns false if the key was already recorded.
+ */
+bool
+keystore_record_key(int32 consumer_id, text *key)
+{
+	Datum		values[3];
+
+	values[0] = Int32GetDatum(consumer_id);
+	values[1] = Int32GetDatum(processed_at_now());
+	values[2] = PointerGetDatum(key);
+	keystore_exec(KS_RECORD_KEY, values, 0);
+	return SPI_processed == 1;
+}
+
+/*
+ * Returns whether a key is recorded and visible to this transaction.
+ */
+bool
+keystore_key_exists(int32 consumer_id, text *key)
+{
+	Datum		values[2];
+
+	values[0] = Int32GetDatum(consumer_id);
+	values[1] = PointerGetDatum(key);
+	keystore_exec(KS_KEY_EXISTS, values, 1);
+	return SPI_processed > 0;
+}
+
+/*
+ * Removes a key; returns whether it was recorded.
+ */
+bool
+keystore_forget_key(int32 consumer_id, text *key)
+{
+	Datum		values[2];
+
+	values[0] = Int32GetDatum(consumer_id);
+	values[1] = PointerGetDatum(key);
+	keystore_exec(KS_FORGET_KEY, values, 0);
+	return SPI_processed > 0;
+}
+
+/*
+ * idem_consumer.scoped_key(consumer_id, key): the exclusion constraint's
+ * index key, the consumer id in network byte order followed by the key.
+ */
+Datum
+idem_scoped_key(PG_FUNCTION_ARGS)
+{
+	uint32		consumer_id_be = pg_hton32((uint32) PG_GETARG_INT32(0));
+	text	   *key = PG_GETARG_TEXT_PP(1);
+	int			key_len = VARSIZE_ANY_EXHDR(key);
+	bytea	   *result;
+
+	result = (bytea *) palloc(VARHDRSZ + sizeof(consumer_id_be) + key_len);
+	SET_VARSIZE(result, VARHDRSZ + sizeof(consumer_id_be) + key_len);
+	memcpy(VARDATA(result), &consumer_id_be, sizeof(consumer_id_be));
+	memcpy(VARDATA(result) + sizeof(consumer_id_be), VARDATA_ANY(key), key_len);
+	PG_RETURN_BYTEA_P(result);
+}

@@ -1,0 +1,376 @@
+/*-------------------------------------------------------------------------
+ *
+ * plan_cache.c
+ *	  Business SQL: what may run, the types of its parameters, its prepared
+ *	  plans, and binding the caller's text parameters to them.
+ *
+ * Each backend keeps a plan per distinct SQL text, bounded by
+ * idem_consumer.plan_cache_size with least-recently-used eviction.  The
+ * plans are SPI plans, so the plan cache of PostgreSQL replans them when a
+ * table they use changes, and checks permissions as the current user at
+ * every execution.
+ *
+ * Parameter types are inferred once, the way a driver's unnamed prepared
+ * statement infers them (parse analysis with variable parameters), then
+ * fixed in the plan like PREPARE does: a later replan keeps the types.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "common/hashfn.h"
+#include "executor/spi.h"
+#include "lib/ilist.h"
+#include "nodes/parsenodes.h"
+#include "parser/analyze.h"
+#include "tcop/dest.h"
+#include "tcop/tcopprot.h"
+#include "tcop/utility.h"
+#include "utils/builtins.h"
+#include "utils/hsearch.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+
+#include "idem_consumer.h"
+
+struct BusinessPlan
+{
+	const char *sql;			/* hash key; points into plan_cache_cxt */
+	SPIPlanPtr	plan;
+	int			nargs;
+	Oid		   *argtypes;
+	FmgrInfo   *input_funcs;
+	Oid		   *input_ioparams;
+	dlist_node	lru_node;		/* most recently used first */
+};
+
+static HTAB *plan_cache = NULL;
+static MemoryContext plan_cache_cxt = NULL;
+static dlist_head plan_lru = DLIST_STATIC_INIT(plan_lru);
+
+/*
+ * Depth of business SQL executions in progress.  Business SQL may itself
+ * call idem_apply(); plans are only evicted at depth zero so that no plan
+ * is freed while an outer call still runs it.
+ */
+static int	executing_depth = 0;
+
+/* Error context for parameter conversion. */
+typedef struct BindErrorContext
+{
+	int			paramno;
+	Oid			paramtype;
+} BindErrorContext;
+
+/*
+ * Hashes an SQL text; the hash key is a pointer to the text.
+ */
+static uint32
+sql_text_hash(const void *key, Size keysize)
+{
+	const char *sql = *(const char *const *) key;
+
+	return hash_bytes((const unsigned char *) sql, strlen(sql));
+}
+
+/*
+ * Compares two SQL texts for the hash table.
+ */
+static int
+sql_text_match(const void *key1, const void *key2, Size keysize)
+{
+	return strcmp(*(const char *const *) key1, *(const char *const *) key2);
+}
+
+/*
+ * Creates the per-backend plan table on first use.
+ */
+static void
+plan_cache_create(void)
+{
+	HASHCTL		ctl;
+
+	plan_cache_cxt = AllocSetContextCreate(CacheMemoryContext,
+										   "idem_consumer business plans",
+										   ALLOCSET_DEFAULT_SIZES);
+	ctl.keysize = sizeof(const char *);
+	ctl.entrysize = sizeof(BusinessPlan);
+	ctl.hash = sql_text_hash;
+	ctl.match = sql_text_match;
+	ctl.hcxt = plan_cache_cxt;
+	plan_cache = hash_create("idem_consumer business plans", 64, &ctl,
+							 HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
+}
+
+/*
+ * Raises an error unless the statement can run inside idem_apply().
+ */
+static void
+check_statement_kind(RawStmt *raw)
+{
+	Node	   *stmt = raw->stmt;
+
+	switch (nodeTag(stmt))
+	{
+		case T_SelectStmt:
+			if (((SelectStmt *) stmt)->intoClause == NULL)
+				return;
+			break;
+		case T_InsertStmt:
+		case T_UpdateStmt:
+		case T_DeleteStmt:
+		case T_MergeStmt:
+		case T_CallStmt:
+			return;
+		case T_TransactionStmt:
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_TRANSACTION_TERMINATION),
+					 errmsg("business SQL cannot contain transaction control"),
+					 errdetail("The statement is %s.", CreateCommandName(stmt)),
+					 errhint("The business SQL runs inside the caller's transaction, "
+							 "together with the recording of the key: commit or roll back "
+							 "from the client after idem_apply returns.")));
+			break;
+		default:
+			break;
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+			 errmsg("business SQL cannot be a %s statement", CreateCommandName(stmt)),
+			 errhint("Use one SELECT, INSERT, UPDATE, DELETE, MERGE or CALL statement.")));
+}
+
+/*
+ * Parses and validates a business SQL text and infers its parameter types.
+ */
+static void
+analyze_business_sql(const char *sql, Oid **argtypes, int *nargs)
+{
+	List	   *raw_list;
+	RawStmt    *raw;
+
+	raw_list = pg_parse_query(sql);
+	if (raw_list == NIL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("sql must contain a statement"),
+				 errdetail("The text holds only white space, comments or semicolons.")));
+	if (list_length(raw_list) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_SYNTAX_ERROR),
+				 errmsg("sql must contain exactly one statement"),
+				 errdetail("The text holds %d statements.", list_length(raw_list)),
+				 errhint("Combine the changes in one statement, for example with "
+						 "data-modifying WITH queries, or call idem_apply once per statement "
+						 "in the same transaction with different consumers.")));
+
+	raw = linitial_node(RawStmt, raw_list);
+	check_statement_kind(raw);
+
+	*argtypes = NULL;
+	*nargs = 0;
+	(void) parse_analyze_varparams(raw, sql, argtypes, nargs, NULL);
+
+	for (int i = 0; i < *nargs; i++)
+	{
+		Oid			argtype = (*argtypes)[i];
+
+		if (argtype == InvalidOid || argtype == UNKNOWNOID)
+			ereport(ERROR,
+					(errcode(ERRCODE_INDETERMINATE_DATATYPE),
+					 errmsg("could not determine data type of parameter $%d", i + 1),
+					 errhint("Use $%d where its type follows from the context, or add a cast such as $%d::integer.",
+							 i + 1, i + 1)));
+	}
+}
+
+/*
+ * Prepares a business SQL text and stores its plan in the cache.
+ */
+static BusinessPlan *
+business_plan_create(const char *sql)
+{
+	Oid		   *argtypes;
+	int			nargs;
+	SPIPlanPtr	plan;
+	BusinessPlan *bplan;
+	const char *sql_copy;
+	bool		found;
+
+	analyze_business_sql(sql, &argtypes, &nargs);
+
+	plan = SPI_prepare(sql, nargs, argtypes);
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+	if (SPI_keepplan(plan) != 0)
+		elog(ERROR, "SPI_keepplan failed");
+
+	/* nothing below can fail but out-of-memory */
+	sql_copy = MemoryContextStrdup(plan_cache_cxt, sql);
+	bplan = hash_search(plan_cache, &sql_copy, HASH_ENTER, &found);
+	Assert(!found);
+	bplan->sql = sql_copy;
+	bplan->plan = plan;
+	bplan->nargs = nargs;
+	bplan->argtypes = MemoryContextAlloc(plan_cache_cxt, Max(nargs, 1) * sizeof(Oid));
+	bplan->input_funcs = MemoryContextAlloc(plan_cache_cxt, Max(nargs, 1) * sizeof(FmgrInfo));
+	bplan->input_ioparams = MemoryContextAlloc(plan_cache_cxt, Max(nargs, 1) * sizeof(Oid));
+	for (int i = 0; i < nargs; i++)
+	{
+		Oid			typinput;
+
+		bplan->argtypes[i] = argtypes[i];
+		getTypeInputInfo(argtypes[i], &typinput, &bplan->input_ioparams[i]);
+		fmgr_info_cxt(typinput, &bplan->input_funcs[i], plan_cache_cxt);
+	}
+	dlist_push_head(&plan_lru, &bplan->lru_node);
+	return bplan;
+}
+
+/*
+ * Drops least recently used plans until the cache fits its limit.
+ */
+static void
+plan_cache_evict(void)
+{
+	while (executing_depth == 0 &&
+		   hash_get_num_entries(plan_cache) > idem_plan_cache_size)
+	{
+		BusinessPlan *victim = dlist_container(BusinessPlan, lru_node,
+											   dlist_tail_node(&plan_lru));
+		const char *sql = victim->sql;
+
+		dlist_delete(&victim->lru_node);
+		SPI_freeplan(victim->plan);
+		pfree(victim->argtypes);
+		pfree(victim->input_funcs);
+		pfree(victim->input_ioparams);
+		hash_search(plan_cache, &sql, HASH_REMOVE, NULL);
+		pfree((char *) sql);
+	}
+}
+
+/*
+ * Returns the cached plan of a business SQL text, preparing it if needed.
+ * Raises an error, caching nothing, if the text is not acceptable.
+ */
+BusinessPlan *
+business_plan_get(const char *sql)
+{
+	BusinessPlan *bplan;
+
+	if (plan_cache == NULL)
+		plan_cache_create();
+
+	bplan = hash_search(plan_cache, &sql, HASH_FIND, NULL);
+	if (bplan != NULL)
+		dlist_move_head(&plan_lru, &bplan->lru_node);
+	else
+	{
+		bplan = business_plan_create(sql);
+		plan_cache_evict();
+	}
+	return bplan;
+}
+
+/*
+ * Adds the parameter being converted to an error's context.
+ */
+static void
+bind_error_callback(void *arg)
+{
+	BindErrorContext *ctx = (BindErrorContext *) arg;
+
+	errcontext("idem_apply parameter $%d of type %s",
+			   ctx->paramno, format_type_be(ctx->paramtype));
+}
+
+/*
+ * Converts the caller's text parameters to the plan's parameter types.
+ */
+ParamListInfo
+business_plan_bind(BusinessPlan *bplan, ArrayType *params)
+{
+	Datum	   *elems = NULL;
+	bool	   *elem_nulls = NULL;
+	int			nelems = 0;
+	ParamListInfo param_list;
+	BindErrorContext bind_ctx;
+	ErrorContextCallback errcallback;
+
+	if (params != NULL)
+	{
+		if (ARR_NDIM(params) > 1)
+			ereport(ERROR,
+					(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+					 errmsg("params must be a one-dimensional array"),
+					 errdetail("The array has %d dimensions.", ARR_NDIM(params))));
+		deconstruct_array(params, TEXTOID, -1, false, TYPALIGN_INT,
+						  &elems, &elem_nulls, &nelems);
+	}
+
+	if (nelems != bplan->nargs)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("params has %d elements but the sql uses %d parameters",
+						nelems, bplan->nargs),
+				 errhint("Pass one array element for each of $1 to $%d; a NULL element is an SQL NULL.",
+						 Max(bplan->nargs, 1))));
+
+	param_list = makeParamList(nelems);
+
+	errcallback.callback = bind_error_callback;
+	errcallback.arg = &bind_ctx;
+	errcallback.previous = error_context_stack;
+	error_context_stack = &errcallback;
+
+	for (int i = 0; i < nelems; i++)
+	{
+		ParamExternData *param = &param_list->params[i];
+		char	   *value = elem_nulls[i] ? NULL : TextDatumGetCString(elems[i]);
+
+		bind_ctx.paramno = i + 1;
+		bind_ctx.paramtype = bplan->argtypes[i];
+
+		/* called for NULL too, so that domain constraints are checked */
+		param->value = InputFunctionCall(&bplan->input_funcs[i], value,
+										 bplan->input_ioparams[i], -1);
+		param->isnull = elem_nulls[i];
+		param->pflags = PARAM_FLAG_CONST;
+		param->ptype = bplan->argtypes[i];
+	}
+
+	error_context_stack = errcallback.previous;
+
+	return param_list;
+}
+
+/*
+ * Runs a business plan as the current user, discarding any result rows.
+ */
+void
+business_plan_execute(BusinessPlan *bplan, ParamListInfo params)
+{
+	SPIExecuteOptions options;
+
+	memset(&options, 0, sizeof(options));
+	options.params = params;
+	options.read_only = false;
+	options.dest = None_Receiver;
+
+	executing_depth++;
+	PG_TRY();
+	{
+		int			rc = SPI_execute_plan_extended(bplan->plan, &options);
+
+		if (rc < 0)
+			elog(ERROR, "SPI_execute_plan_extended failed: %s",
+				 SPI_result_code_string(rc));
+	}
+	PG_FINALLY();
+	{
+		executing_depth--;
+	}
+	PG_END_TRY();
+}
