@@ -1,0 +1,129 @@
+# test/lib/common.sh -- shared helpers for test/run-tests and test/demo.
+#
+# Owns: installing the Debian packages the build and the tests need,
+# building and installing the extension (warnings are errors), and starting a
+# throw-away PostgreSQL 15 cluster (unix socket only, trust auth, fsync off,
+# idem_consumer preloaded) that is stopped and removed when the script exits.
+#
+# Source it from bash; it expects REPO_ROOT to be set to the repository root.
+
+PG_BINDIR=/usr/lib/postgresql/15/bin
+PG_CONFIG=$PG_BINDIR/pg_config
+PGXS_DIR=/usr/lib/postgresql/15/lib/pgxs
+PG_REGRESS=$PGXS_DIR/src/test/regress/pg_regress
+PG_ISOLATION_REGRESS=$PGXS_DIR/src/test/isolation/pg_isolation_regress
+PG_TAP_PERL=$PGXS_DIR/src/test/perl
+
+# Everything registered with add_cleanup runs, last first, when the script exits.
+_cleanup_cmds=()
+add_cleanup() { _cleanup_cmds+=("$1"); }
+_run_cleanup() {
+    local i
+    for ((i = ${#_cleanup_cmds[@]} - 1; i >= 0; i--)); do
+        eval "${_cleanup_cmds[i]}" || true
+    done
+    _cleanup_cmds=()
+}
+trap _run_cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+die() { echo "ERROR: $*" >&2; exit 1; }
+
+# Run a command as root (directly, or through sudo when we are not root).
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# Run a command as the OS user that owns the server (the server refuses root).
+as_pg() {
+    if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+# Install whatever is missing; apt-get update only when something is.
+# (pgbench ships in postgresql-15 itself, prove in perl.)
+ensure_packages() {
+    local pkgs="postgresql-15 postgresql-server-dev-15 libipc-run-perl clang-14 llvm-14 make gcc perl"
+    local missing="" p
+    for p in $pkgs; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' \
+            || missing="$missing $p"
+    done
+    [ -z "$missing" ] && return 0
+    echo "== installing:$missing"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
+        || die "apt-get update failed"
+    # shellcheck disable=SC2086
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends $missing >/dev/null \
+        || die "apt-get install$missing failed"
+}
+
+# Warnings are errors.  -Wno-unused-parameter because PostgreSQL 15's own
+# headers (bufpage.h, ilist.h, reached through executor/spi.h) trip it.
+BUILD_COPT='-Wall -Wextra -Wno-unused-parameter -Werror'
+
+# make clean; make with warnings as errors; make install.
+build_and_install() {
+    local log
+    log=$(mktemp)
+    echo "== building idem_consumer (COPT='$BUILD_COPT')"
+    if ! (cd "$REPO_ROOT" &&
+          make -s PG_CONFIG="$PG_CONFIG" clean &&
+          make -s PG_CONFIG="$PG_CONFIG" COPT="$BUILD_COPT") >"$log" 2>&1; then
+        cat "$log"; rm -f "$log"
+        die "build failed (warnings are errors)"
+    fi
+    if ! (cd "$REPO_ROOT" && as_root make -s PG_CONFIG="$PG_CONFIG" install) >"$log" 2>&1; then
+        cat "$log"; rm -f "$log"
+        die "make install failed"
+    fi
+    rm -f "$log"
+}
+
+# Print the value of a Makefile variable, e.g. make_var REGRESS.
+make_var() {
+    (cd "$REPO_ROOT" &&
+     make -s --no-print-directory PG_CONFIG="$PG_CONFIG" -f Makefile -f - \
+          "__print_var-$1" <<<'__print_var-%: ; @echo $($*)')
+}
+
+# A temporary directory owned by the postgres user, removed on exit.
+pg_tempdir() {
+    local d
+    d=$(mktemp -d "${TMPDIR:-/tmp}/idem_consumer.XXXXXX")
+    [ "$(id -u)" -eq 0 ] && chown postgres: "$d"
+    chmod 755 "$d"
+    add_cleanup "rm -rf '$d'"
+    echo "$d"
+}
+
+# start_scratch_cluster DIR PORT: initdb + start a cluster in DIR (created if
+# needed, must be writable by the server's user); data in DIR/data, socket in
+# DIR, server log in DIR/log.  Exports PGHOST, PGPORT, PGUSER for clients and
+# registers stopping it and removing DIR on exit.
+start_scratch_cluster() {
+    local dir=$1 port=$2
+    mkdir -p "$dir"
+    [ "$(id -u)" -eq 0 ] && chown postgres: "$dir"
+    add_cleanup "rm -rf '$dir'"
+    (cd "$dir" && as_pg "$PG_BINDIR/initdb" -D "$dir/data" -U postgres \
+        --auth=trust --encoding=UTF8 --locale=C --no-sync) >"$dir/initdb.log" 2>&1 \
+        || { cat "$dir/initdb.log"; die "initdb failed"; }
+    cat >>"$dir/data/postgresql.conf" <<EOF
+
+# scratch test cluster (test/lib/common.sh); fsync off: tests only
+listen_addresses = ''
+unix_socket_directories = '$dir'
+port = $port
+shared_preload_libraries = 'idem_consumer'
+fsync = off
+max_connections = 100
+EOF
+    add_cleanup "(cd '$dir' && as_pg '$PG_BINDIR/pg_ctl' -D '$dir/data' -m immediate -w stop >/dev/null 2>&1)"
+    if ! (cd "$dir" && as_pg "$PG_BINDIR/pg_ctl" -D "$dir/data" -l "$dir/log" -w start) >/dev/null 2>&1; then
+        cat "$dir/log" 2>/dev/null
+        die "could not start the scratch cluster"
+    fi
+    export PGHOST=$dir PGPORT=$port PGUSER=postgres
+}
