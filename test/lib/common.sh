@@ -7,6 +7,8 @@
 #
 # Source it from bash; it expects REPO_ROOT to be set to the repository root.
 
+export PATH="$PATH:/usr/sbin:/sbin"     # runuser
+
 PG_BINDIR=/usr/lib/postgresql/15/bin
 PG_CONFIG=$PG_BINDIR/pg_config
 PGXS_DIR=/usr/lib/postgresql/15/lib/pgxs
@@ -89,14 +91,16 @@ make_var() {
           "__print_var-$1" <<<'__print_var-%: ; @echo $($*)')
 }
 
-# A temporary directory owned by the postgres user, removed on exit.
-pg_tempdir() {
+# make_pg_tempdir VAR: create a temporary directory owned by the postgres
+# user, removed on exit, and store its path in VAR.  (Not a $(...) function:
+# the cleanup must be registered in this shell, not in a subshell.)
+make_pg_tempdir() {
     local d
-    d=$(mktemp -d "${TMPDIR:-/tmp}/idem_consumer.XXXXXX")
+    d=$(mktemp -d "${TMPDIR:-/tmp}/idem_consumer.XXXXXX") || die "mktemp failed"
+    add_cleanup "rm -rf '$d'"
     [ "$(id -u)" -eq 0 ] && chown postgres: "$d"
     chmod 755 "$d"
-    add_cleanup "rm -rf '$d'"
-    echo "$d"
+    printf -v "$1" '%s' "$d"
 }
 
 # start_scratch_cluster DIR PORT: initdb + start a cluster in DIR (created if
