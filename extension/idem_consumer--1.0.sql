@@ -13,8 +13,8 @@ CREATE SCHEMA idem_consumer;
 COMMENT ON SCHEMA idem_consumer IS 'storage of the idem_consumer extension';
 
 -- One row per consumer name; processed keys refer to it by a small id so
--- that the name is not repeated in every key row.  Consumers are never
--- deleted: a removed id could be reused and merge two consumers' keys.
+-- that the name is not repeated in every key row.  Sessions cache the
+-- name-to-id mapping, so consumers are never renamed or deleted.
 CREATE TABLE idem_consumer.consumers (
     consumer_id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name text COLLATE "C" NOT NULL UNIQUE
@@ -22,29 +22,44 @@ CREATE TABLE idem_consumer.consumers (
     created_at timestamptz NOT NULL DEFAULT pg_catalog.now()
 );
 
--- The exclusion constraint's index key: consumer id in four bytes, then the
--- key's bytes.  It is injective, so two rows have equal scoped keys exactly
--- when they have the same consumer and the same key.
-CREATE FUNCTION idem_consumer.scoped_key(consumer_id integer, key text)
-RETURNS bytea
-AS 'MODULE_PATHNAME', 'idem_scoped_key'
+-- A 32-bit hash of (consumer id, key), the unique index key of
+-- processed_keys.  Indexing the hash instead of the key keeps the index at
+-- one 16-byte tuple per key; two different keys of a consumer that hash
+-- alike are told apart through key_collisions below.
+CREATE FUNCTION idem_consumer.key_hash(consumer_id integer, key text)
+RETURNS integer
+AS 'MODULE_PATHNAME', 'idem_key_hash'
 LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
--- One row per processed message.  The row is kept narrow on purpose
--- (64 bytes of heap tuple for a 30-character key): processed_at is whole
--- seconds since 2000-01-01 00:00 UTC in an integer, which lasts until 2068;
--- uniqueness is enforced by an exclusion constraint over a hash index,
--- which stores a 4-byte hash per row instead of a copy of the key, and
--- compares the real keys of rows whose hashes collide.
+-- One row per processed message: 64 bytes of heap tuple for a 30-character
+-- key.  processed_at is whole seconds since 2000-01-01 00:00 UTC in an
+-- integer (it lasts until 2068), so that the row fits that size.
+--
+-- A key is recorded when it is the key of the row of its hash here, or a
+-- row of key_collisions.  A key is in key_collisions only while this table
+-- holds a row of the same hash with a different key (the "occupant"):
+-- whoever deletes an occupant moves one of its collisions in its place.
 CREATE TABLE idem_consumer.processed_keys (
     consumer_id integer NOT NULL,
     processed_at integer NOT NULL,
-    key text NOT NULL,
-    CONSTRAINT processed_keys_consumer_key_excl
-        EXCLUDE USING hash ((idem_consumer.scoped_key(consumer_id, key)) WITH =)
+    key text COLLATE "C" NOT NULL
 );
+CREATE UNIQUE INDEX processed_keys_hash
+    ON idem_consumer.processed_keys (idem_consumer.key_hash(consumer_id, key));
 COMMENT ON COLUMN idem_consumer.processed_keys.processed_at IS
     'seconds since 2000-01-01 00:00:00 UTC at the start of the recording transaction';
+
+-- Keys whose hash was taken by another key of processed_keys.  With a
+-- 32-bit hash a consumer with n live keys has about n^2 / 2^33 of them:
+-- some hundred for a million keys.
+CREATE TABLE idem_consumer.key_collisions (
+    consumer_id integer NOT NULL,
+    processed_at integer NOT NULL,
+    key text COLLATE "C" NOT NULL,
+    PRIMARY KEY (consumer_id, key)
+);
+CREATE INDEX key_collisions_hash
+    ON idem_consumer.key_collisions (idem_consumer.key_hash(consumer_id, key));
 
 --
 -- API
@@ -79,7 +94,11 @@ CREATE VIEW idem_processed_keys AS
            timestamptz '2000-01-01 00:00:00+00'
                OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs => k.processed_at)
                AS processed_at
-      FROM idem_consumer.processed_keys AS k
+      FROM (SELECT consumer_id, processed_at, key
+              FROM idem_consumer.processed_keys
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.key_collisions) AS k
       JOIN idem_consumer.consumers AS c USING (consumer_id);
 
 -- Recording a key for a consumer, or removing one, is a privilege: a role

@@ -11,13 +11,23 @@
  * user id is switched: the statements are fixed, fully schema-qualified
  * text, and their parameters are values.
  *
- * Uniqueness of (consumer, key) is the exclusion constraint of
- * idem_consumer.processed_keys, checked by INSERT ... ON CONFLICT DO
- * NOTHING.  That gives the concurrency behaviour documented in the README
- * for free: a second inserter of the same key waits for the first
- * transaction and then either finds the key (first committed) or inserts it
- * (first aborted); under REPEATABLE READ or SERIALIZABLE, a key committed
- * after our snapshot was taken raises a serialization failure.
+ * Uniqueness of (consumer, key) rests on the unique index of
+ * processed_keys over a 32-bit hash of the pair, with key_collisions
+ * holding the keys whose hash another key already took.  A new key costs
+ * one INSERT ... ON CONFLICT DO NOTHING, which gives the documented
+ * concurrency behaviour: a second inserter of the same hash waits for the
+ * first transaction, then finds the row (first committed) or inserts its
+ * own (first aborted); under REPEATABLE READ or SERIALIZABLE a row
+ * committed after our snapshot was taken raises a serialization failure.
+ * Only on a conflict do we look at the occupant of the hash to tell a
+ * duplicate from a collision.
+ *
+ * Invariant: a key is in key_collisions only while processed_keys holds a
+ * different key of the same hash.  Recording a collision first updates the
+ * occupant (a no-op update) so that a concurrent deletion of the occupant
+ * waits for it, and whoever deletes an occupant moves a collision in its
+ * place.  Hence a successful insert into processed_keys proves the key was
+ * in neither table.
  *
  * Consumer ids are cached per backend, but only once the row that maps the
  * name is known to be committed by another transaction: an id created by
@@ -37,7 +47,7 @@
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
-#include "port/pg_bswap.h"
+#include "common/hashfn.h"
 #include "utils/builtins.h"
 #include "utils/hsearch.h"
 #include "utils/inval.h"
@@ -54,9 +64,13 @@ typedef enum KeystoreStmt
 {
 	KS_FIND_CONSUMER,
 	KS_CREATE_CONSUMER,
-	KS_RECORD_KEY,
-	KS_KEY_EXISTS,
-	KS_FORGET_KEY,
+	KS_INSERT_KEY,
+	KS_PROBE_KEY,
+	KS_CLAIM_OCCUPANT,
+	KS_INSERT_COLLISION,
+	KS_DELETE_KEY,
+	KS_DELETE_COLLISION,
+	KS_FIND_COLLISION,
 	KS_NUM_STMTS
 } KeystoreStmt;
 
@@ -67,6 +81,16 @@ typedef struct KeystoreStmtDef
 	Oid			argtypes[3];
 } KeystoreStmtDef;
 
+#define SAME_HASH_AS_ARGS \
+	STORAGE_SCHEMA ".key_hash(consumer_id, key) OPERATOR(pg_catalog.=) " \
+	STORAGE_SCHEMA ".key_hash($1, $2)"
+#define SAME_KEY_AS_ARGS \
+	"consumer_id OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2"
+
+/*
+ * In every statement on keys, $1 is a consumer id and $2 a key, but for
+ * the inserts, whose columns are in table order.
+ */
 static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 	[KS_FIND_CONSUMER] = {
 		"SELECT consumer_id, xmin FROM " STORAGE_SCHEMA ".consumers"
@@ -78,21 +102,47 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 		" ON CONFLICT (name) DO NOTHING RETURNING consumer_id",
 		1, {TEXTOID}
 	},
-	[KS_RECORD_KEY] = {
+	[KS_INSERT_KEY] = {
 		"INSERT INTO " STORAGE_SCHEMA ".processed_keys (consumer_id, processed_at, key)"
 		" VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
 		3, {INT4OID, INT4OID, TEXTOID}
 	},
-	[KS_KEY_EXISTS] = {
-		"SELECT 1 FROM " STORAGE_SCHEMA ".processed_keys"
-		" WHERE " STORAGE_SCHEMA ".scoped_key(consumer_id, key)"
-		" OPERATOR(pg_catalog.=) " STORAGE_SCHEMA ".scoped_key($1, $2)",
+	/* the occupant of the key's hash: is it the key, or is the key a collision */
+	[KS_PROBE_KEY] = {
+		"SELECT (" SAME_KEY_AS_ARGS "),"
+		" EXISTS (SELECT FROM " STORAGE_SCHEMA ".key_collisions WHERE " SAME_KEY_AS_ARGS ")"
+		" FROM " STORAGE_SCHEMA ".processed_keys WHERE " SAME_HASH_AS_ARGS,
 		2, {INT4OID, TEXTOID}
 	},
-	[KS_FORGET_KEY] = {
+	/*
+	 * A no-op update of the occupant, before a collision is recorded: a
+	 * transaction deleting the occupant concurrently then waits for us and
+	 * sees our collision when it moves one into the occupant's place.
+	 */
+	[KS_CLAIM_OCCUPANT] = {
+		"UPDATE " STORAGE_SCHEMA ".processed_keys SET processed_at = processed_at"
+		" WHERE " SAME_HASH_AS_ARGS " AND NOT (" SAME_KEY_AS_ARGS ")",
+		2, {INT4OID, TEXTOID}
+	},
+	[KS_INSERT_COLLISION] = {
+		"INSERT INTO " STORAGE_SCHEMA ".key_collisions (consumer_id, processed_at, key)"
+		" VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+		3, {INT4OID, INT4OID, TEXTOID}
+	},
+	[KS_DELETE_KEY] = {
 		"DELETE FROM " STORAGE_SCHEMA ".processed_keys"
-		" WHERE " STORAGE_SCHEMA ".scoped_key(consumer_id, key)"
-		" OPERATOR(pg_catalog.=) " STORAGE_SCHEMA ".scoped_key($1, $2)",
+		" WHERE " SAME_HASH_AS_ARGS " AND " SAME_KEY_AS_ARGS,
+		2, {INT4OID, TEXTOID}
+	},
+	[KS_DELETE_COLLISION] = {
+		"DELETE FROM " STORAGE_SCHEMA ".key_collisions WHERE " SAME_KEY_AS_ARGS
+		" RETURNING processed_at",
+		2, {INT4OID, TEXTOID}
+	},
+	/* any collision of any consumer whose hash equals the key's */
+	[KS_FIND_COLLISION] = {
+		"SELECT consumer_id, key FROM " STORAGE_SCHEMA ".key_collisions"
+		" WHERE " SAME_HASH_AS_ARGS " LIMIT 1",
 		2, {INT4OID, TEXTOID}
 	},
 };
@@ -121,7 +171,7 @@ static struct
 	HTAB	   *consumer_ids;
 } keystore;
 
-PG_FUNCTION_INFO_V1(idem_scoped_key);
+PG_FUNCTION_INFO_V1(idem_key_hash);
 
 /*
  * Notes that a storage table may have been dropped or changed owner.
@@ -357,18 +407,56 @@ processed_at_now(void)
 }
 
 /*
+ * Fetches a column of the first row an SPI statement returned.
+ */
+static inline Datum
+result_column(int colno)
+{
+	bool		isnull;
+
+	return SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
+						 colno, &isnull);
+}
+
+/*
  * Records a key; returns false if the key was already recorded.
+ *
+ * The fast path is one insert.  Its conflict means that the key's hash is
+ * taken: by the key itself (a duplicate), or by another key, in which case
+ * our key goes to key_collisions.  Each time a concurrent transaction
+ * changed the occupant between two steps, we start over.
  */
 bool
 keystore_record_key(int32 consumer_id, text *key)
 {
-	Datum		values[3];
+	Datum		key_args[2];
+	Datum		row[3];
 
-	values[0] = Int32GetDatum(consumer_id);
-	values[1] = Int32GetDatum(processed_at_now());
-	values[2] = PointerGetDatum(key);
-	keystore_exec(KS_RECORD_KEY, values, 0);
-	return SPI_processed == 1;
+	key_args[0] = row[0] = Int32GetDatum(consumer_id);
+	row[1] = Int32GetDatum(processed_at_now());
+	key_args[1] = row[2] = PointerGetDatum(key);
+
+	for (;;)
+	{
+		CHECK_FOR_INTERRUPTS();
+
+		keystore_exec(KS_INSERT_KEY, row, 0);
+		if (SPI_processed == 1)
+			return true;
+
+		keystore_exec(KS_PROBE_KEY, key_args, 1);
+		if (SPI_processed == 0)
+			continue;			/* the occupant was deleted meanwhile */
+		if (DatumGetBool(result_column(1)) || DatumGetBool(result_column(2)))
+			return false;
+
+		keystore_exec(KS_CLAIM_OCCUPANT, key_args, 0);
+		if (SPI_processed == 0)
+			continue;			/* the occupant was deleted or replaced */
+
+		keystore_exec(KS_INSERT_COLLISION, row, 0);
+		return SPI_processed == 1;
+	}
 }
 
 /*
@@ -377,12 +465,46 @@ keystore_record_key(int32 consumer_id, text *key)
 bool
 keystore_key_exists(int32 consumer_id, text *key)
 {
-	Datum		values[2];
+	Datum		key_args[2];
 
-	values[0] = Int32GetDatum(consumer_id);
-	values[1] = PointerGetDatum(key);
-	keystore_exec(KS_KEY_EXISTS, values, 1);
-	return SPI_processed > 0;
+	key_args[0] = Int32GetDatum(consumer_id);
+	key_args[1] = PointerGetDatum(key);
+	keystore_exec(KS_PROBE_KEY, key_args, 1);
+	return SPI_processed == 1 &&
+		(DatumGetBool(result_column(1)) || DatumGetBool(result_column(2)));
+}
+
+/*
+ * Moves a collision of a deleted occupant into its place in processed_keys,
+ * so that every collision keeps an occupant.  The arguments name the
+ * deleted occupant.
+ */
+static void
+promote_collision(Datum *occupant_args)
+{
+	for (;;)
+	{
+		Datum		collision_args[2];
+		Datum		row[3];
+
+		CHECK_FOR_INTERRUPTS();
+
+		keystore_exec(KS_FIND_COLLISION, occupant_args, 1);
+		if (SPI_processed == 0)
+			return;
+		collision_args[0] = row[0] = result_column(1);
+		collision_args[1] = row[2] = PointerGetDatum(PG_DETOAST_DATUM_COPY(result_column(2)));
+
+		keystore_exec(KS_DELETE_COLLISION, collision_args, 0);
+		if (SPI_processed == 0)
+			continue;			/* forgotten meanwhile: look again */
+		row[1] = result_column(1);
+
+		keystore_exec(KS_INSERT_KEY, row, 0);
+		if (SPI_processed != 1)
+			elog(ERROR, "could not move a hash collision of idem_consumer into processed_keys");
+		return;
+	}
 }
 
 /*
@@ -391,29 +513,45 @@ keystore_key_exists(int32 consumer_id, text *key)
 bool
 keystore_forget_key(int32 consumer_id, text *key)
 {
-	Datum		values[2];
+	Datum		key_args[2];
 
-	values[0] = Int32GetDatum(consumer_id);
-	values[1] = PointerGetDatum(key);
-	keystore_exec(KS_FORGET_KEY, values, 0);
-	return SPI_processed > 0;
+	key_args[0] = Int32GetDatum(consumer_id);
+	key_args[1] = PointerGetDatum(key);
+
+	keystore_exec(KS_DELETE_KEY, key_args, 0);
+	if (SPI_processed == 1)
+	{
+		promote_collision(key_args);
+		return true;
+	}
+
+	keystore_exec(KS_DELETE_COLLISION, key_args, 0);
+	if (SPI_processed == 1)
+		return true;
+
+	/* a concurrent forget may have just moved the key out of key_collisions */
+	keystore_exec(KS_DELETE_KEY, key_args, 0);
+	if (SPI_processed == 1)
+	{
+		promote_collision(key_args);
+		return true;
+	}
+	return false;
 }
 
 /*
- * idem_consumer.scoped_key(consumer_id, key): the exclusion constraint's
- * index key, the consumer id in network byte order followed by the key.
+ * idem_consumer.key_hash(consumer_id, key): the unique index key of
+ * processed_keys.  Stored in indexes, so it must never change.
  */
 Datum
-idem_scoped_key(PG_FUNCTION_ARGS)
+idem_key_hash(PG_FUNCTION_ARGS)
 {
-	uint32		consumer_id_be = pg_hton32((uint32) PG_GETARG_INT32(0));
+	int32		consumer_id = PG_GETARG_INT32(0);
 	text	   *key = PG_GETARG_TEXT_PP(1);
-	int			key_len = VARSIZE_ANY_EXHDR(key);
-	bytea	   *result;
+	uint32		hash;
 
-	result = (bytea *) palloc(VARHDRSZ + sizeof(consumer_id_be) + key_len);
-	SET_VARSIZE(result, VARHDRSZ + sizeof(consumer_id_be) + key_len);
-	memcpy(VARDATA(result), &consumer_id_be, sizeof(consumer_id_be));
-	memcpy(VARDATA(result) + sizeof(consumer_id_be), VARDATA_ANY(key), key_len);
-	PG_RETURN_BYTEA_P(result);
+	hash = hash_bytes((const unsigned char *) VARDATA_ANY(key),
+					  VARSIZE_ANY_EXHDR(key));
+	hash = hash_combine(hash_bytes_uint32((uint32) consumer_id), hash);
+	PG_RETURN_INT32((int32) hash);
 }

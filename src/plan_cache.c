@@ -116,6 +116,10 @@ check_statement_kind(RawStmt *raw)
 		case T_SelectStmt:
 			if (((SelectStmt *) stmt)->intoClause == NULL)
 				return;
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("business SQL cannot be a SELECT INTO statement"),
+					 errhint("Use one SELECT, INSERT, UPDATE, DELETE, MERGE or CALL statement.")));
 			break;
 		case T_InsertStmt:
 		case T_UpdateStmt:
@@ -142,6 +146,26 @@ check_statement_kind(RawStmt *raw)
 }
 
 /*
+ * Reports a parse error's position inside the business SQL rather than
+ * inside the caller's query, as SPI does.
+ */
+static void
+business_sql_error_callback(void *arg)
+{
+	const char *sql = (const char *) arg;
+	int			position = geterrposition();
+
+	if (position > 0)
+	{
+		errposition(0);
+		internalerrposition(position);
+		internalerrquery(sql);
+	}
+	else
+		errcontext("business SQL \"%s\"", sql);
+}
+
+/*
  * Parses and validates a business SQL text and infers its parameter types.
  */
 static void
@@ -149,6 +173,12 @@ analyze_business_sql(const char *sql, Oid **argtypes, int *nargs)
 {
 	List	   *raw_list;
 	RawStmt    *raw;
+	ErrorContextCallback errcallback;
+
+	errcallback.callback = business_sql_error_callback;
+	errcallback.arg = unconstify(char *, sql);
+	errcallback.previous = error_context_stack;
+	error_context_stack = &errcallback;
 
 	raw_list = pg_parse_query(sql);
 	if (raw_list == NIL)
@@ -183,6 +213,8 @@ analyze_business_sql(const char *sql, Oid **argtypes, int *nargs)
 					 errhint("Use $%d where its type follows from the context, or add a cast such as $%d::integer.",
 							 i + 1, i + 1)));
 	}
+
+	error_context_stack = errcallback.previous;
 }
 
 /*
@@ -313,10 +345,12 @@ business_plan_bind(BusinessPlan *bplan, ArrayType *params)
 	if (nelems != bplan->nargs)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("params has %d elements but the sql uses %d parameters",
+				 errmsg("number of params (%d) does not match the number of parameters in sql (%d)",
 						nelems, bplan->nargs),
-				 errhint("Pass one array element for each of $1 to $%d; a NULL element is an SQL NULL.",
-						 Max(bplan->nargs, 1))));
+				 bplan->nargs > 0 ?
+				 errhint("Pass one element for each of $1 to $%d; a NULL element is an SQL NULL.",
+						 bplan->nargs) :
+				 errhint("The sql has no parameters: pass params => NULL.")));
 
 	param_list = makeParamList(nelems);
 
