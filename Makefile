@@ -8,13 +8,16 @@ OBJS = \
 	src/idem_consumer.o \
 	src/keystore.o \
 	src/plan_cache.o \
-	src/apply.o
+	src/apply.o \
+	src/histogram.o \
+	src/stats.o \
+	src/metrics.o
 
 EXTENSION = idem_consumer
 DATA = $(wildcard extension/idem_consumer--*.sql)
 PGFILEDESC = "idem_consumer - idempotent message consumption"
 
-REGRESS = apply bad_input plan_cache security collisions storage
+REGRESS = apply bad_input plan_cache security collisions storage stats
 REGRESS_OPTS = --load-extension=idem_consumer
 
 ISOLATION = apply_concurrency

@@ -107,3 +107,77 @@ REVOKE ALL ON FUNCTION idem_apply(text, text, text, text[], timestamptz) FROM PU
 REVOKE ALL ON FUNCTION idem_is_processed(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_forget(text, text) FROM PUBLIC;
 REVOKE ALL ON idem_processed_keys FROM PUBLIC;
+
+--
+-- Counters (need shared_preload_libraries) and metrics
+--
+CREATE FUNCTION idem_stats_internal(
+    OUT consumer text,
+    OUT applied bigint,
+    OUT duplicates bigint,
+    OUT failed bigint,
+    OUT dead_lettered bigint,
+    OUT duplicate_ratio double precision,
+    OUT latency_p50_ms double precision,
+    OUT latency_p95_ms double precision,
+    OUT latency_p99_ms double precision,
+    OUT latency_max_ms double precision,
+    OUT lag_last_ms double precision,
+    OUT lag_p95_ms double precision,
+    OUT last_applied_at timestamptz,
+    OUT last_duplicate_at timestamptz,
+    OUT stats_reset timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_stats_internal'
+LANGUAGE C STRICT VOLATILE PARALLEL SAFE;
+
+CREATE VIEW idem_stats AS SELECT * FROM idem_stats_internal();
+COMMENT ON VIEW idem_stats IS 'per-consumer outcomes, latency and lag of idem_apply';
+
+CREATE FUNCTION idem_stats_info_internal(
+    OUT consumers bigint,
+    OUT max_consumers integer,
+    OUT untracked_calls bigint,
+    OUT stats_reset timestamptz)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idem_stats_info_internal'
+LANGUAGE C STRICT VOLATILE PARALLEL SAFE;
+
+CREATE VIEW idem_stats_info AS SELECT * FROM idem_stats_info_internal();
+COMMENT ON VIEW idem_stats_info IS 'counters of idem_consumer that are not per consumer';
+
+CREATE FUNCTION idem_stats_reset(consumer text DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_stats_reset'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+
+CREATE FUNCTION idem_metrics()
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_metrics'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_metrics() IS 'counters in the Prometheus text exposition format 0.0.4';
+
+-- What the tables hold, per consumer; reads every stored key.
+CREATE VIEW idem_consumers AS
+    SELECT c.name AS consumer,
+           c.created_at,
+           pg_catalog.count(k.consumer_id) AS keys_stored,
+           timestamptz '2000-01-01 00:00:00+00'
+               OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs => pg_catalog.min(k.processed_at))
+               AS oldest_processed_at,
+           timestamptz '2000-01-01 00:00:00+00'
+               OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs => pg_catalog.max(k.processed_at))
+               AS newest_processed_at
+      FROM idem_consumer.consumers AS c
+      LEFT JOIN (SELECT consumer_id, processed_at FROM idem_consumer.processed_keys
+                 UNION ALL
+                 SELECT consumer_id, processed_at FROM idem_consumer.key_collisions) AS k
+        ON k.consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+     GROUP BY c.consumer_id, c.name, c.created_at;
+
+GRANT SELECT ON idem_stats, idem_stats_info TO PUBLIC;
+REVOKE ALL ON FUNCTION idem_stats_reset(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_metrics() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idem_metrics() TO pg_monitor;
+REVOKE ALL ON idem_consumers FROM PUBLIC;
+GRANT SELECT ON idem_consumers TO pg_monitor;

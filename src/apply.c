@@ -125,11 +125,14 @@ idem_apply(PG_FUNCTION_ARGS)
 	ArrayType  *params = PG_ARGISNULL(3) ? NULL : PG_GETARG_ARRAYTYPE_P(3);
 	BusinessPlan *bplan;
 	ParamListInfo bound_params;
+	TimestampTz event_time = PG_ARGISNULL(4) ? DT_NOBEGIN : PG_GETARG_TIMESTAMPTZ(4);
 	int32		consumer_id;
 	bool		applied;
+	int			call;
 
 	check_event_time_arg(fcinfo, 4);
 
+	call = stats_call_begin(consumer);
 	SPI_connect();
 
 	bplan = business_plan_get(sql);
@@ -141,6 +144,7 @@ idem_apply(PG_FUNCTION_ARGS)
 		business_plan_execute(bplan, bound_params);
 
 	SPI_finish();
+	stats_call_end(call, applied ? 1 : 0, applied ? 0 : 1, 0, event_time);
 
 	PG_RETURN_BOOL(applied);
 }

@@ -2,8 +2,8 @@
  *
  * idem_consumer.c
  *	  Library entry point of idem_consumer: defines the GUCs and lets each
- *	  module register what it needs.  Nothing here depends on being loaded
- *	  through shared_preload_libraries.
+ *	  module register what it needs.  Only the counters (stats.c) need
+ *	  shared_preload_libraries; deduplication works without it.
  *
  *-------------------------------------------------------------------------
  */
@@ -39,6 +39,8 @@ _PG_init(void)
 							NULL,
 							NULL,
 							NULL);
+
+	stats_init();
 
 	MarkGUCPrefixReserved("idem_consumer");
 

@@ -71,6 +71,7 @@ typedef enum KeystoreStmt
 	KS_DELETE_KEY,
 	KS_DELETE_COLLISION,
 	KS_FIND_COLLISION,
+	KS_KEYS_STORED,
 	KS_NUM_STMTS
 } KeystoreStmt;
 
@@ -144,6 +145,15 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 		"SELECT consumer_id, key FROM " STORAGE_SCHEMA ".key_collisions"
 		" WHERE " SAME_HASH_AS_ARGS " LIMIT 1",
 		2, {INT4OID, TEXTOID}
+	},
+	[KS_KEYS_STORED] = {
+		"SELECT c.name, pg_catalog.count(k.consumer_id)"
+		" FROM " STORAGE_SCHEMA ".consumers AS c LEFT JOIN"
+		" (SELECT consumer_id FROM " STORAGE_SCHEMA ".processed_keys"
+		"  UNION ALL SELECT consumer_id FROM " STORAGE_SCHEMA ".key_collisions) AS k"
+		" ON k.consumer_id OPERATOR(pg_catalog.=) c.consumer_id"
+		" GROUP BY c.name ORDER BY c.name",
+		0, {InvalidOid}
 	},
 };
 
@@ -537,6 +547,29 @@ keystore_forget_key(int32 consumer_id, text *key)
 		return true;
 	}
 	return false;
+}
+
+/*
+ * Returns how many keys each consumer has stored, as a List of KeysStored
+ * allocated in the SPI procedure context.
+ */
+List *
+keystore_keys_stored(void)
+{
+	List	   *result = NIL;
+
+	keystore_exec(KS_KEYS_STORED, NULL, 0);
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		KeysStored *ks = palloc(sizeof(KeysStored));
+		bool		isnull;
+
+		ks->consumer = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+		ks->keys = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+											   SPI_tuptable->tupdesc, 2, &isnull));
+		result = lappend(result, ks);
+	}
+	return result;
 }
 
 /*

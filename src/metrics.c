@@ -1,0 +1,198 @@
+/*-------------------------------------------------------------------------
+ *
+ * metrics.c
+ *	  idem_metrics(): the counters in the Prometheus text exposition format,
+ *	  version 0.0.4, one sample per consumer in each family.
+ *
+ * Histogram buckets are the half-decade boundaries of the log-scale
+ * histograms of histogram.c, so each cumulative bucket count is exact.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <math.h>
+
+#include "executor/spi.h"
+#include "lib/stringinfo.h"
+#include "utils/builtins.h"
+
+#include "idem_consumer.h"
+
+/* histogram boundaries exported, in units of 1/24 decade of microseconds */
+#define LATENCY_FIRST_BOUNDARY	24	/* 10 us */
+#define LATENCY_LAST_BOUNDARY	216 /* 1000 s */
+#define LAG_FIRST_BOUNDARY		72	/* 1 ms */
+#define LAG_LAST_BOUNDARY		288 /* 10^6 s, 11.6 days */
+#define BOUNDARY_STEP			12	/* half a decade */
+
+PG_FUNCTION_INFO_V1(idem_metrics);
+
+/*
+ * Appends a label value escaped as the exposition format requires.
+ */
+static void
+append_label_value(StringInfo buf, const char *value)
+{
+	for (const char *p = value; *p; p++)
+	{
+		switch (*p)
+		{
+			case '\\':
+				appendStringInfoString(buf, "\\\\");
+				break;
+			case '"':
+				appendStringInfoString(buf, "\\\"");
+				break;
+			case '\n':
+				appendStringInfoString(buf, "\\n");
+				break;
+			default:
+				appendStringInfoChar(buf, *p);
+				break;
+		}
+	}
+}
+
+/*
+ * Appends "name{consumer="..."" without the closing brace, so that the
+ * caller can add more labels.
+ */
+static void
+append_series_start(StringInfo buf, const char *name, const char *consumer)
+{
+	appendStringInfo(buf, "%s{consumer=\"", name);
+	append_label_value(buf, consumer);
+	appendStringInfoChar(buf, '"');
+}
+
+/*
+ * Appends the HELP and TYPE lines of a family.
+ */
+static void
+append_family(StringInfo buf, const char *name, const char *type, const char *help)
+{
+	appendStringInfo(buf, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/*
+ * Appends one counter family.
+ */
+static void
+append_counter(StringInfo buf, List *snapshot, const char *name, const char *help,
+			   size_t offset)
+{
+	ListCell   *lc;
+
+	append_family(buf, name, "counter", help);
+	foreach(lc, snapshot)
+	{
+		ConsumerStatsCopy *copy = lfirst(lc);
+		int64		value = *(int64 *) ((char *) &copy->counters + offset);
+
+		append_series_start(buf, name, copy->consumer);
+		appendStringInfo(buf, "} " INT64_FORMAT "\n", value);
+	}
+}
+
+/*
+ * Appends one histogram family, from durations in microseconds.
+ */
+static void
+append_histogram(StringInfo buf, List *snapshot, const char *name, const char *help,
+				 size_t offset, int first_boundary, int last_boundary)
+{
+	ListCell   *lc;
+
+	append_family(buf, name, "histogram", help);
+	foreach(lc, snapshot)
+	{
+		ConsumerStatsCopy *copy = lfirst(lc);
+		IdemHistogram *hist = (IdemHistogram *) ((char *) &copy->counters + offset);
+		char		bucket_name[NAMEDATALEN];
+
+		snprintf(bucket_name, sizeof(bucket_name), "%s_bucket", name);
+		for (int b = first_boundary; b <= last_boundary; b += BOUNDARY_STEP)
+		{
+			double		le_seconds = pow(10.0, (double) b / HIST_BUCKETS_PER_DECADE - 6.0);
+
+			append_series_start(buf, bucket_name, copy->consumer);
+			appendStringInfo(buf, ",le=\"%.6g\"} " UINT64_FORMAT "\n",
+							 le_seconds, histogram_count_below(hist, b));
+		}
+		append_series_start(buf, bucket_name, copy->consumer);
+		appendStringInfo(buf, ",le=\"+Inf\"} " UINT64_FORMAT "\n", hist->total);
+
+		snprintf(bucket_name, sizeof(bucket_name), "%s_sum", name);
+		append_series_start(buf, bucket_name, copy->consumer);
+		appendStringInfo(buf, "} %.9g\n", hist->sum_us / 1e6);
+
+		snprintf(bucket_name, sizeof(bucket_name), "%s_count", name);
+		append_series_start(buf, bucket_name, copy->consumer);
+		appendStringInfo(buf, "} " UINT64_FORMAT "\n", hist->total);
+	}
+}
+
+/*
+ * idem_metrics(): every family as one text, ready for a scraper.
+ */
+Datum
+idem_metrics(PG_FUNCTION_ARGS)
+{
+	List	   *snapshot = stats_snapshot();
+	StringInfoData buf;
+	ListCell   *lc;
+	List	   *keys_stored;
+
+	initStringInfo(&buf);
+
+	append_counter(&buf, snapshot, "idem_applied_total",
+				   "Messages whose business SQL ran and committed.",
+				   offsetof(ConsumerCounters, applied));
+	append_counter(&buf, snapshot, "idem_duplicate_detected_total",
+				   "Redelivered messages skipped, in committed transactions.",
+				   offsetof(ConsumerCounters, duplicates));
+	append_counter(&buf, snapshot, "idem_failed_total",
+				   "Calls that raised or whose transaction rolled back.",
+				   offsetof(ConsumerCounters, failed));
+	append_counter(&buf, snapshot, "idem_dlq_enqueue_total",
+				   "Messages moved to the dead-letter queue, in committed transactions.",
+				   offsetof(ConsumerCounters, dead_lettered));
+
+	append_histogram(&buf, snapshot, "idem_processing_latency_seconds",
+					 "Time spent in idem_apply for applied messages.",
+					 offsetof(ConsumerCounters, latency),
+					 LATENCY_FIRST_BOUNDARY, LATENCY_LAST_BOUNDARY);
+
+	append_family(&buf, "idem_consumer_lag_seconds", "gauge",
+				  "Commit time minus event_time of the last applied message that had one.");
+	foreach(lc, snapshot)
+	{
+		ConsumerStatsCopy *copy = lfirst(lc);
+
+		if (!copy->counters.has_lag)
+			continue;
+		append_series_start(&buf, "idem_consumer_lag_seconds", copy->consumer);
+		appendStringInfo(&buf, "} %.6f\n", copy->counters.lag_last_us / 1e6);
+	}
+
+	append_histogram(&buf, snapshot, "idem_consumer_lag_observed_seconds",
+					 "Commit time minus event_time of applied messages that had one.",
+					 offsetof(ConsumerCounters, lag),
+					 LAG_FIRST_BOUNDARY, LAG_LAST_BOUNDARY);
+
+	SPI_connect();
+	keys_stored = keystore_keys_stored();
+	append_family(&buf, "idem_keys_stored", "gauge",
+				  "Processed keys currently stored, per consumer.");
+	foreach(lc, keys_stored)
+	{
+		KeysStored *ks = lfirst(lc);
+
+		append_series_start(&buf, "idem_keys_stored", ks->consumer);
+		appendStringInfo(&buf, "} " INT64_FORMAT "\n", ks->keys);
+	}
+	SPI_finish();
+
+	PG_RETURN_TEXT_P(cstring_to_text_with_len(buf.data, buf.len));
+}
