@@ -21,9 +21,10 @@
  * latency and lag) or counts every call as failed at abort.  A
  * subtransaction abort counts the calls made inside it as failed at once.
  *
- * Counters are written to pg_stat/idem_consumer.stat at a clean shutdown
- * and read back (and the file removed) at start-up, so they survive a
- * restart but not a crash.
+ * Counters are written to pg_stat/idem_consumer.stat when the postmaster
+ * exits and read back (and the file removed) at start-up only if pg_control
+ * says the server was shut down cleanly, so they survive a restart but not
+ * a crash or an immediate shutdown, both of which need crash recovery.
  *
  *-------------------------------------------------------------------------
  */
@@ -32,6 +33,8 @@
 #include <sys/stat.h>
 
 #include "access/xact.h"
+#include "catalog/pg_control.h"
+#include "common/controldata_utils.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "pgstat.h"
@@ -199,6 +202,24 @@ counters_are_empty(const ConsumerCounters *counters)
 }
 
 /*
+ * Tells whether pg_control records a clean shutdown, that is whether the
+ * server will start without crash recovery.
+ */
+static bool
+shut_down_cleanly(void)
+{
+	ControlFileData *control;
+	bool		crc_ok;
+	bool		clean;
+
+	control = get_controlfile(DataDir, &crc_ok);
+	clean = crc_ok && (control->state == DB_SHUTDOWNED ||
+					   control->state == DB_SHUTDOWNED_IN_RECOVERY);
+	pfree(control);
+	return clean;
+}
+
+/*
  * Reads the counters saved at the last clean shutdown, then removes the
  * file so that a crash cannot bring back stale counters.
  */
@@ -216,6 +237,8 @@ stats_load_file(void)
 			goto read_error;
 		return;
 	}
+	if (!shut_down_cleanly())
+		goto fail;
 
 	if (fread(header, sizeof(header), 1, file) != 1 ||
 		fread(&stats_state->untracked_calls, sizeof(int64), 1, file) != 1 ||
@@ -236,9 +259,11 @@ stats_load_file(void)
 		loaded.consumer[IDEM_MAX_CONSUMER_BYTES] = '\0';
 		if (counters_are_empty(&loaded.counters))
 			continue;
+		if (hash_get_num_entries(stats_hash) >= idem_max_consumers)
+			break;				/* max_consumers was lowered */
 		entry = hash_search(stats_hash, loaded.consumer, HASH_ENTER_NULL, NULL);
 		if (entry == NULL)
-			break;				/* max_consumers was lowered */
+			break;
 		SpinLockInit(&entry->mutex);
 		entry->counters = loaded.counters;
 	}
@@ -304,11 +329,15 @@ stats_shmem_startup(void)
 }
 
 /*
- * Defines the counters' GUCs and, when preloaded, hooks shared memory.
+ * When preloaded, defines the counters' GUCs and hooks shared memory.
  */
 void
 stats_init(void)
 {
+	/* a PGC_POSTMASTER variable can only be defined while preloading */
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+
 	DefineCustomIntVariable("idem_consumer.max_consumers",
 							"Sets how many consumers have counters in shared memory.",
 							"Calls of further consumers are counted in idem_stats_info.untracked_calls only.",
@@ -335,9 +364,6 @@ stats_init(void)
 							 PGC_SIGHUP,
 							 0,
 							 NULL, NULL, NULL);
-
-	if (!process_shared_preload_libraries_in_progress)
-		return;
 
 	prev_shmem_request_hook = shmem_request_hook;
 	shmem_request_hook = stats_shmem_request;
@@ -391,7 +417,11 @@ consumer_entry(const char *consumer)
 	if (entry == NULL)
 	{
 		LWLockAcquire(stats_state->lock, LW_EXCLUSIVE);
-		entry = hash_search(stats_hash, consumer, HASH_ENTER_NULL, &found);
+		/* a shared hash table can outgrow its size: hold it to the GUC */
+		if (hash_get_num_entries(stats_hash) < idem_max_consumers)
+			entry = hash_search(stats_hash, consumer, HASH_ENTER_NULL, &found);
+		else
+			entry = hash_search(stats_hash, consumer, HASH_FIND, &found);
 		if (entry != NULL && !found)
 		{
 			SpinLockInit(&entry->mutex);
