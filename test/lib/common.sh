@@ -43,9 +43,10 @@ if [ "$(id -u)" -eq 0 ]; then AS_PG=(runuser -u postgres --); else AS_PG=(); fi
 as_pg() { "${AS_PG[@]}" "$@"; }
 
 # Install whatever is missing; apt-get update only when something is.
-# (pgbench ships in postgresql-15 itself, prove in perl.)
+# (pgbench ships in postgresql-15 itself, prove in perl; prometheus brings
+# promtool, which the TAP tests run on idem_metrics().)
 ensure_packages() {
-    local pkgs="postgresql-15 postgresql-server-dev-15 libipc-run-perl clang-14 llvm-14 make gcc perl"
+    local pkgs="postgresql-15 postgresql-server-dev-15 libipc-run-perl clang-14 llvm-14 make gcc perl prometheus"
     local missing="" p
     for p in $pkgs; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' \
