@@ -59,7 +59,7 @@ sub wrong_balances
 
 my $recorded_events = q{
 	SELECT substr(key, length('order-paid:') + 1)::bigint AS e
-	FROM idem_consumer.processed_keys};
+	FROM idem_processed_keys};
 my $all_events = "SELECT generate_series(1, $n_events) AS e";
 my $balances =
   q{SELECT string_agg(id || ':' || paid_amount, ',' ORDER BY id) FROM orders};
@@ -77,7 +77,7 @@ $node->pgbench(
 	});
 
 my $recorded = $node->safe_psql('postgres',
-	'SELECT count(*) FROM idem_consumer.processed_keys');
+	'SELECT count(*) FROM idem_processed_keys');
 my $distinct = $node->safe_psql('postgres',
 	"SELECT count(DISTINCT e) FROM ($recorded_events) r");
 cmp_ok($recorded, '>', 0, 'some events were recorded');
@@ -96,7 +96,7 @@ is( scalar(grep { $_ eq 't' } @first),
 is(wrong_balances($all_events),
 	0, 'after the first sweep, every order has the sum of its distinct events');
 is( $node->safe_psql(
-		'postgres', 'SELECT count(*) FROM idem_consumer.processed_keys'),
+		'postgres', 'SELECT count(*) FROM idem_processed_keys'),
 	$n_events,
 	'processed_keys holds one row per distinct event');
 
@@ -110,7 +110,7 @@ is($node->safe_psql('postgres', $balances),
 	$before,
 	'second sweep changed no balance');
 is( $node->safe_psql(
-		'postgres', 'SELECT count(*) FROM idem_consumer.processed_keys'),
+		'postgres', 'SELECT count(*) FROM idem_processed_keys'),
 	$n_events,
 	'second sweep recorded nothing new');
 
