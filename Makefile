@@ -8,7 +8,8 @@ OBJS = \
 	src/idem_consumer.o \
 	src/keystore.o \
 	src/plan_cache.o \
-	src/apply.o
+	src/apply.o \
+	src/dead_letter.o
 
 EXTENSION = idem_consumer
 DATA = $(wildcard extension/idem_consumer--*.sql)

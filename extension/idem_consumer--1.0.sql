@@ -107,3 +107,119 @@ REVOKE ALL ON FUNCTION idem_apply(text, text, text, text[], timestamptz) FROM PU
 REVOKE ALL ON FUNCTION idem_is_processed(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_forget(text, text) FROM PUBLIC;
 REVOKE ALL ON idem_processed_keys FROM PUBLIC;
+
+--
+-- Dead-letter queue (see docs/dead_letters.md).
+--
+-- idem_try_apply() parks a message whose business SQL fails permanently
+-- here, in the caller's transaction, and returns 'dead_lettered' instead of
+-- raising.  The key of the message is recorded in processed_keys like any
+-- other, so redeliveries are not run; the entry of the key tells them
+-- apart from applied messages.  Operators replay or discard entries.
+--
+
+-- What idem_try_apply() and idem_dlq_replay() did with a message.
+CREATE TYPE idem_outcome AS ENUM ('applied', 'duplicate', 'dead_lettered');
+COMMENT ON TYPE idem_outcome IS
+    'applied: the business SQL ran; duplicate: the key was already applied; dead_lettered: the message is parked in the dead-letter queue';
+
+-- One row per dead-lettered (consumer, key), kept after it is resolved:
+-- a discarded entry still marks its key as dead-lettered for redeliveries.
+-- settings holds {name, value} pairs of the settings that change how sql
+-- and params read; a replay restores them.  The error columns describe the
+-- last failure; attempts counts runs of the SQL (the first delivery and
+-- each replay), not redeliveries.
+CREATE TABLE idem_consumer.dead_letters (
+    dead_letter_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    consumer_id integer NOT NULL REFERENCES idem_consumer.consumers,
+    key text COLLATE "C" NOT NULL,
+    sql text NOT NULL,
+    params text[],
+    event_time timestamptz,
+    settings text[] NOT NULL,
+    sqlstate text NOT NULL CHECK (octet_length(sqlstate) = 5),
+    message text NOT NULL,
+    detail text,
+    hint text,
+    context text,
+    first_failed_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    last_failed_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    attempts integer NOT NULL DEFAULT 1 CHECK (attempts >= 1),
+    dead_lettered_by text NOT NULL,
+    status text NOT NULL DEFAULT 'pending'
+        CHECK (status IN ('pending', 'replayed', 'discarded')),
+    resolved_at timestamptz,
+    resolved_by text,
+    discard_reason text,
+    UNIQUE (consumer_id, key),
+    CHECK ((status = 'pending') = (resolved_at IS NULL AND resolved_by IS NULL)),
+    CHECK ((status = 'discarded') = (discard_reason IS NOT NULL))
+);
+-- pending entries of a consumer in replay order; also serves depth and age
+CREATE INDEX dead_letters_pending
+    ON idem_consumer.dead_letters (consumer_id, dead_letter_id)
+    WHERE status = 'pending';
+
+CREATE FUNCTION idem_try_apply(key text, consumer text, sql text,
+                               params text[] DEFAULT NULL,
+                               event_time timestamptz DEFAULT NULL)
+RETURNS idem_outcome
+AS 'MODULE_PATHNAME', 'idem_try_apply'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_try_apply(text, text, text, text[], timestamptz) IS
+    'like idem_apply, but park the message in the dead-letter queue on a permanent error instead of raising';
+
+CREATE FUNCTION idem_dlq_replay(id bigint)
+RETURNS idem_outcome
+AS 'MODULE_PATHNAME', 'idem_dlq_replay'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_dlq_replay(bigint) IS
+    'run a pending dead-letter entry again under its key: applied, or dead_lettered with the new error';
+
+CREATE FUNCTION idem_dlq_replay(consumer text, max_count integer DEFAULT 100)
+RETURNS TABLE (id bigint, outcome idem_outcome)
+AS 'MODULE_PATHNAME', 'idem_dlq_replay_consumer'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 100;
+COMMENT ON FUNCTION idem_dlq_replay(text, integer) IS
+    'replay up to max_count pending entries of a consumer, oldest first, skipping entries other sessions are replaying';
+
+CREATE FUNCTION idem_dlq_discard(id bigint, reason text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_dlq_discard'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_dlq_discard(bigint, text) IS
+    'resolve a pending dead-letter entry without running it; redeliveries of its key stay skipped';
+
+-- Readable view of the dead-letter queue, pending and resolved entries.
+CREATE VIEW idem_dead_letters AS
+    SELECT d.dead_letter_id AS id,
+           c.name AS consumer,
+           d.key,
+           d.status,
+           d.sqlstate,
+           d.message,
+           d.detail,
+           d.hint,
+           d.context,
+           d.attempts,
+           d.first_failed_at,
+           d.last_failed_at,
+           d.event_time,
+           d.sql,
+           d.params,
+           d.settings,
+           d.dead_lettered_by,
+           d.resolved_at,
+           d.resolved_by,
+           d.discard_reason
+      FROM idem_consumer.dead_letters AS d
+      JOIN idem_consumer.consumers AS c USING (consumer_id);
+
+-- Dead-lettering is recording a key, like idem_apply.  Replaying and
+-- discarding are for the operators of a consumer, and the view shows the
+-- SQL and parameters of messages: grant them to operator roles only.
+REVOKE ALL ON FUNCTION idem_try_apply(text, text, text, text[], timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_dlq_replay(bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_dlq_replay(text, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_dlq_discard(bigint, text) FROM PUBLIC;
+REVOKE ALL ON idem_dead_letters FROM PUBLIC;

@@ -3,8 +3,8 @@
  * apply.c
  *	  The SQL-callable API: idem_apply(), idem_is_processed() and
  *	  idem_forget().  Validates arguments and puts keystore and business
- *	  plans together.  The argument validators are shared with the other
- *	  API modules.
+ *	  plans together.  The argument validators are shared with
+ *	  dead_letter.c.
  *
  * idem_apply() checks everything that can be checked before it records the
  * key (arguments, the SQL text, the parameter values), so that a bad call
@@ -169,7 +169,9 @@ idem_is_processed(PG_FUNCTION_ARGS)
 
 /*
  * idem_forget(key, consumer): removes (consumer, key) so that a redelivery
- * is processed again; returns whether the key was recorded.
+ * is processed again; returns whether the key was recorded.  A resolved
+ * dead-letter entry of the key goes with it; a pending one makes it fail
+ * (see dead_letter_forget_key).
  */
 Datum
 idem_forget(PG_FUNCTION_ARGS)
@@ -182,7 +184,10 @@ idem_forget(PG_FUNCTION_ARGS)
 	SPI_connect();
 	consumer_id = keystore_consumer_id(consumer, false);
 	if (consumer_id != 0)
+	{
+		dead_letter_forget_key(consumer_id, key);
 		removed = keystore_forget_key(consumer_id, key);
+	}
 	SPI_finish();
 
 	PG_RETURN_BOOL(removed);

@@ -5,11 +5,14 @@
  *
  * Module map:
  *	  idem_consumer.c	library entry point and GUCs
- *	  keystore.c		the extension's storage: consumers and processed keys
+ *	  keystore.c		the extension's storage: consumers, processed keys
+ *						and dead letters
  *	  plan_cache.c		validation, type inference and cached plans of
  *						business SQL, and binding its parameters
  *	  apply.c			the SQL-callable idem_apply() family and the
  *						argument validators the API functions share
+ *	  dead_letter.c		idem_try_apply(), the dead-letter queue and its
+ *						replay and discard functions
  *
  *-------------------------------------------------------------------------
  */
@@ -22,6 +25,7 @@
 #include "fmgr.h"
 #include "nodes/params.h"
 #include "utils/array.h"
+#include "utils/guc.h"
 
 /* Longest key and consumer name accepted, in bytes. */
 #define IDEM_MAX_KEY_BYTES			1024
@@ -29,6 +33,7 @@
 
 /* GUCs */
 extern int	idem_plan_cache_size;
+extern char *idem_transient_sqlstates;
 
 /*
  * keystore.c: the statements on the storage tables.  Each runs as the owner
@@ -45,11 +50,19 @@ typedef enum KeystoreStmt
 	KS_DELETE_KEY,
 	KS_DELETE_COLLISION,
 	KS_FIND_COLLISION,
+	KS_DL_INSERT,
+	KS_DL_KEY_STATUS,
+	KS_DL_LOCK,
+	KS_DL_LOCK_NEXT_PENDING,
+	KS_DL_FAILED_AGAIN,
+	KS_DL_REPLAYED,
+	KS_DL_DISCARDED,
+	KS_DL_DELETE_RESOLVED,
 	KS_NUM_STMTS
 } KeystoreStmt;
 
 /* The most parameters a storage statement takes. */
-#define KS_MAX_ARGS 3
+#define KS_MAX_ARGS 12
 
 extern void keystore_init(void);
 extern int	keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
@@ -75,5 +88,10 @@ extern text *get_key_arg(FunctionCallInfo fcinfo, int argno);
 extern char *get_consumer_arg(FunctionCallInfo fcinfo, int argno);
 extern char *get_sql_arg(FunctionCallInfo fcinfo, int argno);
 extern void check_event_time_arg(FunctionCallInfo fcinfo, int argno);
+
+/* dead_letter.c */
+extern void dead_letter_forget_key(int32 consumer_id, text *key);
+extern bool check_transient_sqlstates(char **newval, void **extra, GucSource source);
+extern void assign_transient_sqlstates(const char *newval, void *extra);
 
 #endif							/* IDEM_CONSUMER_H */

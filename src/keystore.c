@@ -1,8 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * keystore.c
- *	  The extension's storage: the consumers table, the processed-keys table
- *	  and the statements that read and write them.
+ *	  The extension's storage: the consumers table, the processed-keys table,
+ *	  the dead-letter table and the statements that read and write them.
  *
  * Every statement here runs as the owner of the tables, the way
  * ri_triggers.c runs its checks as the owner of the referenced table: the
@@ -33,6 +33,9 @@
  * name is known to be committed by another transaction: an id created by
  * the current transaction would be a lie after a rollback, and a later
  * backend would create the same consumer under a second id.
+ *
+ * The dead-letter statements are here for the owner switch and plan
+ * caching only; what they mean is dead_letter.c's business.
  *
  * The caller must be connected to SPI.
  *
@@ -72,10 +75,14 @@ typedef struct KeystoreStmtDef
 	STORAGE_SCHEMA ".key_hash($1, $2)"
 #define SAME_KEY_AS_ARGS \
 	"consumer_id OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2"
+#define DEAD_LETTER_COLUMNS \
+	"dead_letter_id, consumer_id, key, sql, params, settings, status," \
+	" resolved_by, discard_reason"
 
 /*
  * In every statement on keys, $1 is a consumer id and $2 a key, but for
- * the inserts, whose columns are in table order.
+ * the inserts into processed_keys and key_collisions, whose columns are in
+ * table order.
  */
 static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 	[KS_FIND_CONSUMER] = {
@@ -129,6 +136,63 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 	[KS_FIND_COLLISION] = {
 		"SELECT consumer_id, key FROM " STORAGE_SCHEMA ".key_collisions"
 		" WHERE " SAME_HASH_AS_ARGS " LIMIT 1",
+		2, {INT4OID, TEXTOID}
+	},
+
+	/*
+	 * Dead letters.  The two locking reads return DEAD_LETTER_COLUMNS, in
+	 * the order dead_letter.c reads them.
+	 */
+	[KS_DL_INSERT] = {
+		"INSERT INTO " STORAGE_SCHEMA ".dead_letters (consumer_id, key, sql, params,"
+		" event_time, settings, sqlstate, message, detail, hint, context, dead_lettered_by)"
+		" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+		12, {INT4OID, TEXTOID, TEXTOID, TEXTARRAYOID, TIMESTAMPTZOID, TEXTARRAYOID,
+			TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID}
+	},
+	[KS_DL_KEY_STATUS] = {
+		"SELECT status, dead_letter_id FROM " STORAGE_SCHEMA ".dead_letters"
+		" WHERE " SAME_KEY_AS_ARGS,
+		2, {INT4OID, TEXTOID}
+	},
+	[KS_DL_LOCK] = {
+		"SELECT " DEAD_LETTER_COLUMNS " FROM " STORAGE_SCHEMA ".dead_letters"
+		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1 FOR NO KEY UPDATE",
+		1, {INT8OID}
+	},
+	/* the oldest pending entry of a consumer after $2 that nobody is replaying */
+	[KS_DL_LOCK_NEXT_PENDING] = {
+		"SELECT " DEAD_LETTER_COLUMNS " FROM " STORAGE_SCHEMA ".dead_letters"
+		" WHERE consumer_id OPERATOR(pg_catalog.=) $1"
+		" AND status OPERATOR(pg_catalog.=) 'pending'"
+		" AND dead_letter_id OPERATOR(pg_catalog.>) $2"
+		" ORDER BY dead_letter_id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED",
+		2, {INT4OID, INT8OID}
+	},
+	[KS_DL_FAILED_AGAIN] = {
+		"UPDATE " STORAGE_SCHEMA ".dead_letters"
+		" SET attempts = attempts OPERATOR(pg_catalog.+) 1, last_failed_at = pg_catalog.now(),"
+		" sqlstate = $2, message = $3, detail = $4, hint = $5, context = $6"
+		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1",
+		6, {INT8OID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID}
+	},
+	[KS_DL_REPLAYED] = {
+		"UPDATE " STORAGE_SCHEMA ".dead_letters"
+		" SET status = 'replayed', attempts = attempts OPERATOR(pg_catalog.+) 1,"
+		" resolved_at = pg_catalog.now(), resolved_by = $2"
+		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1",
+		2, {INT8OID, TEXTOID}
+	},
+	[KS_DL_DISCARDED] = {
+		"UPDATE " STORAGE_SCHEMA ".dead_letters"
+		" SET status = 'discarded', resolved_at = pg_catalog.now(), resolved_by = $2,"
+		" discard_reason = $3"
+		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1",
+		3, {INT8OID, TEXTOID, TEXTOID}
+	},
+	[KS_DL_DELETE_RESOLVED] = {
+		"DELETE FROM " STORAGE_SCHEMA ".dead_letters WHERE " SAME_KEY_AS_ARGS
+		" AND status OPERATOR(pg_catalog.<>) 'pending'",
 		2, {INT4OID, TEXTOID}
 	},
 };
