@@ -15,7 +15,7 @@ EXTENSION = idem_consumer
 DATA = $(wildcard extension/idem_consumer--*.sql)
 PGFILEDESC = "idem_consumer - idempotent message consumption"
 
-REGRESS = apply bad_input plan_cache security collisions storage
+REGRESS = apply bad_input plan_cache security collisions storage dead_letter
 REGRESS_OPTS = --load-extension=idem_consumer
 
 ISOLATION = apply_concurrency
