@@ -18,7 +18,7 @@ PGFILEDESC = "idem_consumer - idempotent message consumption"
 REGRESS = apply bad_input plan_cache security collisions storage dead_letter
 REGRESS_OPTS = --load-extension=idem_consumer
 
-ISOLATION = apply_concurrency
+ISOLATION = apply_concurrency dlq_replay
 ISOLATION_OPTS = --inputdir=test/isolation --load-extension=idem_consumer
 
 TAP_TESTS = 1
