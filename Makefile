@@ -11,16 +11,17 @@ OBJS = \
 	src/apply.o \
 	src/histogram.o \
 	src/stats.o \
-	src/metrics.o
+	src/metrics.o \
+	src/dead_letter.o
 
 EXTENSION = idem_consumer
 DATA = $(wildcard extension/idem_consumer--*.sql)
 PGFILEDESC = "idem_consumer - idempotent message consumption"
 
-REGRESS = apply bad_input plan_cache security collisions storage stats
+REGRESS = apply bad_input plan_cache security collisions storage dead_letter stats
 REGRESS_OPTS = --load-extension=idem_consumer
 
-ISOLATION = apply_concurrency collision_concurrency
+ISOLATION = apply_concurrency collision_concurrency dlq_replay
 ISOLATION_OPTS = --inputdir=test/isolation --load-extension=idem_consumer
 
 TAP_TESTS = 1

@@ -109,6 +109,122 @@ REVOKE ALL ON FUNCTION idem_forget(text, text) FROM PUBLIC;
 REVOKE ALL ON idem_processed_keys FROM PUBLIC;
 
 --
+-- Dead-letter queue (see docs/dead_letters.md).
+--
+-- idem_try_apply() parks a message whose business SQL fails permanently
+-- here, in the caller's transaction, and returns 'dead_lettered' instead of
+-- raising.  The key of the message is recorded in processed_keys like any
+-- other, so redeliveries are not run; the entry of the key tells them
+-- apart from applied messages.  Operators replay or discard entries.
+--
+
+-- What idem_try_apply() and idem_dlq_replay() did with a message.
+CREATE TYPE idem_outcome AS ENUM ('applied', 'duplicate', 'dead_lettered');
+COMMENT ON TYPE idem_outcome IS
+    'applied: the business SQL ran; duplicate: the key was already applied; dead_lettered: the message is parked in the dead-letter queue';
+
+-- One row per dead-lettered (consumer, key), kept after it is resolved:
+-- a discarded entry still marks its key as dead-lettered for redeliveries.
+-- settings holds {name, value} pairs of the settings that change how sql
+-- and params read; a replay restores them.  The error columns describe the
+-- last failure; attempts counts runs of the SQL (the first delivery and
+-- each replay), not redeliveries.
+CREATE TABLE idem_consumer.dead_letters (
+    dead_letter_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    consumer_id integer NOT NULL REFERENCES idem_consumer.consumers,
+    key text COLLATE "C" NOT NULL,
+    sql text NOT NULL,
+    params text[],
+    event_time timestamptz,
+    settings text[] NOT NULL,
+    sqlstate text NOT NULL CHECK (octet_length(sqlstate) = 5),
+    message text NOT NULL,
+    detail text,
+    hint text,
+    context text,
+    first_failed_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    last_failed_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    attempts integer NOT NULL DEFAULT 1 CHECK (attempts >= 1),
+    dead_lettered_by text NOT NULL,
+    status text NOT NULL DEFAULT 'pending'
+        CHECK (status IN ('pending', 'replayed', 'discarded')),
+    resolved_at timestamptz,
+    resolved_by text,
+    discard_reason text,
+    UNIQUE (consumer_id, key),
+    CHECK ((status = 'pending') = (resolved_at IS NULL AND resolved_by IS NULL)),
+    CHECK ((status = 'discarded') = (discard_reason IS NOT NULL))
+);
+-- pending entries of a consumer in replay order; also serves depth and age
+CREATE INDEX dead_letters_pending
+    ON idem_consumer.dead_letters (consumer_id, dead_letter_id)
+    WHERE status = 'pending';
+
+CREATE FUNCTION idem_try_apply(key text, consumer text, sql text,
+                               params text[] DEFAULT NULL,
+                               event_time timestamptz DEFAULT NULL)
+RETURNS idem_outcome
+AS 'MODULE_PATHNAME', 'idem_try_apply'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_try_apply(text, text, text, text[], timestamptz) IS
+    'like idem_apply, but park the message in the dead-letter queue on a permanent error instead of raising';
+
+CREATE FUNCTION idem_dlq_replay(id bigint)
+RETURNS idem_outcome
+AS 'MODULE_PATHNAME', 'idem_dlq_replay'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_dlq_replay(bigint) IS
+    'run a pending dead-letter entry again under its key: applied, or dead_lettered with the new error';
+
+CREATE FUNCTION idem_dlq_replay(consumer text, max_count integer DEFAULT 100)
+RETURNS TABLE (id bigint, outcome idem_outcome)
+AS 'MODULE_PATHNAME', 'idem_dlq_replay_consumer'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 100;
+COMMENT ON FUNCTION idem_dlq_replay(text, integer) IS
+    'replay up to max_count pending entries of a consumer, oldest first, skipping entries other sessions are replaying';
+
+CREATE FUNCTION idem_dlq_discard(id bigint, reason text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_dlq_discard'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_dlq_discard(bigint, text) IS
+    'resolve a pending dead-letter entry without running it; redeliveries of its key stay skipped';
+
+-- Readable view of the dead-letter queue, pending and resolved entries.
+CREATE VIEW idem_dead_letters AS
+    SELECT d.dead_letter_id AS id,
+           c.name AS consumer,
+           d.key,
+           d.status,
+           d.sqlstate,
+           d.message,
+           d.detail,
+           d.hint,
+           d.context,
+           d.attempts,
+           d.first_failed_at,
+           d.last_failed_at,
+           d.event_time,
+           d.sql,
+           d.params,
+           d.settings,
+           d.dead_lettered_by,
+           d.resolved_at,
+           d.resolved_by,
+           d.discard_reason
+      FROM idem_consumer.dead_letters AS d
+      JOIN idem_consumer.consumers AS c USING (consumer_id);
+
+-- Dead-lettering is recording a key, like idem_apply.  Replaying and
+-- discarding are for the operators of a consumer, and the view shows the
+-- SQL and parameters of messages: grant them to operator roles only.
+REVOKE ALL ON FUNCTION idem_try_apply(text, text, text, text[], timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_dlq_replay(bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_dlq_replay(text, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_dlq_discard(bigint, text) FROM PUBLIC;
+REVOKE ALL ON idem_dead_letters FROM PUBLIC;
+
+--
 -- Counters (need shared_preload_libraries) and metrics
 --
 CREATE FUNCTION idem_stats_internal(
@@ -161,19 +277,32 @@ COMMENT ON FUNCTION idem_metrics() IS 'counters in the Prometheus text expositio
 CREATE VIEW idem_consumers AS
     SELECT c.name AS consumer,
            c.created_at,
-           pg_catalog.count(k.consumer_id) AS keys_stored,
-           timestamptz '2000-01-01 00:00:00+00'
-               OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs => pg_catalog.min(k.processed_at))
-               AS oldest_processed_at,
-           timestamptz '2000-01-01 00:00:00+00'
-               OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs => pg_catalog.max(k.processed_at))
-               AS newest_processed_at
+           keys.keys_stored,
+           keys.oldest_processed_at,
+           keys.newest_processed_at,
+           dlq.dead_letters_pending,
+           dlq.oldest_pending_age
       FROM idem_consumer.consumers AS c
-      LEFT JOIN (SELECT consumer_id, processed_at FROM idem_consumer.processed_keys
-                 UNION ALL
-                 SELECT consumer_id, processed_at FROM idem_consumer.key_collisions) AS k
-        ON k.consumer_id OPERATOR(pg_catalog.=) c.consumer_id
-     GROUP BY c.consumer_id, c.name, c.created_at;
+     CROSS JOIN LATERAL (
+           SELECT pg_catalog.count(*) AS keys_stored,
+                  timestamptz '2000-01-01 00:00:00+00'
+                      OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs => pg_catalog.min(k.processed_at))
+                      AS oldest_processed_at,
+                  timestamptz '2000-01-01 00:00:00+00'
+                      OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs => pg_catalog.max(k.processed_at))
+                      AS newest_processed_at
+             FROM (SELECT processed_at FROM idem_consumer.processed_keys
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.key_collisions
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id) AS k) AS keys
+     CROSS JOIN LATERAL (
+           SELECT pg_catalog.count(*) AS dead_letters_pending,
+                  pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.min(d.first_failed_at)
+                      AS oldest_pending_age
+             FROM idem_consumer.dead_letters AS d
+            WHERE d.consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+              AND d.status OPERATOR(pg_catalog.=) 'pending') AS dlq;
 
 GRANT SELECT ON idem_stats, idem_stats_info TO PUBLIC;
 REVOKE ALL ON FUNCTION idem_stats_reset(text) FROM PUBLIC;
@@ -181,3 +310,14 @@ REVOKE ALL ON FUNCTION idem_metrics() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idem_metrics() TO pg_monitor;
 REVOKE ALL ON idem_consumers FROM PUBLIC;
 GRANT SELECT ON idem_consumers TO pg_monitor;
+
+--
+-- pg_dump: the storage is data, not part of the extension's definition;
+-- dump it so that a restored database still knows every processed key.
+--
+SELECT pg_catalog.pg_extension_config_dump('idem_consumer.consumers', '');
+SELECT pg_catalog.pg_extension_config_dump('idem_consumer.consumers_consumer_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('idem_consumer.processed_keys', '');
+SELECT pg_catalog.pg_extension_config_dump('idem_consumer.key_collisions', '');
+SELECT pg_catalog.pg_extension_config_dump('idem_consumer.dead_letters', '');
+SELECT pg_catalog.pg_extension_config_dump('idem_consumer.dead_letters_dead_letter_id_seq', '');

@@ -128,3 +128,17 @@ SELECT consumer, keys_stored FROM idem_consumers WHERE consumer IN ('stats-a', '
 
 -- the other counters
 SELECT consumers >= 4 AS has_consumers, max_consumers, untracked_calls FROM idem_stats_info;
+
+-- idem_try_apply: a committed dead-lettering counts once, its redeliveries
+-- count as duplicates, a rolled-back one as failed
+SELECT idem_try_apply('d-1', 'stats-dlq', 'update st set n = n / 0');
+SELECT idem_try_apply('d-1', 'stats-dlq', 'update st set n = n / 0');
+SELECT idem_try_apply('d-2', 'stats-dlq', 'update st set n = n + 1 where id = 1');
+BEGIN;
+SELECT idem_try_apply('d-3', 'stats-dlq', 'update st set n = n / 0');
+ROLLBACK;
+SELECT applied, duplicates, failed, dead_lettered FROM idem_stats WHERE consumer = 'stats-dlq';
+SELECT line FROM regexp_split_to_table(idem_metrics(), E'\n') AS line
+ WHERE line LIKE 'idem_dlq_enqueue_total{consumer="stats-dlq"}%';
+SELECT consumer, keys_stored, dead_letters_pending, oldest_pending_age < interval '1 minute' AS recent
+  FROM idem_consumers WHERE consumer = 'stats-dlq';

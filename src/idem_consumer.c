@@ -19,6 +19,9 @@ PG_MODULE_MAGIC;
 /* Number of distinct business SQL texts whose plans a backend keeps. */
 int			idem_plan_cache_size = 256;
 
+/* SQLSTATEs and classes idem_try_apply() treats as transient on top of its own. */
+char	   *idem_transient_sqlstates = NULL;
+
 void		_PG_init(void);
 
 /*
@@ -41,6 +44,17 @@ _PG_init(void)
 							NULL);
 
 	stats_init();
+	DefineCustomStringVariable("idem_consumer.transient_sqlstates",
+							   "Adds SQLSTATEs that idem_try_apply re-raises instead of dead-lettering.",
+							   "A comma-separated list of five-character SQLSTATEs and two-character "
+							   "SQLSTATE classes, on top of the built-in transient ones.",
+							   &idem_transient_sqlstates,
+							   "",
+							   PGC_USERSET,
+							   GUC_LIST_INPUT,
+							   check_transient_sqlstates,
+							   assign_transient_sqlstates,
+							   NULL);
 
 	MarkGUCPrefixReserved("idem_consumer");
 

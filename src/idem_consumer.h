@@ -5,10 +5,14 @@
  *
  * Module map:
  *	  idem_consumer.c	library entry point and GUCs
- *	  keystore.c		the extension's storage: consumers and processed keys
+ *	  keystore.c		the extension's storage: consumers, processed keys
+ *						and dead letters
  *	  plan_cache.c		validation, type inference and cached plans of
  *						business SQL, and binding its parameters
- *	  apply.c			the SQL-callable idem_apply() family
+ *	  apply.c			the SQL-callable idem_apply() family and the
+ *						argument validators the API functions share
+ *	  dead_letter.c		idem_try_apply(), the dead-letter queue and its
+ *						replay and discard functions
  *	  stats.c			per-consumer counters in shared memory, counted
  *						when the transaction ends, and the idem_stats view
  *	  histogram.c		log-scale duration histograms
@@ -22,8 +26,10 @@
 #include "postgres.h"
 
 #include "executor/spi.h"
+#include "fmgr.h"
 #include "nodes/params.h"
 #include "utils/array.h"
+#include "utils/guc.h"
 #include "utils/timestamp.h"
 
 /* Longest key and consumer name accepted, in bytes. */
@@ -32,9 +38,41 @@
 
 /* GUCs */
 extern int	idem_plan_cache_size;
+extern char *idem_transient_sqlstates;
 
-/* keystore.c */
+/*
+ * keystore.c: the statements on the storage tables.  Each runs as the owner
+ * of the tables; see keystore_stmt_defs for their text and parameters.
+ */
+typedef enum KeystoreStmt
+{
+	KS_FIND_CONSUMER,
+	KS_CREATE_CONSUMER,
+	KS_INSERT_KEY,
+	KS_PROBE_KEY,
+	KS_CLAIM_OCCUPANT,
+	KS_INSERT_COLLISION,
+	KS_DELETE_KEY,
+	KS_DELETE_COLLISION,
+	KS_FIND_COLLISION,
+	KS_DL_INSERT,
+	KS_DL_KEY_STATUS,
+	KS_DL_LOCK,
+	KS_DL_LOCK_NEXT_PENDING,
+	KS_DL_FAILED_AGAIN,
+	KS_DL_REPLAYED,
+	KS_DL_DISCARDED,
+	KS_DL_DELETE_RESOLVED,
+	KS_KEYS_STORED,
+	KS_NUM_STMTS
+} KeystoreStmt;
+
+/* The most parameters a storage statement takes. */
+#define KS_MAX_ARGS 12
+
 extern void keystore_init(void);
+extern int	keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
+							 long tcount);
 extern int32 keystore_consumer_id(const char *consumer, bool create);
 extern bool keystore_record_key(int32 consumer_id, text *key);
 extern bool keystore_key_exists(int32 consumer_id, text *key);
@@ -97,8 +135,23 @@ extern List *stats_snapshot(void);
 /* plan_cache.c */
 typedef struct BusinessPlan BusinessPlan;
 
+extern void business_sql_check(const char *sql);
+extern void business_params_check(ArrayType *params);
 extern BusinessPlan *business_plan_get(const char *sql);
 extern ParamListInfo business_plan_bind(BusinessPlan *bplan, ArrayType *params);
 extern void business_plan_execute(BusinessPlan *bplan, ParamListInfo params);
+
+/* apply.c */
+extern text *get_name_arg(FunctionCallInfo fcinfo, int argno, const char *argname,
+						  int max_bytes);
+extern text *get_key_arg(FunctionCallInfo fcinfo, int argno);
+extern char *get_consumer_arg(FunctionCallInfo fcinfo, int argno);
+extern char *get_sql_arg(FunctionCallInfo fcinfo, int argno);
+extern void check_event_time_arg(FunctionCallInfo fcinfo, int argno);
+
+/* dead_letter.c */
+extern void dead_letter_forget_key(int32 consumer_id, text *key);
+extern bool check_transient_sqlstates(char **newval, void **extra, GucSource source);
+extern void assign_transient_sqlstates(const char *newval, void *extra);
 
 #endif							/* IDEM_CONSUMER_H */

@@ -1,8 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * keystore.c
- *	  The extension's storage: the consumers table, the processed-keys table
- *	  and the statements that read and write them.
+ *	  The extension's storage: the consumers table, the processed-keys table,
+ *	  the dead-letter table and the statements that read and write them.
  *
  * Every statement here runs as the owner of the tables, the way
  * ri_triggers.c runs its checks as the owner of the referenced table: the
@@ -34,6 +34,9 @@
  * the current transaction would be a lie after a rollback, and a later
  * backend would create the same consumer under a second id.
  *
+ * The dead-letter statements are here for the owner switch and plan
+ * caching only; what they mean is dead_letter.c's business.
+ *
  * The caller must be connected to SPI.
  *
  *-------------------------------------------------------------------------
@@ -60,26 +63,11 @@
 
 #define STORAGE_SCHEMA "idem_consumer"
 
-typedef enum KeystoreStmt
-{
-	KS_FIND_CONSUMER,
-	KS_CREATE_CONSUMER,
-	KS_INSERT_KEY,
-	KS_PROBE_KEY,
-	KS_CLAIM_OCCUPANT,
-	KS_INSERT_COLLISION,
-	KS_DELETE_KEY,
-	KS_DELETE_COLLISION,
-	KS_FIND_COLLISION,
-	KS_KEYS_STORED,
-	KS_NUM_STMTS
-} KeystoreStmt;
-
 typedef struct KeystoreStmtDef
 {
 	const char *sql;
 	int			nargs;
-	Oid			argtypes[3];
+	Oid			argtypes[KS_MAX_ARGS];
 } KeystoreStmtDef;
 
 #define SAME_HASH_AS_ARGS \
@@ -87,10 +75,14 @@ typedef struct KeystoreStmtDef
 	STORAGE_SCHEMA ".key_hash($1, $2)"
 #define SAME_KEY_AS_ARGS \
 	"consumer_id OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2"
+#define DEAD_LETTER_COLUMNS \
+	"dead_letter_id, consumer_id, key, sql, params, settings, status," \
+	" resolved_by, discard_reason"
 
 /*
  * In every statement on keys, $1 is a consumer id and $2 a key, but for
- * the inserts, whose columns are in table order.
+ * the inserts into processed_keys and key_collisions, whose columns are in
+ * table order.
  */
 static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 	[KS_FIND_CONSUMER] = {
@@ -154,6 +146,63 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 		" ON k.consumer_id OPERATOR(pg_catalog.=) c.consumer_id"
 		" GROUP BY c.name ORDER BY c.name",
 		0, {InvalidOid}
+	},
+
+	/*
+	 * Dead letters.  The two locking reads return DEAD_LETTER_COLUMNS, in
+	 * the order dead_letter.c reads them.
+	 */
+	[KS_DL_INSERT] = {
+		"INSERT INTO " STORAGE_SCHEMA ".dead_letters (consumer_id, key, sql, params,"
+		" event_time, settings, sqlstate, message, detail, hint, context, dead_lettered_by)"
+		" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+		12, {INT4OID, TEXTOID, TEXTOID, TEXTARRAYOID, TIMESTAMPTZOID, TEXTARRAYOID,
+			TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID}
+	},
+	[KS_DL_KEY_STATUS] = {
+		"SELECT status, dead_letter_id FROM " STORAGE_SCHEMA ".dead_letters"
+		" WHERE " SAME_KEY_AS_ARGS,
+		2, {INT4OID, TEXTOID}
+	},
+	[KS_DL_LOCK] = {
+		"SELECT " DEAD_LETTER_COLUMNS " FROM " STORAGE_SCHEMA ".dead_letters"
+		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1 FOR NO KEY UPDATE",
+		1, {INT8OID}
+	},
+	/* the oldest pending entry of a consumer after $2 that nobody is replaying */
+	[KS_DL_LOCK_NEXT_PENDING] = {
+		"SELECT " DEAD_LETTER_COLUMNS " FROM " STORAGE_SCHEMA ".dead_letters"
+		" WHERE consumer_id OPERATOR(pg_catalog.=) $1"
+		" AND status OPERATOR(pg_catalog.=) 'pending'"
+		" AND dead_letter_id OPERATOR(pg_catalog.>) $2"
+		" ORDER BY dead_letter_id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED",
+		2, {INT4OID, INT8OID}
+	},
+	[KS_DL_FAILED_AGAIN] = {
+		"UPDATE " STORAGE_SCHEMA ".dead_letters"
+		" SET attempts = attempts OPERATOR(pg_catalog.+) 1, last_failed_at = pg_catalog.now(),"
+		" sqlstate = $2, message = $3, detail = $4, hint = $5, context = $6"
+		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1",
+		6, {INT8OID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID}
+	},
+	[KS_DL_REPLAYED] = {
+		"UPDATE " STORAGE_SCHEMA ".dead_letters"
+		" SET status = 'replayed', attempts = attempts OPERATOR(pg_catalog.+) 1,"
+		" resolved_at = pg_catalog.now(), resolved_by = $2"
+		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1",
+		2, {INT8OID, TEXTOID}
+	},
+	[KS_DL_DISCARDED] = {
+		"UPDATE " STORAGE_SCHEMA ".dead_letters"
+		" SET status = 'discarded', resolved_at = pg_catalog.now(), resolved_by = $2,"
+		" discard_reason = $3"
+		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1",
+		3, {INT8OID, TEXTOID, TEXTOID}
+	},
+	[KS_DL_DELETE_RESOLVED] = {
+		"DELETE FROM " STORAGE_SCHEMA ".dead_letters WHERE " SAME_KEY_AS_ARGS
+		" AND status OPERATOR(pg_catalog.<>) 'pending'",
+		2, {INT4OID, TEXTOID}
 	},
 };
 
@@ -299,10 +348,12 @@ keystore_ready(void)
 }
 
 /*
- * Runs one storage statement as the owner of the storage tables.
+ * Runs one storage statement as the owner of the storage tables; nulls is
+ * as for SPI_execute_plan.
  */
-static int
-keystore_exec(KeystoreStmt stmt, Datum *values, long tcount)
+int
+keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
+				 long tcount)
 {
 	Oid			save_userid;
 	int			save_sec_context;
@@ -329,7 +380,7 @@ keystore_exec(KeystoreStmt stmt, Datum *values, long tcount)
 		keystore.plans[stmt] = plan;
 	}
 
-	rc = SPI_execute_plan(keystore.plans[stmt], values, NULL, false, tcount);
+	rc = SPI_execute_plan(keystore.plans[stmt], values, nulls, false, tcount);
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_plan failed for \"%s\": %s",
 			 keystore_stmt_defs[stmt].sql, SPI_result_code_string(rc));
@@ -338,6 +389,15 @@ keystore_exec(KeystoreStmt stmt, Datum *values, long tcount)
 	SetUserIdAndSecContext(save_userid, save_sec_context);
 
 	return rc;
+}
+
+/*
+ * Runs one storage statement without null parameters as the owner.
+ */
+static inline int
+keystore_exec(KeystoreStmt stmt, Datum *values, long tcount)
+{
+	return keystore_execute(stmt, values, NULL, tcount);
 }
 
 /*
