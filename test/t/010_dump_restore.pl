@@ -1,0 +1,47 @@
+# pg_dump and restore keep the storage: a restored database still knows
+# every processed key and dead letter, and new consumers get fresh ids.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $node = PostgreSQL::Test::Cluster->new('dump');
+$node->init;
+$node->start;
+$node->safe_psql('postgres', q{
+	CREATE DATABASE source;
+	CREATE DATABASE restored;
+});
+$node->safe_psql('source', q{
+	CREATE EXTENSION idem_consumer;
+	CREATE TABLE orders (id int PRIMARY KEY, paid numeric NOT NULL DEFAULT 0);
+	INSERT INTO orders VALUES (1);
+	SELECT idem_apply('order-paid:' || g, 'payments',
+	                  'update orders set paid = paid + $1 where id = 1', ARRAY[g::text])
+	  FROM generate_series(1, 100) g;
+	SELECT idem_try_apply('order-paid:bad', 'payments', 'update orders set paid = paid / 0');
+});
+
+my $dump = PostgreSQL::Test::Utils::tempdir . '/source.dump';
+$node->command_ok([ 'pg_dump', '-Fc', '-f', $dump, '-d', $node->connstr('source') ],
+	'pg_dump of a database using idem_consumer');
+$node->command_ok([ 'pg_restore', '-d', $node->connstr('restored'), $dump ],
+	'pg_restore into an empty database');
+
+is($node->safe_psql('restored', 'SELECT count(*) FROM idem_processed_keys'), '101',
+	'processed keys are restored');
+is($node->safe_psql('restored',
+	q{SELECT idem_apply('order-paid:7', 'payments', 'update orders set paid = paid + 1000 where id = 1')}),
+	'f', 'a redelivery after the restore is a duplicate');
+is($node->safe_psql('restored', 'SELECT paid FROM orders'), '5050',
+	'and changed nothing');
+is($node->safe_psql('restored', q{SELECT status FROM idem_dead_letters WHERE key = 'order-paid:bad'}),
+	'pending', 'dead letters are restored');
+is($node->safe_psql('restored', q{SELECT idem_apply('k', 'new-consumer', 'select 1')}),
+	't', 'a new consumer applies after the restore');
+is($node->safe_psql('restored', 'SELECT count(DISTINCT consumer_id) FROM idem_consumer.consumers'),
+	'2', 'with an id of its own');
+
+done_testing();
