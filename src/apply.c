@@ -3,7 +3,8 @@
  * apply.c
  *	  The SQL-callable API: idem_apply(), idem_is_processed() and
  *	  idem_forget().  Validates arguments and puts keystore and business
- *	  plans together.
+ *	  plans together.  The argument validators are shared with the other
+ *	  API modules.
  *
  * idem_apply() checks everything that can be checked before it records the
  * key (arguments, the SQL text, the parameter values), so that a bad call
@@ -30,7 +31,7 @@ PG_FUNCTION_INFO_V1(idem_forget);
 /*
  * Returns a non-null, non-empty text argument no longer than max_bytes.
  */
-static text *
+text *
 get_name_arg(FunctionCallInfo fcinfo, int argno, const char *argname,
 			 int max_bytes)
 {
@@ -60,7 +61,7 @@ get_name_arg(FunctionCallInfo fcinfo, int argno, const char *argname,
 /*
  * Returns the key argument.
  */
-static inline text *
+text *
 get_key_arg(FunctionCallInfo fcinfo, int argno)
 {
 	return get_name_arg(fcinfo, argno, "key", IDEM_MAX_KEY_BYTES);
@@ -69,7 +70,7 @@ get_key_arg(FunctionCallInfo fcinfo, int argno)
 /*
  * Returns the consumer argument as a C string.
  */
-static inline char *
+char *
 get_consumer_arg(FunctionCallInfo fcinfo, int argno)
 {
 	return text_to_cstring(get_name_arg(fcinfo, argno, "consumer",
@@ -79,7 +80,7 @@ get_consumer_arg(FunctionCallInfo fcinfo, int argno)
 /*
  * Returns the sql argument as a C string.
  */
-static char *
+char *
 get_sql_arg(FunctionCallInfo fcinfo, int argno)
 {
 	char	   *sql;
@@ -99,7 +100,7 @@ get_sql_arg(FunctionCallInfo fcinfo, int argno)
 /*
  * Validates the optional event_time argument.
  */
-static void
+void
 check_event_time_arg(FunctionCallInfo fcinfo, int argno)
 {
 	if (PG_ARGISNULL(argno))

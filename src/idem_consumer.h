@@ -8,7 +8,8 @@
  *	  keystore.c		the extension's storage: consumers and processed keys
  *	  plan_cache.c		validation, type inference and cached plans of
  *						business SQL, and binding its parameters
- *	  apply.c			the SQL-callable idem_apply() family
+ *	  apply.c			the SQL-callable idem_apply() family and the
+ *						argument validators the API functions share
  *	  stats.c			per-consumer counters in shared memory, counted
  *						when the transaction ends, and the idem_stats view
  *	  histogram.c		log-scale duration histograms
@@ -22,6 +23,7 @@
 #include "postgres.h"
 
 #include "executor/spi.h"
+#include "fmgr.h"
 #include "nodes/params.h"
 #include "utils/array.h"
 #include "utils/timestamp.h"
@@ -33,8 +35,31 @@
 /* GUCs */
 extern int	idem_plan_cache_size;
 
-/* keystore.c */
+/*
+ * keystore.c: the statements on the storage tables.  Each runs as the owner
+ * of the tables; see keystore_stmt_defs for their text and parameters.
+ */
+typedef enum KeystoreStmt
+{
+	KS_FIND_CONSUMER,
+	KS_CREATE_CONSUMER,
+	KS_INSERT_KEY,
+	KS_PROBE_KEY,
+	KS_CLAIM_OCCUPANT,
+	KS_INSERT_COLLISION,
+	KS_DELETE_KEY,
+	KS_DELETE_COLLISION,
+	KS_FIND_COLLISION,
+	KS_KEYS_STORED,
+	KS_NUM_STMTS
+} KeystoreStmt;
+
+/* The most parameters a storage statement takes. */
+#define KS_MAX_ARGS 3
+
 extern void keystore_init(void);
+extern int	keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
+							 long tcount);
 extern int32 keystore_consumer_id(const char *consumer, bool create);
 extern bool keystore_record_key(int32 consumer_id, text *key);
 extern bool keystore_key_exists(int32 consumer_id, text *key);
@@ -97,8 +122,18 @@ extern List *stats_snapshot(void);
 /* plan_cache.c */
 typedef struct BusinessPlan BusinessPlan;
 
+extern void business_sql_check(const char *sql);
+extern void business_params_check(ArrayType *params);
 extern BusinessPlan *business_plan_get(const char *sql);
 extern ParamListInfo business_plan_bind(BusinessPlan *bplan, ArrayType *params);
 extern void business_plan_execute(BusinessPlan *bplan, ParamListInfo params);
+
+/* apply.c */
+extern text *get_name_arg(FunctionCallInfo fcinfo, int argno, const char *argname,
+						  int max_bytes);
+extern text *get_key_arg(FunctionCallInfo fcinfo, int argno);
+extern char *get_consumer_arg(FunctionCallInfo fcinfo, int argno);
+extern char *get_sql_arg(FunctionCallInfo fcinfo, int argno);
+extern void check_event_time_arg(FunctionCallInfo fcinfo, int argno);
 
 #endif							/* IDEM_CONSUMER_H */

@@ -60,26 +60,11 @@
 
 #define STORAGE_SCHEMA "idem_consumer"
 
-typedef enum KeystoreStmt
-{
-	KS_FIND_CONSUMER,
-	KS_CREATE_CONSUMER,
-	KS_INSERT_KEY,
-	KS_PROBE_KEY,
-	KS_CLAIM_OCCUPANT,
-	KS_INSERT_COLLISION,
-	KS_DELETE_KEY,
-	KS_DELETE_COLLISION,
-	KS_FIND_COLLISION,
-	KS_KEYS_STORED,
-	KS_NUM_STMTS
-} KeystoreStmt;
-
 typedef struct KeystoreStmtDef
 {
 	const char *sql;
 	int			nargs;
-	Oid			argtypes[3];
+	Oid			argtypes[KS_MAX_ARGS];
 } KeystoreStmtDef;
 
 #define SAME_HASH_AS_ARGS \
@@ -299,10 +284,12 @@ keystore_ready(void)
 }
 
 /*
- * Runs one storage statement as the owner of the storage tables.
+ * Runs one storage statement as the owner of the storage tables; nulls is
+ * as for SPI_execute_plan.
  */
-static int
-keystore_exec(KeystoreStmt stmt, Datum *values, long tcount)
+int
+keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
+				 long tcount)
 {
 	Oid			save_userid;
 	int			save_sec_context;
@@ -329,7 +316,7 @@ keystore_exec(KeystoreStmt stmt, Datum *values, long tcount)
 		keystore.plans[stmt] = plan;
 	}
 
-	rc = SPI_execute_plan(keystore.plans[stmt], values, NULL, false, tcount);
+	rc = SPI_execute_plan(keystore.plans[stmt], values, nulls, false, tcount);
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_plan failed for \"%s\": %s",
 			 keystore_stmt_defs[stmt].sql, SPI_result_code_string(rc));
@@ -338,6 +325,15 @@ keystore_exec(KeystoreStmt stmt, Datum *values, long tcount)
 	SetUserIdAndSecContext(save_userid, save_sec_context);
 
 	return rc;
+}
+
+/*
+ * Runs one storage statement without null parameters as the owner.
+ */
+static inline int
+keystore_exec(KeystoreStmt stmt, Datum *values, long tcount)
+{
+	return keystore_execute(stmt, values, NULL, tcount);
 }
 
 /*

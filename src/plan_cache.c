@@ -166,19 +166,14 @@ business_sql_error_callback(void *arg)
 }
 
 /*
- * Parses and validates a business SQL text and infers its parameter types.
+ * Parses a business SQL text and checks that it is one statement of an
+ * accepted kind.  The caller has set up business_sql_error_callback.
  */
-static void
-analyze_business_sql(const char *sql, Oid **argtypes, int *nargs)
+static RawStmt *
+parse_business_sql(const char *sql)
 {
 	List	   *raw_list;
 	RawStmt    *raw;
-	ErrorContextCallback errcallback;
-
-	errcallback.callback = business_sql_error_callback;
-	errcallback.arg = unconstify(char *, sql);
-	errcallback.previous = error_context_stack;
-	error_context_stack = &errcallback;
 
 	raw_list = pg_parse_query(sql);
 	if (raw_list == NIL)
@@ -197,6 +192,24 @@ analyze_business_sql(const char *sql, Oid **argtypes, int *nargs)
 
 	raw = linitial_node(RawStmt, raw_list);
 	check_statement_kind(raw);
+	return raw;
+}
+
+/*
+ * Parses and validates a business SQL text and infers its parameter types.
+ */
+static void
+analyze_business_sql(const char *sql, Oid **argtypes, int *nargs)
+{
+	RawStmt    *raw;
+	ErrorContextCallback errcallback;
+
+	errcallback.callback = business_sql_error_callback;
+	errcallback.arg = unconstify(char *, sql);
+	errcallback.previous = error_context_stack;
+	error_context_stack = &errcallback;
+
+	raw = parse_business_sql(sql);
 
 	*argtypes = NULL;
 	*nargs = 0;
@@ -284,6 +297,30 @@ plan_cache_evict(void)
 }
 
 /*
+ * Raises an error unless a business SQL text parses as one statement of an
+ * accepted kind: the checks that depend on the text alone, not on the
+ * schema.  A cached text passed them already; any other is parsed here and
+ * again when it is prepared.
+ */
+void
+business_sql_check(const char *sql)
+{
+	ErrorContextCallback errcallback;
+
+	if (plan_cache != NULL && hash_search(plan_cache, &sql, HASH_FIND, NULL) != NULL)
+		return;
+
+	errcallback.callback = business_sql_error_callback;
+	errcallback.arg = unconstify(char *, sql);
+	errcallback.previous = error_context_stack;
+	error_context_stack = &errcallback;
+
+	(void) parse_business_sql(sql);
+
+	error_context_stack = errcallback.previous;
+}
+
+/*
  * Returns the cached plan of a business SQL text, preparing it if needed.
  * Raises an error, caching nothing, if the text is not acceptable.
  */
@@ -319,6 +356,19 @@ bind_error_callback(void *arg)
 }
 
 /*
+ * Raises an error unless a params array has at most one dimension.
+ */
+void
+business_params_check(ArrayType *params)
+{
+	if (ARR_NDIM(params) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("params must be a one-dimensional array"),
+				 errdetail("The array has %d dimensions.", ARR_NDIM(params))));
+}
+
+/*
  * Converts the caller's text parameters to the plan's parameter types.
  */
 ParamListInfo
@@ -333,11 +383,7 @@ business_plan_bind(BusinessPlan *bplan, ArrayType *params)
 
 	if (params != NULL)
 	{
-		if (ARR_NDIM(params) > 1)
-			ereport(ERROR,
-					(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
-					 errmsg("params must be a one-dimensional array"),
-					 errdetail("The array has %d dimensions.", ARR_NDIM(params))));
+		business_params_check(params);
 		deconstruct_array(params, TEXTOID, -1, false, TYPALIGN_INT,
 						  &elems, &elem_nulls, &nelems);
 	}
