@@ -11,13 +11,14 @@ OBJS = \
 	src/apply.o \
 	src/histogram.o \
 	src/stats.o \
-	src/metrics.o
+	src/metrics.o \
+	src/retention.o
 
 EXTENSION = idem_consumer
 DATA = $(wildcard extension/idem_consumer--*.sql)
 PGFILEDESC = "idem_consumer - idempotent message consumption"
 
-REGRESS = apply bad_input plan_cache security collisions storage stats
+REGRESS = apply bad_input plan_cache security collisions storage stats retention
 REGRESS_OPTS = --load-extension=idem_consumer
 
 ISOLATION = apply_concurrency

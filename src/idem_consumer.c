@@ -3,7 +3,8 @@
  * idem_consumer.c
  *	  Library entry point of idem_consumer: defines the GUCs and lets each
  *	  module register what it needs.  Only the counters (stats.c) need
- *	  shared_preload_libraries; deduplication works without it.
+ *	  shared_preload_libraries; deduplication and idem_purge() work
+ *	  without it.
  *
  *-------------------------------------------------------------------------
  */
@@ -11,6 +12,7 @@
 
 #include "fmgr.h"
 #include "utils/guc.h"
+#include "utils/timestamp.h"
 
 #include "idem_consumer.h"
 
@@ -19,7 +21,24 @@ PG_MODULE_MAGIC;
 /* Number of distinct business SQL texts whose plans a backend keeps. */
 int			idem_plan_cache_size = 256;
 
+/* Default retention window, in seconds; -1 keeps keys forever. */
+int			idem_retention = 7 * SECS_PER_DAY;
+
 void		_PG_init(void);
+
+/*
+ * Refuses a retention of 0, which would read as "keep nothing".
+ */
+static bool
+check_retention(int *newval, void **extra, GucSource source)
+{
+	if (*newval == 0)
+	{
+		GUC_check_errdetail("Use -1 to keep keys forever.");
+		return false;
+	}
+	return true;
+}
 
 /*
  * Defines the GUCs and initializes each module.
@@ -37,6 +56,19 @@ _PG_init(void)
 							PGC_USERSET,
 							0,
 							NULL,
+							NULL,
+							NULL);
+	DefineCustomIntVariable("idem_consumer.retention",
+							"Sets how long keys are kept, counted back from their consumer's latest activity.",
+							"A key is purged when it is this much older than the newest key of its consumer. "
+							"-1 keeps keys forever. idem_set_retention() overrides it per consumer.",
+							&idem_retention,
+							7 * SECS_PER_DAY,
+							-1,
+							INT_MAX,
+							PGC_SUSET,
+							GUC_UNIT_S,
+							check_retention,
 							NULL,
 							NULL);
 
