@@ -12,7 +12,8 @@ OBJS = \
 	src/histogram.o \
 	src/stats.o \
 	src/metrics.o \
-	src/retention.o
+	src/retention.o \
+	src/purge_worker.o
 
 EXTENSION = idem_consumer
 DATA = $(wildcard extension/idem_consumer--*.sql)

@@ -2,9 +2,9 @@
  *
  * idem_consumer.c
  *	  Library entry point of idem_consumer: defines the GUCs and lets each
- *	  module register what it needs.  Only the counters (stats.c) need
- *	  shared_preload_libraries; deduplication and idem_purge() work
- *	  without it.
+ *	  module register what it needs.  Only the counters (stats.c) and the
+ *	  purge worker (purge_worker.c) need shared_preload_libraries;
+ *	  deduplication and idem_purge() work without it.
  *
  *-------------------------------------------------------------------------
  */
@@ -73,6 +73,7 @@ _PG_init(void)
 							NULL);
 
 	stats_init();
+	purge_worker_init();
 
 	MarkGUCPrefixReserved("idem_consumer");
 

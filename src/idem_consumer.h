@@ -15,6 +15,7 @@
  *	  histogram.c		log-scale duration histograms
  *	  metrics.c			the Prometheus text exposition
  *	  retention.c		retention windows, latest activity and purge runs
+ *	  purge_worker.c	the background worker that purges on a schedule
  *
  *-------------------------------------------------------------------------
  */
@@ -110,6 +111,9 @@ typedef enum PurgeProgress
 
 extern void purge_begin_batch(int32 only_consumer, int64 batch_size);
 extern PurgeProgress purge_step(uint64 *removed);
+
+/* purge_worker.c */
+extern void purge_worker_init(void);
 
 /* histogram.c */
 #define HIST_BUCKETS_PER_DECADE		24
