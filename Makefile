@@ -22,7 +22,7 @@ PGFILEDESC = "idem_consumer - idempotent message consumption"
 REGRESS = apply bad_input plan_cache security collisions storage stats retention
 REGRESS_OPTS = --load-extension=idem_consumer
 
-ISOLATION = apply_concurrency
+ISOLATION = apply_concurrency purge_concurrency
 ISOLATION_OPTS = --inputdir=test/isolation --load-extension=idem_consumer
 
 TAP_TESTS = 1
