@@ -12,16 +12,18 @@ OBJS = \
 	src/histogram.o \
 	src/stats.o \
 	src/metrics.o \
-	src/dead_letter.o
+	src/dead_letter.o \
+	src/retention.o \
+	src/purge_worker.o
 
 EXTENSION = idem_consumer
 DATA = $(wildcard extension/idem_consumer--*.sql)
 PGFILEDESC = "idem_consumer - idempotent message consumption"
 
-REGRESS = apply bad_input plan_cache security collisions storage dead_letter stats
+REGRESS = apply bad_input plan_cache security collisions storage dead_letter stats retention retention_dead_letters
 REGRESS_OPTS = --load-extension=idem_consumer
 
-ISOLATION = apply_concurrency collision_concurrency dlq_replay
+ISOLATION = apply_concurrency collision_concurrency dlq_replay purge_concurrency
 ISOLATION_OPTS = --inputdir=test/isolation --load-extension=idem_consumer
 
 TAP_TESTS = 1

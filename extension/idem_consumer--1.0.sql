@@ -312,6 +312,73 @@ REVOKE ALL ON idem_consumers FROM PUBLIC;
 GRANT SELECT ON idem_consumers TO pg_monitor;
 
 --
+-- Retention (src/retention.c, src/purge_worker.c, docs/retention.md)
+--
+-- A key expires when it is older than its consumer's retention window
+-- counted back from the newest key that consumer recorded (its latest
+-- activity), never from the wall clock: a consumer that stops keeps all
+-- its keys until it applies messages again.  idem_purge() and the
+-- background worker remove expired keys.
+--
+
+-- Per-consumer windows.  A consumer without a row follows the
+-- idem_consumer.retention setting (7 days unless configured); a row with a
+-- NULL retention keeps the consumer's keys forever.
+CREATE TABLE idem_consumer.retention_settings (
+    consumer_id integer PRIMARY KEY REFERENCES idem_consumer.consumers,
+    retention interval
+        CHECK (retention OPERATOR(pg_catalog.>) interval '0'
+               AND retention OPERATOR(pg_catalog.<=) interval '100 years'),
+    updated_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+
+CREATE FUNCTION idem_set_retention(consumer text, retention interval)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_set_retention'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_set_retention(text, interval) IS
+    'set how long a consumer''s keys are kept after its latest activity; NULL keeps them forever';
+
+CREATE FUNCTION idem_reset_retention(consumer text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_reset_retention'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_reset_retention(text) IS
+    'make a consumer follow idem_consumer.retention again';
+
+CREATE FUNCTION idem_purge(consumer text DEFAULT NULL, batch_size integer DEFAULT 10000)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'idem_purge'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_purge(text, integer) IS
+    'remove expired keys, at most batch_size per consumer; call until it returns 0';
+
+-- idem_consumer.retention as an interval, NULL for -1 (forever).
+CREATE FUNCTION idem_consumer.default_retention()
+RETURNS interval
+AS 'MODULE_PATHNAME', 'idem_default_retention'
+LANGUAGE C STABLE PARALLEL SAFE;
+
+-- Each consumer's window: its own, or the default.
+CREATE VIEW idem_retention AS
+    SELECT c.name AS consumer,
+           CASE WHEN s.consumer_id IS NULL THEN idem_consumer.default_retention()
+                ELSE s.retention END AS retention,
+           s.consumer_id IS NULL AS is_default
+      FROM idem_consumer.consumers AS c
+      LEFT JOIN idem_consumer.retention_settings AS s
+        ON s.consumer_id OPERATOR(pg_catalog.=) c.consumer_id;
+COMMENT ON VIEW idem_retention IS
+    'retention window of each consumer; NULL keeps its keys forever';
+
+-- Shortening a window or purging removes keys: operators only.
+REVOKE ALL ON FUNCTION idem_set_retention(text, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_reset_retention(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_purge(text, integer) FROM PUBLIC;
+REVOKE ALL ON idem_retention FROM PUBLIC;
+GRANT SELECT ON idem_retention TO pg_monitor;
+
+--
 -- pg_dump: the storage is data, not part of the extension's definition;
 -- dump it so that a restored database still knows every processed key.
 --
@@ -321,3 +388,4 @@ SELECT pg_catalog.pg_extension_config_dump('idem_consumer.processed_keys', '');
 SELECT pg_catalog.pg_extension_config_dump('idem_consumer.key_collisions', '');
 SELECT pg_catalog.pg_extension_config_dump('idem_consumer.dead_letters', '');
 SELECT pg_catalog.pg_extension_config_dump('idem_consumer.dead_letters_dead_letter_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('idem_consumer.retention_settings', '');

@@ -2,8 +2,9 @@
  *
  * idem_consumer.c
  *	  Library entry point of idem_consumer: defines the GUCs and lets each
- *	  module register what it needs.  Only the counters (stats.c) need
- *	  shared_preload_libraries; deduplication works without it.
+ *	  module register what it needs.  Only the counters (stats.c) and the
+ *	  purge worker (purge_worker.c) need shared_preload_libraries;
+ *	  deduplication and idem_purge() work without it.
  *
  *-------------------------------------------------------------------------
  */
@@ -11,6 +12,7 @@
 
 #include "fmgr.h"
 #include "utils/guc.h"
+#include "utils/timestamp.h"
 
 #include "idem_consumer.h"
 
@@ -21,8 +23,24 @@ int			idem_plan_cache_size = 256;
 
 /* SQLSTATEs and classes idem_try_apply() treats as transient on top of its own. */
 char	   *idem_transient_sqlstates = NULL;
+/* Default retention window, in seconds; -1 keeps keys forever. */
+int			idem_retention = 7 * SECS_PER_DAY;
 
 void		_PG_init(void);
+
+/*
+ * Refuses a retention of 0, which would read as "keep nothing".
+ */
+static bool
+check_retention(int *newval, void **extra, GucSource source)
+{
+	if (*newval == 0)
+	{
+		GUC_check_errdetail("Use -1 to keep keys forever.");
+		return false;
+	}
+	return true;
+}
 
 /*
  * Defines the GUCs and initializes each module.
@@ -42,6 +60,19 @@ _PG_init(void)
 							NULL,
 							NULL,
 							NULL);
+	DefineCustomIntVariable("idem_consumer.retention",
+							"Sets how long keys are kept, counted back from their consumer's latest activity.",
+							"A key is purged when it is this much older than the newest key of its consumer. "
+							"-1 keeps keys forever. idem_set_retention() overrides it per consumer.",
+							&idem_retention,
+							7 * SECS_PER_DAY,
+							-1,
+							INT_MAX,
+							PGC_SUSET,
+							GUC_UNIT_S,
+							check_retention,
+							NULL,
+							NULL);
 
 	stats_init();
 	DefineCustomStringVariable("idem_consumer.transient_sqlstates",
@@ -55,6 +86,7 @@ _PG_init(void)
 							   check_transient_sqlstates,
 							   assign_transient_sqlstates,
 							   NULL);
+	purge_worker_init();
 
 	MarkGUCPrefixReserved("idem_consumer");
 

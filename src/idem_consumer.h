@@ -17,6 +17,8 @@
  *						when the transaction ends, and the idem_stats view
  *	  histogram.c		log-scale duration histograms
  *	  metrics.c			the Prometheus text exposition
+ *	  retention.c		retention windows, latest activity and purge runs
+ *	  purge_worker.c	the background worker that purges on a schedule
  *
  *-------------------------------------------------------------------------
  */
@@ -28,6 +30,8 @@
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "nodes/params.h"
+#include "storage/block.h"
+#include "storage/itemptr.h"
 #include "utils/array.h"
 #include "utils/guc.h"
 #include "utils/timestamp.h"
@@ -39,6 +43,7 @@
 /* GUCs */
 extern int	idem_plan_cache_size;
 extern char *idem_transient_sqlstates;
+extern int	idem_retention;
 
 /*
  * keystore.c: the statements on the storage tables.  Each runs as the owner
@@ -64,11 +69,30 @@ typedef enum KeystoreStmt
 	KS_DL_DISCARDED,
 	KS_DL_DELETE_RESOLVED,
 	KS_KEYS_STORED,
+	KS_RETENTION_SETTINGS,
+	KS_SET_RETENTION,
+	KS_RESET_RETENTION,
+	KS_TABLE_SIZES,
+	KS_LATEST_COLLISIONS,
+	KS_LATEST_KEYS,
+	KS_PURGEABLE_COLLISIONS,
+	KS_PURGEABLE_KEYS,
+	KS_REMOVE_COLLISIONS,
+	KS_REMOVE_KEYS,
+	KS_COLLIDING_HASHES,
 	KS_NUM_STMTS
 } KeystoreStmt;
 
 /* The most parameters a storage statement takes. */
 #define KS_MAX_ARGS 12
+
+/* The tables that hold keys, in the order a purge walks them. */
+typedef enum KeystoreTable
+{
+	KS_TABLE_COLLISIONS,
+	KS_TABLE_KEYS,
+	KS_NUM_TABLES
+} KeystoreTable;
 
 extern void keystore_init(void);
 extern int	keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
@@ -77,6 +101,10 @@ extern int32 keystore_consumer_id(const char *consumer, bool create);
 extern bool keystore_record_key(int32 consumer_id, text *key);
 extern bool keystore_key_exists(int32 consumer_id, text *key);
 extern bool keystore_forget_key(int32 consumer_id, text *key);
+extern Oid	keystore_keys_relid(void);
+extern void keystore_table_blocks(BlockNumber *blocks);
+extern uint64 keystore_remove_rows(KeystoreTable table, ItemPointer tids,
+								   int ntids, Datum consumer_ids, Datum cutoffs);
 
 typedef struct KeysStored
 {
@@ -85,6 +113,20 @@ typedef struct KeysStored
 } KeysStored;
 
 extern List *keystore_keys_stored(void);
+
+/* retention.c */
+typedef enum PurgeProgress
+{
+	PURGE_CONTINUES,			/* the run goes on */
+	PURGE_BATCH_FULL,			/* a consumer removed batch_size keys */
+	PURGE_RUN_DONE				/* the run is complete */
+} PurgeProgress;
+
+extern void purge_begin_batch(int32 only_consumer, int64 batch_size);
+extern PurgeProgress purge_step(uint64 *removed);
+
+/* purge_worker.c */
+extern void purge_worker_init(void);
 
 /* histogram.c */
 #define HIST_BUCKETS_PER_DECADE		24

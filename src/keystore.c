@@ -29,6 +29,13 @@
  * place.  Hence a successful insert into processed_keys proves the key was
  * in neither table.
  *
+ * Retention (retention.c) removes rows chunk by chunk: it reads the rows of
+ * a range of heap blocks of a table and names the ones to remove by TID,
+ * and keystore_remove_rows() removes them and keeps the invariant, moving
+ * a collision into the place of every occupant it removed.  The purge's
+ * statements are in the table below with the others, and the one condition
+ * that keeps the keys of pending dead letters is marked there.
+ *
  * Consumer ids are cached per backend, but only once the row that maps the
  * name is known to be committed by another transaction: an id created by
  * the current transaction would be a lie after a rollback, and a later
@@ -68,6 +75,7 @@ typedef struct KeystoreStmtDef
 	const char *sql;
 	int			nargs;
 	Oid			argtypes[KS_MAX_ARGS];
+	int			cursor_options; /* as for SPI_prepare_cursor */
 } KeystoreStmtDef;
 
 #define SAME_HASH_AS_ARGS \
@@ -78,6 +86,49 @@ typedef struct KeystoreStmtDef
 #define DEAD_LETTER_COLUMNS \
 	"dead_letter_id, consumer_id, key, sql, params, settings, status," \
 	" resolved_by, discard_reason"
+
+/*
+ * Retention never removes the key of a message that waits in the
+ * dead-letter queue: an operator may still replay it, and a redelivery
+ * applied after the key were gone would let that replay apply it twice.
+ * The condition is served by the UNIQUE (consumer_id, key) index of
+ * dead_letters.
+ */
+#define AND_NO_PENDING_DEAD_LETTER(row) \
+	" AND NOT EXISTS (SELECT FROM " STORAGE_SCHEMA ".dead_letters AS d" \
+	" WHERE d.consumer_id OPERATOR(pg_catalog.=) " row ".consumer_id" \
+	" AND d.key OPERATOR(pg_catalog.=) " row ".key" \
+	" AND d.status OPERATOR(pg_catalog.=) 'pending')"
+
+/* rows of a range of heap blocks: ctid from (first, 0) up to (end, 0) */
+#define IN_BLOCK_RANGE(ctid, lo, hi) \
+	ctid " OPERATOR(pg_catalog.>=) " lo " AND " ctid " OPERATOR(pg_catalog.<) " hi
+
+/*
+ * Per consumer, the newest processed_at and the number of rows in a range
+ * of blocks of a table; $1 and $2 bound the range.
+ */
+#define LATEST_IN_BLOCKS(table) \
+	"SELECT consumer_id, pg_catalog.max(processed_at), pg_catalog.count(*)" \
+	" FROM " STORAGE_SCHEMA "." table \
+	" WHERE " IN_BLOCK_RANGE("ctid", "$1", "$2") \
+	" GROUP BY consumer_id"
+
+/*
+ * Per consumer, the TIDs of the rows of a range of blocks ($3, $4) that
+ * are older than the consumer's cutoff; $1 and $2 are parallel arrays of
+ * consumer ids and cutoffs.  Consumers not in $1 keep everything.
+ */
+#define PURGEABLE_IN_BLOCKS(table) \
+	"SELECT k.consumer_id, pg_catalog.array_agg(k.ctid)" \
+	" FROM " STORAGE_SCHEMA "." table " AS k" \
+	" JOIN ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2))" \
+	" AS w (consumer_id, cutoff)" \
+	" ON k.consumer_id OPERATOR(pg_catalog.=) w.consumer_id" \
+	" WHERE " IN_BLOCK_RANGE("k.ctid", "$3", "$4") \
+	" AND k.processed_at OPERATOR(pg_catalog.<) w.cutoff" \
+	AND_NO_PENDING_DEAD_LETTER("k") \
+	" GROUP BY k.consumer_id"
 
 /*
  * In every statement on keys, $1 is a consumer id and $2 a key, but for
@@ -132,11 +183,12 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 		" RETURNING processed_at",
 		2, {INT4OID, TEXTOID}
 	},
-	/* any collision of any consumer whose hash equals the key's */
+	/* any collision of any consumer whose hash is $1 */
 	[KS_FIND_COLLISION] = {
 		"SELECT consumer_id, key FROM " STORAGE_SCHEMA ".key_collisions"
-		" WHERE " SAME_HASH_AS_ARGS " LIMIT 1",
-		2, {INT4OID, TEXTOID}
+		" WHERE " STORAGE_SCHEMA ".key_hash(consumer_id, key) OPERATOR(pg_catalog.=) $1"
+		" LIMIT 1",
+		1, {INT4OID}
 	},
 	[KS_KEYS_STORED] = {
 		"SELECT c.name, pg_catalog.count(k.consumer_id)"
@@ -203,6 +255,80 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 		"DELETE FROM " STORAGE_SCHEMA ".dead_letters WHERE " SAME_KEY_AS_ARGS
 		" AND status OPERATOR(pg_catalog.<>) 'pending'",
 		2, {INT4OID, TEXTOID}
+	},
+
+	/* retention settings and the purge (retention.c) */
+	[KS_RETENTION_SETTINGS] = {
+		"SELECT consumer_id, retention FROM " STORAGE_SCHEMA ".retention_settings",
+		0, {InvalidOid}
+	},
+	[KS_SET_RETENTION] = {
+		"INSERT INTO " STORAGE_SCHEMA ".retention_settings (consumer_id, retention)"
+		" VALUES ($1, $2) ON CONFLICT (consumer_id) DO UPDATE"
+		" SET retention = excluded.retention, updated_at = pg_catalog.now()",
+		2, {INT4OID, INTERVALOID}
+	},
+	[KS_RESET_RETENTION] = {
+		"DELETE FROM " STORAGE_SCHEMA ".retention_settings"
+		" WHERE consumer_id OPERATOR(pg_catalog.=) $1",
+		1, {INT4OID}
+	},
+	/* sizes in bytes, in the order of KeystoreTable */
+	[KS_TABLE_SIZES] = {
+		"SELECT pg_catalog.pg_relation_size('" STORAGE_SCHEMA ".key_collisions'::pg_catalog.regclass),"
+		" pg_catalog.pg_relation_size('" STORAGE_SCHEMA ".processed_keys'::pg_catalog.regclass)",
+		0, {InvalidOid}
+	},
+	[KS_LATEST_COLLISIONS] = {
+		LATEST_IN_BLOCKS("key_collisions"),
+		2, {TIDOID, TIDOID}
+	},
+	[KS_LATEST_KEYS] = {
+		LATEST_IN_BLOCKS("processed_keys"),
+		2, {TIDOID, TIDOID}
+	},
+	[KS_PURGEABLE_COLLISIONS] = {
+		PURGEABLE_IN_BLOCKS("key_collisions"),
+		4, {INT4ARRAYOID, INT4ARRAYOID, TIDOID, TIDOID}
+	},
+	[KS_PURGEABLE_KEYS] = {
+		PURGEABLE_IN_BLOCKS("processed_keys"),
+		4, {INT4ARRAYOID, INT4ARRAYOID, TIDOID, TIDOID}
+	},
+	/*
+	 * Removals by TID use a generic plan: a custom plan knows the thousands
+	 * of TIDs and, costing a random read for each, would rather read the
+	 * whole table, though they lie in the few blocks of one chunk.  They
+	 * check the rows again against the cutoffs ($2 and $3, as for
+	 * PURGEABLE_IN_BLOCKS): between the two statements a row may have been
+	 * deleted and vacuumed away, and its TID given to a new key.
+	 */
+	[KS_REMOVE_COLLISIONS] = {
+		"DELETE FROM " STORAGE_SCHEMA ".key_collisions AS k"
+		" USING ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS w (consumer_id, cutoff)"
+		" WHERE k.ctid OPERATOR(pg_catalog.=) ANY ($1)"
+		" AND k.consumer_id OPERATOR(pg_catalog.=) w.consumer_id"
+		" AND k.processed_at OPERATOR(pg_catalog.<) w.cutoff"
+		AND_NO_PENDING_DEAD_LETTER("k"),
+		3, {TIDARRAYOID, INT4ARRAYOID, INT4ARRAYOID}, CURSOR_OPT_GENERIC_PLAN
+	},
+	/* returns the hashes whose occupants it removed */
+	[KS_REMOVE_KEYS] = {
+		"DELETE FROM " STORAGE_SCHEMA ".processed_keys AS k"
+		" USING ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS w (consumer_id, cutoff)"
+		" WHERE k.ctid OPERATOR(pg_catalog.=) ANY ($1)"
+		" AND k.consumer_id OPERATOR(pg_catalog.=) w.consumer_id"
+		" AND k.processed_at OPERATOR(pg_catalog.<) w.cutoff"
+		AND_NO_PENDING_DEAD_LETTER("k")
+		" RETURNING " STORAGE_SCHEMA ".key_hash(k.consumer_id, k.key)",
+		3, {TIDARRAYOID, INT4ARRAYOID, INT4ARRAYOID}, CURSOR_OPT_GENERIC_PLAN
+	},
+	/* which of the hashes in $1 have collisions */
+	[KS_COLLIDING_HASHES] = {
+		"SELECT DISTINCT " STORAGE_SCHEMA ".key_hash(consumer_id, key)"
+		" FROM " STORAGE_SCHEMA ".key_collisions"
+		" WHERE " STORAGE_SCHEMA ".key_hash(consumer_id, key) OPERATOR(pg_catalog.=) ANY ($1)",
+		1, {INT4ARRAYOID}
 	},
 };
 
@@ -371,7 +497,8 @@ keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
 		const KeystoreStmtDef *def = &keystore_stmt_defs[stmt];
 		SPIPlanPtr	plan;
 
-		plan = SPI_prepare(def->sql, def->nargs, (Oid *) def->argtypes);
+		plan = SPI_prepare_cursor(def->sql, def->nargs, (Oid *) def->argtypes,
+								  def->cursor_options);
 		if (plan == NULL)
 			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
 				 def->sql, SPI_result_code_string(SPI_result));
@@ -545,13 +672,29 @@ keystore_key_exists(int32 consumer_id, text *key)
 }
 
 /*
+ * Computes the hash of (consumer_id, key) that processed_keys is unique on.
+ */
+static int32
+key_hash_of(int32 consumer_id, text *key)
+{
+	uint32		hash;
+
+	hash = hash_bytes((const unsigned char *) VARDATA_ANY(key),
+					  VARSIZE_ANY_EXHDR(key));
+	hash = hash_combine(hash_bytes_uint32((uint32) consumer_id), hash);
+	return (int32) hash;
+}
+
+/*
  * Moves a collision of a deleted occupant into its place in processed_keys,
- * so that every collision keeps an occupant.  The arguments name the
- * deleted occupant.
+ * so that every collision keeps an occupant.  hash is the deleted
+ * occupant's.
  */
 static void
-promote_collision(Datum *occupant_args)
+promote_collision(int32 hash)
 {
+	Datum		hash_arg = Int32GetDatum(hash);
+
 	for (;;)
 	{
 		Datum		collision_args[2];
@@ -559,7 +702,7 @@ promote_collision(Datum *occupant_args)
 
 		CHECK_FOR_INTERRUPTS();
 
-		keystore_exec(KS_FIND_COLLISION, occupant_args, 1);
+		keystore_exec(KS_FIND_COLLISION, &hash_arg, 1);
 		if (SPI_processed == 0)
 			return;
 		collision_args[0] = row[0] = result_column(1);
@@ -591,7 +734,7 @@ keystore_forget_key(int32 consumer_id, text *key)
 	keystore_exec(KS_DELETE_KEY, key_args, 0);
 	if (SPI_processed == 1)
 	{
-		promote_collision(key_args);
+		promote_collision(key_hash_of(consumer_id, key));
 		return true;
 	}
 
@@ -603,10 +746,116 @@ keystore_forget_key(int32 consumer_id, text *key)
 	keystore_exec(KS_DELETE_KEY, key_args, 0);
 	if (SPI_processed == 1)
 	{
-		promote_collision(key_args);
+		promote_collision(key_hash_of(consumer_id, key));
 		return true;
 	}
 	return false;
+}
+
+/*
+ * Returns the OID of processed_keys, which changes when the extension is
+ * created again (and its consumer ids with it).
+ */
+Oid
+keystore_keys_relid(void)
+{
+	keystore_ready();
+	return keystore.keys_relid;
+}
+
+/*
+ * Fills blocks[KS_NUM_TABLES] with the number of heap blocks of each table
+ * that holds keys.
+ */
+void
+keystore_table_blocks(BlockNumber *blocks)
+{
+	keystore_exec(KS_TABLE_SIZES, NULL, 1);
+	for (int i = 0; i < KS_NUM_TABLES; i++)
+		blocks[i] = (BlockNumber) (DatumGetInt64(result_column(i + 1)) / BLCKSZ);
+	SPI_freetuptable(SPI_tuptable);
+}
+
+/*
+ * Removes the rows of a table at the given TIDs that are still older than
+ * their consumer's cutoff (consumer_ids and cutoffs are the parallel int4
+ * arrays the TIDs were selected with) and returns how many it removed; rows
+ * removed or updated meanwhile by others are skipped.
+ *
+ * The TIDs should come from a statement of the current transaction, whose
+ * snapshot keeps them from being reused; the cutoffs are checked again all
+ * the same, so that a reused TID could never remove a key inside its
+ * window.  Removing a row of processed_keys may leave
+ * collisions without their occupant: one statement finds which of the
+ * removed hashes have any (rarely one in thousands), in a snapshot taken
+ * after the removal so that it also sees a collision recorded by a
+ * transaction we waited for; promote_collision() then fills each place.
+ */
+uint64
+keystore_remove_rows(KeystoreTable table, ItemPointer tids, int ntids,
+					 Datum consumer_ids, Datum cutoffs)
+{
+	Datum	   *tid_datums;
+	Datum		arg;
+	Datum		remove_args[3];
+	uint64		removed;
+	Datum	   *hashes;
+	int32	   *colliding;
+	uint64		ncolliding;
+
+	if (ntids == 0)
+		return 0;
+
+	tid_datums = palloc(sizeof(Datum) * ntids);
+	for (int i = 0; i < ntids; i++)
+		tid_datums[i] = PointerGetDatum(&tids[i]);
+	arg = PointerGetDatum(construct_array(tid_datums, ntids, TIDOID,
+										  sizeof(ItemPointerData), false,
+										  TYPALIGN_SHORT));
+
+	remove_args[0] = arg;
+	remove_args[1] = consumer_ids;
+	remove_args[2] = cutoffs;
+	if (table == KS_TABLE_COLLISIONS)
+	{
+		keystore_exec(KS_REMOVE_COLLISIONS, remove_args, 0);
+		return SPI_processed;
+	}
+
+	keystore_exec(KS_REMOVE_KEYS, remove_args, 0);
+	removed = SPI_processed;
+	if (removed == 0)
+		return 0;
+
+	hashes = palloc(sizeof(Datum) * removed);
+	for (uint64 i = 0; i < removed; i++)
+	{
+		bool		isnull;
+
+		hashes[i] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
+								  1, &isnull);
+	}
+	SPI_freetuptable(SPI_tuptable);
+	arg = PointerGetDatum(construct_array(hashes, (int) removed, INT4OID,
+										  sizeof(int32), true, TYPALIGN_INT));
+
+	keystore_exec(KS_COLLIDING_HASHES, &arg, 0);
+	ncolliding = SPI_processed;
+	colliding = palloc(sizeof(int32) * Max(ncolliding, 1));
+	for (uint64 i = 0; i < ncolliding; i++)
+	{
+		bool		isnull;
+
+		colliding[i] = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[i],
+												   SPI_tuptable->tupdesc,
+												   1, &isnull));
+	}
+	SPI_freetuptable(SPI_tuptable);
+
+	for (uint64 i = 0; i < ncolliding; i++)
+		promote_collision(colliding[i]);
+
+	return removed;
 }
 
 /*
@@ -639,12 +888,5 @@ keystore_keys_stored(void)
 Datum
 idem_key_hash(PG_FUNCTION_ARGS)
 {
-	int32		consumer_id = PG_GETARG_INT32(0);
-	text	   *key = PG_GETARG_TEXT_PP(1);
-	uint32		hash;
-
-	hash = hash_bytes((const unsigned char *) VARDATA_ANY(key),
-					  VARSIZE_ANY_EXHDR(key));
-	hash = hash_combine(hash_bytes_uint32((uint32) consumer_id), hash);
-	PG_RETURN_INT32((int32) hash);
+	PG_RETURN_INT32(key_hash_of(PG_GETARG_INT32(0), PG_GETARG_TEXT_PP(1)));
 }

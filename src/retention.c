@@ -1,0 +1,658 @@
+/*-------------------------------------------------------------------------
+ *
+ * retention.c
+ *	  Retention of processed keys: per-consumer windows, the latest activity
+ *	  they are counted back from, the purge runs that remove expired keys,
+ *	  and the SQL functions idem_set_retention(), idem_reset_retention()
+ *	  and idem_purge().
+ *
+ * The rule: a key is purgeable when it is older than its consumer's
+ * window counted back from that consumer's latest activity, the newest
+ * processed_at among its stored keys; never from the wall clock.  A
+ * consumer that stops applying messages stops its own clock, so however
+ * long it is down it keeps every key it had, and the backlog the broker
+ * redelivers when it comes back is still deduplicated.  A value below the
+ * true latest activity only purges less, which this file relies on twice:
+ * a run reads the latest activity once, at its start, and uses it until it
+ * ends; and the value is capped at the current time, so that a key stamped
+ * in the future by a wrong clock cannot expire the keys before it.
+ *
+ * A run is one pass over the tables that hold keys.  There is no index on
+ * processed_at (it would cost a third of the footprint), so a run reads
+ * the heap in chunks of blocks, by TID range:
+ *	1. per consumer, the newest processed_at (key_collisions, then
+ *	   processed_keys);
+ *	2. per chunk, the rows older than their consumer's cutoff, which
+ *	   keystore_remove_rows() removes while keeping the collision invariant
+ *	   (key_collisions first, so that a purgeable collision is not moved
+ *	   into processed_keys only to be removed there later).
+ * Each chunk is a statement or two, so that the background worker can give
+ * each its own short transaction.  Blocks added after a pass started hold
+ * keys newer than the pass and are left to the next run.
+ *
+ * A run's state lives in the backend and carries over from one
+ * idem_purge() call to the next, so that a caller looping until it returns
+ * 0 makes one pass and never reads again the chunks it purged.  A run ends
+ * when its second pass reaches the end; a rollback, a call for another
+ * consumer and a re-created extension end it early (a rollback may have
+ * undone removals the run counted as done).
+ *
+ * Cutoffs are computed anew, from the current settings, at every call (in
+ * the worker, in every transaction), so that a longer window or NULL
+ * (forever) takes effect at once, even in the middle of a run.  A call
+ * removes at most batch_size keys per consumer: it stops after the chunk in
+ * which a consumer reached that many, and if that chunk held more
+ * purgeable rows than were taken, the run resumes at that same chunk.
+ *
+ * The caller must be connected to SPI.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <math.h>
+
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/hsearch.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+
+#include "idem_consumer.h"
+
+/* Blocks a first-pass statement reads: 8 MB, some 120,000 short keys. */
+#define LATEST_CHUNK_BLOCKS		1024
+
+/* Most blocks a second-pass statement reads. */
+#define PURGE_CHUNK_MAX_BLOCKS	4096
+
+/* Longest window accepted; NULL is how to keep keys forever. */
+#define MAX_RETENTION			"100 years"
+
+typedef enum PurgePhase
+{
+	PHASE_LATEST,				/* pass 1 on run.table */
+	PHASE_PURGE,				/* pass 2 on run.table */
+	PHASE_DONE
+} PurgePhase;
+
+/* A consumer the run saw keys of. */
+typedef struct ConsumerWindow
+{
+	int32		consumer_id;	/* hash key */
+	int32		latest;			/* newest processed_at the run saw */
+	int32		cutoff;			/* this call: rows older go; <= 0 keeps all */
+	int64		remaining;		/* this call: keys it may still remove */
+} ConsumerWindow;
+
+/* The run in progress in this backend, if any. */
+static struct
+{
+	bool		active;
+	Oid			keys_relid;		/* the storage the run belongs to */
+	int32		only_consumer;	/* 0 for every consumer */
+	int64		batch_size;		/* this call's */
+	bool		windows_set;	/* cutoffs computed for this call */
+	PurgePhase	phase;
+	KeystoreTable table;
+	BlockNumber next_block;
+	BlockNumber end_block;
+	uint64		rows_seen[KS_NUM_TABLES];	/* by pass 1, for chunk sizes */
+	BlockNumber blocks_seen[KS_NUM_TABLES];
+	MemoryContext cxt;
+	HTAB	   *windows;
+} run;
+
+static MemoryContext step_cxt = NULL;
+static bool callbacks_registered = false;
+
+PG_FUNCTION_INFO_V1(idem_set_retention);
+PG_FUNCTION_INFO_V1(idem_reset_retention);
+PG_FUNCTION_INFO_V1(idem_purge);
+PG_FUNCTION_INFO_V1(idem_default_retention);
+
+/*
+ * Forgets the run in progress.
+ */
+static void
+run_end(void)
+{
+	if (run.cxt != NULL)
+		MemoryContextDelete(run.cxt);
+	memset(&run, 0, sizeof(run));
+}
+
+/*
+ * Ends the run when its transaction rolls back.
+ */
+static void
+retention_xact_callback(XactEvent event, void *arg)
+{
+	if (event == XACT_EVENT_ABORT && run.active)
+		run_end();
+}
+
+/*
+ * Ends the run when a subtransaction rolls back.
+ */
+static void
+retention_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+						   SubTransactionId parentSubid, void *arg)
+{
+	if (event == SUBXACT_EVENT_ABORT_SUB && run.active)
+		run_end();
+}
+
+/*
+ * Makes a TID that bounds a range of blocks.
+ */
+static inline Datum
+block_bound(ItemPointerData *tid, BlockNumber block)
+{
+	ItemPointerSet(tid, block, 0);
+	return PointerGetDatum(tid);
+}
+
+/*
+ * Starts the pass of phase over table at its first block.
+ */
+static void
+enter_pass(PurgePhase phase, KeystoreTable table)
+{
+	BlockNumber blocks[KS_NUM_TABLES];
+
+	keystore_table_blocks(blocks);
+	run.phase = phase;
+	run.table = table;
+	run.next_block = 0;
+	run.end_block = blocks[table];
+}
+
+/*
+ * Moves on to the next pass, or to the end of the run.
+ */
+static void
+next_pass(void)
+{
+	if (run.phase == PHASE_LATEST && run.table == KS_TABLE_COLLISIONS)
+		enter_pass(PHASE_LATEST, KS_TABLE_KEYS);
+	else if (run.phase == PHASE_LATEST)
+		enter_pass(PHASE_PURGE, KS_TABLE_COLLISIONS);
+	else if (run.phase == PHASE_PURGE && run.table == KS_TABLE_COLLISIONS)
+		enter_pass(PHASE_PURGE, KS_TABLE_KEYS);
+	else
+		run.phase = PHASE_DONE;
+}
+
+/*
+ * Starts a run.
+ */
+static void
+run_start(int32 only_consumer)
+{
+	HASHCTL		ctl;
+
+	run_end();
+	run.cxt = AllocSetContextCreate(TopMemoryContext, "idem_consumer purge run",
+									ALLOCSET_DEFAULT_SIZES);
+	ctl.keysize = sizeof(int32);
+	ctl.entrysize = sizeof(ConsumerWindow);
+	ctl.hcxt = run.cxt;
+	run.windows = hash_create("idem_consumer consumer windows", 64, &ctl,
+							  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	run.active = true;
+	run.keys_relid = keystore_keys_relid();
+	run.only_consumer = only_consumer;
+	enter_pass(PHASE_LATEST, KS_TABLE_COLLISIONS);
+}
+
+/*
+ * Prepares a call (in the worker, a transaction) that removes at most
+ * batch_size keys per consumer, continuing the run in progress if it
+ * purges the same consumers of the same storage, else starting one.
+ */
+void
+purge_begin_batch(int32 only_consumer, int64 batch_size)
+{
+	if (!callbacks_registered)
+	{
+		RegisterXactCallback(retention_xact_callback, NULL);
+		RegisterSubXactCallback(retention_subxact_callback, NULL);
+		step_cxt = AllocSetContextCreate(TopMemoryContext,
+										 "idem_consumer purge step",
+										 ALLOCSET_DEFAULT_SIZES);
+		callbacks_registered = true;
+	}
+
+	if (!run.active ||
+		run.only_consumer != only_consumer ||
+		run.keys_relid != keystore_keys_relid())
+		run_start(only_consumer);
+	run.batch_size = batch_size;
+	run.windows_set = false;
+}
+
+/*
+ * Returns the first processed_at that is not older than retention counted
+ * back from latest; 0 or less means no key is that old.  Months and days
+ * count as calendar months and days (processed_at is UTC).
+ */
+static int32
+interval_cutoff(int32 latest, Interval *retention)
+{
+	Timestamp	latest_ts = (Timestamp) latest * USECS_PER_SEC;
+	Timestamp	cutoff_ts;
+
+	cutoff_ts = DatumGetTimestamp(DirectFunctionCall2(timestamp_mi_interval,
+													  TimestampGetDatum(latest_ts),
+													  IntervalPGetDatum(retention)));
+	if (cutoff_ts <= 0)
+		return 0;
+	/* a key of second s is older than the cutoff when s < cutoff */
+	return (int32) ((cutoff_ts + USECS_PER_SEC - 1) / USECS_PER_SEC);
+}
+
+/*
+ * Sets every consumer's cutoff for this call from its latest activity and
+ * the current settings; returns how many consumers have keys to purge.
+ */
+static int
+set_windows(void)
+{
+	HASH_SEQ_STATUS seq;
+	ConsumerWindow *w;
+	int32		now_secs = (int32) (GetCurrentTimestamp() / USECS_PER_SEC);
+	int			npurgeable = 0;
+
+	hash_seq_init(&seq, run.windows);
+	while ((w = hash_seq_search(&seq)) != NULL)
+	{
+		w->cutoff = 0;
+		w->remaining = run.batch_size;
+		if (idem_retention > 0 &&
+			(run.only_consumer == 0 || w->consumer_id == run.only_consumer))
+			w->cutoff = Min(w->latest, now_secs) - idem_retention;
+	}
+
+	keystore_execute(KS_RETENTION_SETTINGS, NULL, NULL, 0);
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tuple = SPI_tuptable->vals[i];
+		bool		isnull;
+		int32		consumer_id;
+		Datum		retention;
+
+		consumer_id = DatumGetInt32(SPI_getbinval(tuple, SPI_tuptable->tupdesc,
+												  1, &isnull));
+		w = hash_search(run.windows, &consumer_id, HASH_FIND, NULL);
+		if (w == NULL ||
+			(run.only_consumer != 0 && consumer_id != run.only_consumer))
+			continue;
+		retention = SPI_getbinval(tuple, SPI_tuptable->tupdesc, 2, &isnull);
+		w->cutoff = isnull ? 0 :
+			interval_cutoff(Min(w->latest, now_secs), DatumGetIntervalP(retention));
+	}
+	SPI_freetuptable(SPI_tuptable);
+
+	hash_seq_init(&seq, run.windows);
+	while ((w = hash_seq_search(&seq)) != NULL)
+		if (w->cutoff > 0)
+			npurgeable++;
+
+	run.windows_set = true;
+	return npurgeable;
+}
+
+/*
+ * Pass 1: reads the newest processed_at per consumer in the next chunk.
+ */
+static void
+read_latest_chunk(void)
+{
+	BlockNumber nblocks = Min(LATEST_CHUNK_BLOCKS, run.end_block - run.next_block);
+	ItemPointerData lo,
+				hi;
+	Datum		args[2];
+
+	args[0] = block_bound(&lo, run.next_block);
+	args[1] = block_bound(&hi, run.next_block + nblocks);
+	keystore_execute(run.table == KS_TABLE_KEYS ? KS_LATEST_KEYS : KS_LATEST_COLLISIONS,
+					 args, NULL, 0);
+
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tuple = SPI_tuptable->vals[i];
+		bool		isnull;
+		int32		consumer_id;
+		int32		latest;
+		bool		found;
+		ConsumerWindow *w;
+
+		consumer_id = DatumGetInt32(SPI_getbinval(tuple, SPI_tuptable->tupdesc, 1, &isnull));
+		latest = DatumGetInt32(SPI_getbinval(tuple, SPI_tuptable->tupdesc, 2, &isnull));
+		w = hash_search(run.windows, &consumer_id, HASH_ENTER, &found);
+		if (!found || latest > w->latest)
+			w->latest = latest;
+		run.rows_seen[run.table] +=
+			DatumGetInt64(SPI_getbinval(tuple, SPI_tuptable->tupdesc, 3, &isnull));
+	}
+	SPI_freetuptable(SPI_tuptable);
+
+	run.blocks_seen[run.table] += nblocks;
+	run.next_block += nblocks;
+}
+
+/*
+ * Returns how many blocks a second-pass chunk reads: about batch_size rows,
+ * by the density pass 1 saw.
+ */
+static BlockNumber
+purge_chunk_blocks(void)
+{
+	double		rows_per_block;
+	double		nblocks;
+
+	if (run.rows_seen[run.table] == 0)
+		nblocks = PURGE_CHUNK_MAX_BLOCKS;
+	else
+	{
+		rows_per_block = (double) run.rows_seen[run.table] / run.blocks_seen[run.table];
+		nblocks = ceil(run.batch_size / rows_per_block);
+	}
+	nblocks = Max(1, Min(nblocks, PURGE_CHUNK_MAX_BLOCKS));
+	return Min((BlockNumber) nblocks, run.end_block - run.next_block);
+}
+
+/*
+ * Pass 2: removes the purgeable rows of the next chunk, within each
+ * consumer's remaining quota.  Sets *batch_full when a consumer used up its
+ * quota; the run moves past the chunk unless that left rows behind.
+ */
+static uint64
+purge_chunk(bool *batch_full)
+{
+	BlockNumber nblocks = purge_chunk_blocks();
+	HASH_SEQ_STATUS seq;
+	ConsumerWindow *w;
+	Datum	   *ids;
+	Datum	   *cutoffs;
+	int			nwindows = 0;
+	ItemPointerData lo,
+				hi;
+	Datum		args[4];
+	ItemPointerData *tids;
+	int			ntids = 0;
+	uint64		capacity = 0;
+	bool		rows_left = false;
+	uint64		removed;
+
+	ids = palloc(sizeof(Datum) * hash_get_num_entries(run.windows));
+	cutoffs = palloc(sizeof(Datum) * hash_get_num_entries(run.windows));
+	hash_seq_init(&seq, run.windows);
+	while ((w = hash_seq_search(&seq)) != NULL)
+	{
+		if (w->cutoff <= 0 || w->remaining <= 0)
+			continue;
+		ids[nwindows] = Int32GetDatum(w->consumer_id);
+		cutoffs[nwindows] = Int32GetDatum(w->cutoff);
+		nwindows++;
+	}
+
+	args[0] = PointerGetDatum(construct_array(ids, nwindows, INT4OID,
+											  sizeof(int32), true, TYPALIGN_INT));
+	args[1] = PointerGetDatum(construct_array(cutoffs, nwindows, INT4OID,
+											  sizeof(int32), true, TYPALIGN_INT));
+	args[2] = block_bound(&lo, run.next_block);
+	args[3] = block_bound(&hi, run.next_block + nblocks);
+	keystore_execute(run.table == KS_TABLE_KEYS ? KS_PURGEABLE_KEYS : KS_PURGEABLE_COLLISIONS,
+					 args, NULL, 0);
+
+	/* one row per consumer: its id and the TIDs of its purgeable rows */
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+		ArrayType  *arr = DatumGetArrayTypeP(SPI_getbinval(SPI_tuptable->vals[i],
+													   SPI_tuptable->tupdesc, 2, &isnull));
+
+		capacity += ArrayGetNItems(ARR_NDIM(arr), ARR_DIMS(arr));
+	}
+	tids = palloc(sizeof(ItemPointerData) * Max(capacity, 1));
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tuple = SPI_tuptable->vals[i];
+		bool		isnull;
+		int32		consumer_id;
+		ArrayType  *arr;
+		int			n;
+		int			take;
+
+		consumer_id = DatumGetInt32(SPI_getbinval(tuple, SPI_tuptable->tupdesc, 1, &isnull));
+		arr = DatumGetArrayTypeP(SPI_getbinval(tuple, SPI_tuptable->tupdesc, 2, &isnull));
+		n = ArrayGetNItems(ARR_NDIM(arr), ARR_DIMS(arr));
+		w = hash_search(run.windows, &consumer_id, HASH_FIND, NULL);
+		Assert(w != NULL);
+
+		/* tid is 6 bytes, aligned on 2: the elements are contiguous */
+		take = (int) Min((int64) n, w->remaining);
+		memcpy(&tids[ntids], ARR_DATA_PTR(arr), sizeof(ItemPointerData) * take);
+		ntids += take;
+		w->remaining -= take;
+		if (take < n)
+			rows_left = true;
+		if (w->remaining == 0)
+			*batch_full = true;
+	}
+	SPI_freetuptable(SPI_tuptable);
+
+	removed = keystore_remove_rows(run.table, tids, ntids, args[0], args[1]);
+
+	if (!rows_left)
+		run.next_block += nblocks;
+	return removed;
+}
+
+/*
+ * Does the next chunk of the run: reads latest activity, or removes
+ * expired keys.  Sets *removed to the keys removed, and tells whether the
+ * run goes on, this call's quota is used up, or the run is over.
+ */
+PurgeProgress
+purge_step(uint64 *removed)
+{
+	MemoryContext oldcxt;
+	bool		batch_full = false;
+
+	*removed = 0;
+	Assert(run.active);
+
+	MemoryContextReset(step_cxt);
+	oldcxt = MemoryContextSwitchTo(step_cxt);
+
+	while (run.phase != PHASE_DONE && run.next_block >= run.end_block)
+		next_pass();
+
+	if (run.phase == PHASE_LATEST)
+		read_latest_chunk();
+	else if (run.phase == PHASE_PURGE)
+	{
+		if (!run.windows_set && set_windows() == 0)
+			run.phase = PHASE_DONE;
+		else
+			*removed = purge_chunk(&batch_full);
+	}
+
+	/* so that the last chunk of a run says so */
+	while (run.phase != PHASE_DONE && run.next_block >= run.end_block)
+		next_pass();
+
+	MemoryContextSwitchTo(oldcxt);
+	MemoryContextReset(step_cxt);
+
+	if (run.phase == PHASE_DONE)
+	{
+		run_end();
+		return PURGE_RUN_DONE;
+	}
+	return batch_full ? PURGE_BATCH_FULL : PURGE_CONTINUES;
+}
+
+/*
+ * Raises an error unless retention is a positive interval of at most
+ * MAX_RETENTION.
+ */
+static void
+check_retention_arg(Interval *retention)
+{
+	Datum		max_retention;
+
+	if (retention->month < 0 || retention->day < 0 || retention->time < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("retention must be a positive interval"),
+				 errdetail("No field of the interval may be negative, and \"%s\" has one.",
+						   DatumGetCString(DirectFunctionCall1(interval_out,
+															   IntervalPGetDatum(retention))))));
+	if (retention->month == 0 && retention->day == 0 && retention->time == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("retention must be a positive interval"),
+				 errhint("Use NULL to keep the consumer's keys forever.")));
+
+	max_retention = DirectFunctionCall3(interval_in, CStringGetDatum(MAX_RETENTION),
+										ObjectIdGetDatum(InvalidOid), Int32GetDatum(-1));
+	if (DatumGetInt32(DirectFunctionCall2(interval_cmp, IntervalPGetDatum(retention),
+										  max_retention)) > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("retention must be at most %s", MAX_RETENTION),
+				 errhint("Use NULL to keep the consumer's keys forever.")));
+}
+
+/*
+ * Returns the id of an existing consumer, or raises an error.
+ */
+static int32
+existing_consumer_id(const char *consumer)
+{
+	int32		consumer_id = keystore_consumer_id(consumer, false);
+
+	if (consumer_id == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("consumer \"%s\" does not exist", consumer),
+				 errhint("A consumer exists once it has recorded a key with idem_apply().")));
+	return consumer_id;
+}
+
+/*
+ * idem_set_retention(consumer, retention): sets the window of a consumer's
+ * keys; NULL keeps them forever.
+ */
+Datum
+idem_set_retention(PG_FUNCTION_ARGS)
+{
+	char	   *consumer = get_consumer_arg(fcinfo, 0);
+	Datum		args[2];
+	char		nulls[2] = {' ', ' '};
+
+	if (PG_ARGISNULL(1))
+	{
+		args[1] = (Datum) 0;
+		nulls[1] = 'n';
+	}
+	else
+	{
+		check_retention_arg(PG_GETARG_INTERVAL_P(1));
+		args[1] = PG_GETARG_DATUM(1);
+	}
+
+	SPI_connect();
+	args[0] = Int32GetDatum(existing_consumer_id(consumer));
+	keystore_execute(KS_SET_RETENTION, args, nulls, 0);
+	SPI_finish();
+
+	PG_RETURN_VOID();
+}
+
+/*
+ * idem_reset_retention(consumer): makes a consumer follow
+ * idem_consumer.retention again.
+ */
+Datum
+idem_reset_retention(PG_FUNCTION_ARGS)
+{
+	char	   *consumer = get_consumer_arg(fcinfo, 0);
+	Datum		arg;
+
+	SPI_connect();
+	arg = Int32GetDatum(existing_consumer_id(consumer));
+	keystore_execute(KS_RESET_RETENTION, &arg, NULL, 0);
+	SPI_finish();
+
+	PG_RETURN_VOID();
+}
+
+/*
+ * idem_purge(consumer, batch_size): removes expired keys of one consumer,
+ * or of all when consumer is NULL, at most batch_size per consumer, and
+ * returns how many it removed; 0 means the run is complete.
+ */
+Datum
+idem_purge(PG_FUNCTION_ARGS)
+{
+	int32		only_consumer = 0;
+	int32		batch_size;
+	uint64		total = 0;
+
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("batch_size must not be null")));
+	batch_size = PG_GETARG_INT32(1);
+	if (batch_size < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("batch_size must be positive"),
+				 errdetail("batch_size is %d.", batch_size)));
+
+	SPI_connect();
+	if (!PG_ARGISNULL(0))
+		only_consumer = existing_consumer_id(get_consumer_arg(fcinfo, 0));
+
+	purge_begin_batch(only_consumer, batch_size);
+	for (;;)
+	{
+		uint64		removed;
+		PurgeProgress progress = purge_step(&removed);
+
+		total += removed;
+		if (progress != PURGE_CONTINUES)
+			break;
+		CHECK_FOR_INTERRUPTS();
+	}
+	SPI_finish();
+
+	PG_RETURN_INT64((int64) total);
+}
+
+/*
+ * idem_consumer.default_retention(): idem_consumer.retention as an
+ * interval, NULL for forever; for the idem_retention view.
+ */
+Datum
+idem_default_retention(PG_FUNCTION_ARGS)
+{
+	Interval   *result;
+
+	if (idem_retention < 0)
+		PG_RETURN_NULL();
+	result = palloc0(sizeof(Interval));
+	result->day = idem_retention / SECS_PER_DAY;
+	result->time = (int64) (idem_retention % SECS_PER_DAY) * USECS_PER_SEC;
+	PG_RETURN_INTERVAL_P(result);
+}
