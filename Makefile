@@ -8,16 +8,17 @@ OBJS = \
 	src/idem_consumer.o \
 	src/keystore.o \
 	src/plan_cache.o \
-	src/apply.o
+	src/apply.o \
+	src/batch.o
 
 EXTENSION = idem_consumer
 DATA = $(wildcard extension/idem_consumer--*.sql)
 PGFILEDESC = "idem_consumer - idempotent message consumption"
 
-REGRESS = apply bad_input plan_cache security collisions storage
+REGRESS = apply bad_input plan_cache security collisions storage batch
 REGRESS_OPTS = --load-extension=idem_consumer
 
-ISOLATION = apply_concurrency
+ISOLATION = apply_concurrency batch_deadlock
 ISOLATION_OPTS = --inputdir=test/isolation --load-extension=idem_consumer
 
 TAP_TESTS = 1

@@ -30,9 +30,9 @@ PG_FUNCTION_INFO_V1(idem_forget);
 /*
  * Returns a non-null, non-empty text argument no longer than max_bytes.
  */
-static text *
-get_name_arg(FunctionCallInfo fcinfo, int argno, const char *argname,
-			 int max_bytes)
+text *
+idem_name_arg(FunctionCallInfo fcinfo, int argno, const char *argname,
+			  int max_bytes)
 {
 	text	   *value;
 	int			len;
@@ -63,7 +63,7 @@ get_name_arg(FunctionCallInfo fcinfo, int argno, const char *argname,
 static inline text *
 get_key_arg(FunctionCallInfo fcinfo, int argno)
 {
-	return get_name_arg(fcinfo, argno, "key", IDEM_MAX_KEY_BYTES);
+	return idem_name_arg(fcinfo, argno, "key", IDEM_MAX_KEY_BYTES);
 }
 
 /*
@@ -72,8 +72,8 @@ get_key_arg(FunctionCallInfo fcinfo, int argno)
 static inline char *
 get_consumer_arg(FunctionCallInfo fcinfo, int argno)
 {
-	return text_to_cstring(get_name_arg(fcinfo, argno, "consumer",
-										IDEM_MAX_CONSUMER_BYTES));
+	return text_to_cstring(idem_name_arg(fcinfo, argno, "consumer",
+										 IDEM_MAX_CONSUMER_BYTES));
 }
 
 /*

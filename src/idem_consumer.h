@@ -9,6 +9,7 @@
  *	  plan_cache.c		validation, type inference and cached plans of
  *						business SQL, and binding its parameters
  *	  apply.c			the SQL-callable idem_apply() family
+ *	  batch.c			idem_record_batch(): recording a batch of keys
  *
  *-------------------------------------------------------------------------
  */
@@ -18,6 +19,7 @@
 #include "postgres.h"
 
 #include "executor/spi.h"
+#include "fmgr.h"
 #include "nodes/params.h"
 #include "utils/array.h"
 
@@ -34,6 +36,13 @@ extern int32 keystore_consumer_id(const char *consumer, bool create);
 extern bool keystore_record_key(int32 consumer_id, text *key);
 extern bool keystore_key_exists(int32 consumer_id, text *key);
 extern bool keystore_forget_key(int32 consumer_id, text *key);
+extern uint64 keystore_insert_batch(int32 consumer_id, ArrayType *keys);
+extern uint64 keystore_unresolved_batch(int32 consumer_id, ArrayType *keys,
+										ArrayType *inserted);
+
+/* apply.c */
+extern text *idem_name_arg(FunctionCallInfo fcinfo, int argno,
+						   const char *argname, int max_bytes);
 
 /* plan_cache.c */
 typedef struct BusinessPlan BusinessPlan;

@@ -71,6 +71,8 @@ typedef enum KeystoreStmt
 	KS_DELETE_KEY,
 	KS_DELETE_COLLISION,
 	KS_FIND_COLLISION,
+	KS_INSERT_BATCH,
+	KS_UNRESOLVED_BATCH,
 	KS_NUM_STMTS
 } KeystoreStmt;
 
@@ -144,6 +146,43 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 		"SELECT consumer_id, key FROM " STORAGE_SCHEMA ".key_collisions"
 		" WHERE " SAME_HASH_AS_ARGS " LIMIT 1",
 		2, {INT4OID, TEXTOID}
+	},
+
+	/*
+	 * A batch of keys ($3) in one insert.  The rows go in in the order of
+	 * the unique index, (hash, then key for keys of one hash), so that all
+	 * batches wait for each other's keys in one global order.  A batch
+	 * waits for another transaction only at a hash that transaction has
+	 * inserted, and every transaction inserts its hashes in ascending
+	 * order: when B waits for A at hash h, A has passed h, and A can only
+	 * come to wait for B at a hash above h, which B has not reached.  So
+	 * two batches cannot wait for each other, whatever order their arrays
+	 * are in.  A key repeated in the batch conflicts with its own first
+	 * copy and is returned once.
+	 */
+	[KS_INSERT_BATCH] = {
+		"INSERT INTO " STORAGE_SCHEMA ".processed_keys (consumer_id, processed_at, key)"
+		" SELECT $1, $2, b.key FROM pg_catalog.unnest($3) AS b(key)"
+		" ORDER BY " STORAGE_SCHEMA ".key_hash($1, b.key), b.key COLLATE pg_catalog.\"C\""
+		" ON CONFLICT DO NOTHING RETURNING key",
+		3, {INT4OID, INT4OID, TEXTARRAYOID}
+	},
+
+	/*
+	 * The keys of batch $2 that were not inserted ($3 are those that were)
+	 * and are not recorded either: they collide with another key's hash,
+	 * or the occupant was deleted after the insert saw it.
+	 */
+	[KS_UNRESOLVED_BATCH] = {
+		"SELECT d.key FROM (SELECT b.key FROM pg_catalog.unnest($2) AS b(key)"
+		" EXCEPT SELECT i.key FROM pg_catalog.unnest($3) AS i(key)) AS d"
+		" WHERE NOT EXISTS (SELECT FROM " STORAGE_SCHEMA ".processed_keys AS p"
+		"  WHERE " STORAGE_SCHEMA ".key_hash(p.consumer_id, p.key) OPERATOR(pg_catalog.=) "
+		STORAGE_SCHEMA ".key_hash($1, d.key)"
+		"  AND p.consumer_id OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) d.key)"
+		" AND NOT EXISTS (SELECT FROM " STORAGE_SCHEMA ".key_collisions AS c"
+		"  WHERE c.consumer_id OPERATOR(pg_catalog.=) $1 AND c.key OPERATOR(pg_catalog.=) d.key)",
+		3, {INT4OID, TEXTARRAYOID, TEXTARRAYOID}
 	},
 };
 
@@ -457,6 +496,44 @@ keystore_record_key(int32 consumer_id, text *key)
 		keystore_exec(KS_INSERT_COLLISION, row, 0);
 		return SPI_processed == 1;
 	}
+}
+
+/*
+ * Inserts the keys of a batch that are not recorded; returns how many were
+ * inserted and leaves their keys in SPI_tuptable.  Keys that conflicted
+ * are either recorded already or collide: see keystore_unresolved_batch.
+ */
+uint64
+keystore_insert_batch(int32 consumer_id, ArrayType *keys)
+{
+	Datum		args[3];
+
+	args[0] = Int32GetDatum(consumer_id);
+	args[1] = Int32GetDatum(processed_at_now());
+	args[2] = PointerGetDatum(keys);
+	keystore_exec(KS_INSERT_BATCH, args, 0);
+	return SPI_processed;
+}
+
+/*
+ * Finds the keys of a batch that keystore_insert_batch did not insert
+ * (inserted holds those it did) and that are not recorded either; returns
+ * how many and leaves them in SPI_tuptable.  Each needs
+ * keystore_record_key, which tells a collision from a key whose occupant
+ * was deleted meanwhile.  Runs as a statement of its own, so that under
+ * READ COMMITTED it sees the rows the insert waited for.
+ */
+uint64
+keystore_unresolved_batch(int32 consumer_id, ArrayType *keys,
+						  ArrayType *inserted)
+{
+	Datum		args[3];
+
+	args[0] = Int32GetDatum(consumer_id);
+	args[1] = PointerGetDatum(keys);
+	args[2] = PointerGetDatum(inserted);
+	keystore_exec(KS_UNRESOLVED_BATCH, args, 0);
+	return SPI_processed;
 }
 
 /*
