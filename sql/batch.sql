@@ -174,3 +174,23 @@ SELECT key FROM idem_processed_keys WHERE consumer = 'batch-evil' ORDER BY key;
 DROP SCHEMA batch_evil CASCADE;
 DROP OWNED BY idem_batch_app;
 DROP ROLE idem_batch_app;
+
+--
+-- With an index of its own on the storage (say, an operator's index for
+-- retention), the fast path steps aside and the SQL statements give the
+-- same answers, for batches and for single keys.
+--
+CREATE INDEX processed_keys_at ON idem_consumer.processed_keys (processed_at);
+SELECT k FROM idem_record_batch('batch-sql', ARRAY['s1', 's2', 's1']) AS k ORDER BY k;
+SELECT k FROM idem_record_batch('batch-sql', ARRAY['s2', 's3']) AS k ORDER BY k;
+SELECT count(*) AS nothing_new FROM idem_record_batch('batch-hashing', ARRAY[:'a2', :'a1', 'x1']);
+SELECT idem_forget(:'a2', 'batch-hashing') AS forgot_occupant;
+SELECT k = :'a2' AS is_a2 FROM idem_record_batch('batch-hashing', ARRAY[:'a1', :'a2']) AS k;
+SELECT count(*) AS collisions FROM idem_consumer.key_collisions;
+SELECT idem_apply('s3', 'batch-sql', 'select 1') AS s3_again,
+       idem_apply('s4', 'batch-sql', 'select 1') AS s4,
+       idem_is_processed('s4', 'batch-sql') AS s4_processed,
+       idem_is_processed('s5', 'batch-sql') AS s5_processed;
+DROP INDEX idem_consumer.processed_keys_at;
+SELECT k FROM idem_record_batch('batch-sql', ARRAY['s4', 's5']) AS k;
+SELECT key FROM idem_processed_keys WHERE consumer = 'batch-sql' ORDER BY key;
