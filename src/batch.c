@@ -11,11 +11,16 @@
  * above), and nothing is recorded when the arguments are bad.  A key that
  * occurs several times in the batch is one message and is returned once.
  *
- * The common cases are set-based: one insert for the whole batch (see
- * keystore.c for why batches cannot deadlock each other), then, only if
- * some keys were not inserted, one statement that finds which of those are
- * not simply recorded already.  Only such keys, hash collisions in
- * practice, go through the per-key path of idem_apply().
+ * All keys are recorded within this one call, in the order of the unique
+ * index whatever their order in the array: that order is why two batches
+ * cannot deadlock each other (see KS_INSERT_BATCH in keystore.c).  Through
+ * keystore.c's fast path each key costs an index probe, and a new key a
+ * speculative insertion, with no SQL statement per key.  When the storage
+ * does not allow the fast path, the work is set-based SQL: one insert for
+ * the whole batch, then, only if some keys were not inserted, one
+ * statement that finds which of those are not simply recorded already.
+ * Only such keys, hash collisions in practice, go through the per-key path
+ * of idem_apply().
  *
  *-------------------------------------------------------------------------
  */
@@ -35,13 +40,13 @@ PG_FUNCTION_INFO_V1(idem_record_batch);
 
 /*
  * Returns the keys argument, or NULL for an empty batch, after checking
- * every element the way idem_apply() checks its key.
+ * every element the way idem_apply() checks its key; sets *elems to the
+ * elements.
  */
 static ArrayType *
-get_keys_arg(FunctionCallInfo fcinfo, int argno, int *nkeys)
+get_keys_arg(FunctionCallInfo fcinfo, int argno, Datum **elems, int *nkeys)
 {
 	ArrayType  *keys;
-	Datum	   *elems;
 	bool	   *nulls;
 	int			nelems;
 	int			lbound;
@@ -66,7 +71,7 @@ get_keys_arg(FunctionCallInfo fcinfo, int argno, int *nkeys)
 
 	lbound = ARR_LBOUND(keys)[0];
 	deconstruct_array(keys, TEXTOID, -1, false, TYPALIGN_INT,
-					  &elems, &nulls, &nelems);
+					  elems, &nulls, &nelems);
 	for (int i = 0; i < nelems; i++)
 	{
 		int			len;
@@ -76,7 +81,7 @@ get_keys_arg(FunctionCallInfo fcinfo, int argno, int *nkeys)
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 					 errmsg("key must not be null"),
 					 errdetail("Element %d of keys is null.", lbound + i)));
-		len = VARSIZE_ANY_EXHDR(DatumGetPointer(elems[i]));
+		len = VARSIZE_ANY_EXHDR(DatumGetPointer((*elems)[i]));
 		if (len == 0)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -89,7 +94,6 @@ get_keys_arg(FunctionCallInfo fcinfo, int argno, int *nkeys)
 					 errdetail("Element %d of keys is %d bytes long; the limit is %d bytes.",
 							   lbound + i, len, IDEM_MAX_KEY_BYTES)));
 	}
-	pfree(elems);
 	pfree(nulls);
 
 	*nkeys = nelems;
@@ -117,14 +121,17 @@ idem_record_batch(PG_FUNCTION_ARGS)
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	char	   *consumer;
 	ArrayType  *keys;
+	Datum	   *elems;
 	int			nkeys;
 	int32		consumer_id;
+	text	  **key_texts;
+	bool	   *isnew;
 	uint64		ninserted;
 	Datum	   *inserted;
 
 	consumer = text_to_cstring(idem_name_arg(fcinfo, 0, "consumer",
 											 IDEM_MAX_CONSUMER_BYTES));
-	keys = get_keys_arg(fcinfo, 1, &nkeys);
+	keys = get_keys_arg(fcinfo, 1, &elems, &nkeys);
 
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 	if (keys == NULL)
@@ -134,6 +141,22 @@ idem_record_batch(PG_FUNCTION_ARGS)
 
 	consumer_id = keystore_consumer_id(consumer, true);
 
+	key_texts = palloc(nkeys * sizeof(text *));
+	for (int i = 0; i < nkeys; i++)
+		key_texts[i] = DatumGetTextPP(elems[i]);
+	isnew = palloc(nkeys * sizeof(bool));
+	if (keystore_record_keys(consumer_id, key_texts, nkeys, isnew))
+	{
+		for (int i = 0; i < nkeys; i++)
+		{
+			if (isnew[i])
+				return_key(rsinfo, elems[i]);
+		}
+		SPI_finish();
+		return (Datum) 0;
+	}
+
+	/* the storage is not as the fast path needs it: set-based SQL */
 	ninserted = keystore_insert_batch(consumer_id, keys);
 	inserted = palloc(Max(ninserted, 1) * sizeof(Datum));
 	for (uint64 i = 0; i < ninserted; i++)

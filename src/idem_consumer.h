@@ -36,6 +36,8 @@ extern int32 keystore_consumer_id(const char *consumer, bool create);
 extern bool keystore_record_key(int32 consumer_id, text *key);
 extern bool keystore_key_exists(int32 consumer_id, text *key);
 extern bool keystore_forget_key(int32 consumer_id, text *key);
+extern bool keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
+								 bool *isnew);
 extern uint64 keystore_insert_batch(int32 consumer_id, ArrayType *keys);
 extern uint64 keystore_unresolved_batch(int32 consumer_id, ArrayType *keys,
 										ArrayType *inserted);

@@ -833,6 +833,102 @@ keystore_record_key(int32 consumer_id, text *key)
 	return recorded;
 }
 
+/* A key of a batch, sorted in the order of the unique index. */
+typedef struct BatchKey
+{
+	int32		hash;
+	int			index;			/* position in the batch */
+	text	   *key;
+} BatchKey;
+
+/*
+ * Orders batch keys by hash, then by key as COLLATE "C" does: the order of
+ * KS_INSERT_BATCH.
+ */
+static int
+batch_key_cmp_keys(const BatchKey *a, const BatchKey *b)
+{
+	int			len_a = VARSIZE_ANY_EXHDR(a->key);
+	int			len_b = VARSIZE_ANY_EXHDR(b->key);
+	int			cmp;
+
+	if (a->hash != b->hash)
+		return a->hash < b->hash ? -1 : 1;
+	cmp = memcmp(VARDATA_ANY(a->key), VARDATA_ANY(b->key), Min(len_a, len_b));
+	if (cmp != 0)
+		return cmp;
+	return len_a == len_b ? 0 : (len_a < len_b ? -1 : 1);
+}
+
+/*
+ * qsort comparator of batch keys; the first occurrence of a key sorts
+ * first.
+ */
+static int
+batch_key_cmp(const void *a, const void *b)
+{
+	const BatchKey *ka = (const BatchKey *) a;
+	const BatchKey *kb = (const BatchKey *) b;
+	int			cmp = batch_key_cmp_keys(ka, kb);
+
+	return cmp != 0 ? cmp : ka->index - kb->index;
+}
+
+/*
+ * Records the keys of a batch through the fast path, one at a time in the
+ * order of the unique index, which rules out deadlocks between batches
+ * for the reason given at KS_INSERT_BATCH; a key the fast path cannot
+ * decide takes the SQL statements at its place in that order.  Sets
+ * isnew[i] when keys[i] was not recorded before and is the first
+ * occurrence of its key in the batch.  Returns false, doing nothing, when
+ * the fast path cannot be used.
+ */
+bool
+keystore_record_keys(int32 consumer_id, text **keys, int nkeys, bool *isnew)
+{
+	FastPath	fp;
+	BatchKey   *sorted;
+	int32		processed_at;
+	MemoryContext keycxt;
+
+	if (!fastpath_open(&fp, true))
+		return false;
+
+	processed_at = processed_at_now();
+	sorted = palloc(Max(nkeys, 1) * sizeof(BatchKey));
+	for (int i = 0; i < nkeys; i++)
+	{
+		sorted[i].hash = key_hash_value(consumer_id, keys[i]);
+		sorted[i].index = i;
+		sorted[i].key = keys[i];
+		isnew[i] = false;
+	}
+	qsort(sorted, nkeys, sizeof(BatchKey), batch_key_cmp);
+
+	keycxt = AllocSetContextCreate(CurrentMemoryContext,
+								   "idem_consumer batch key",
+								   ALLOCSET_SMALL_SIZES);
+	for (int i = 0; i < nkeys; i++)
+	{
+		MemoryContext oldcxt;
+
+		CHECK_FOR_INTERRUPTS();
+		if (i > 0 && batch_key_cmp_keys(&sorted[i - 1], &sorted[i]) == 0)
+			continue;			/* a repeat: one message */
+
+		oldcxt = MemoryContextSwitchTo(keycxt);
+		isnew[sorted[i].index] = fastpath_record(&fp, sorted[i].hash, consumer_id,
+												 processed_at, sorted[i].key);
+		MemoryContextSwitchTo(oldcxt);
+		MemoryContextReset(keycxt);
+	}
+	MemoryContextDelete(keycxt);
+	pfree(sorted);
+
+	fastpath_close(&fp);
+	return true;
+}
+
 /*
  * Inserts the keys of a batch that are not recorded; returns how many were
  * inserted and leaves their keys in SPI_tuptable.  Keys that conflicted
