@@ -112,51 +112,45 @@ return_key(ReturnSetInfo *rsinfo, Datum key)
 }
 
 /*
- * idem_record_batch(consumer, keys): records every key of the batch for
- * consumer; returns the keys that were not recorded before, each once.
+ * Records a batch through keystore.c's fast path and returns the new keys;
+ * returns -1, doing nothing, when the fast path cannot be used.
  */
-Datum
-idem_record_batch(PG_FUNCTION_ARGS)
+static int64
+record_batch_fast(ReturnSetInfo *rsinfo, int32 consumer_id,
+				  Datum *elems, int nkeys)
 {
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	char	   *consumer;
-	ArrayType  *keys;
-	Datum	   *elems;
-	int			nkeys;
-	int32		consumer_id;
-	text	  **key_texts;
-	bool	   *isnew;
-	uint64		ninserted;
-	Datum	   *inserted;
+	text	  **key_texts = palloc(nkeys * sizeof(text *));
+	bool	   *isnew = palloc(nkeys * sizeof(bool));
+	int64		nnew = 0;
 
-	consumer = text_to_cstring(idem_name_arg(fcinfo, 0, "consumer",
-											 IDEM_MAX_CONSUMER_BYTES));
-	keys = get_keys_arg(fcinfo, 1, &elems, &nkeys);
-
-	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
-	if (keys == NULL)
-		return (Datum) 0;
-
-	SPI_connect();
-
-	consumer_id = keystore_consumer_id(consumer, true);
-
-	key_texts = palloc(nkeys * sizeof(text *));
 	for (int i = 0; i < nkeys; i++)
 		key_texts[i] = DatumGetTextPP(elems[i]);
-	isnew = palloc(nkeys * sizeof(bool));
-	if (keystore_record_keys(consumer_id, key_texts, nkeys, isnew))
-	{
-		for (int i = 0; i < nkeys; i++)
-		{
-			if (isnew[i])
-				return_key(rsinfo, elems[i]);
-		}
-		SPI_finish();
-		return (Datum) 0;
-	}
+	if (!keystore_record_keys(consumer_id, key_texts, nkeys, isnew))
+		return -1;
 
-	/* the storage is not as the fast path needs it: set-based SQL */
+	for (int i = 0; i < nkeys; i++)
+	{
+		if (isnew[i])
+		{
+			return_key(rsinfo, elems[i]);
+			nnew++;
+		}
+	}
+	return nnew;
+}
+
+/*
+ * Records a batch with set-based SQL statements and returns the new keys;
+ * returns how many there were.
+ */
+static int64
+record_batch_sql(ReturnSetInfo *rsinfo, int32 consumer_id,
+				 ArrayType *keys, int nkeys)
+{
+	uint64		ninserted;
+	Datum	   *inserted;
+	int64		nnew;
+
 	ninserted = keystore_insert_batch(consumer_id, keys);
 	inserted = palloc(Max(ninserted, 1) * sizeof(Datum));
 	for (uint64 i = 0; i < ninserted; i++)
@@ -167,6 +161,7 @@ idem_record_batch(PG_FUNCTION_ARGS)
 									1, &isnull);
 		return_key(rsinfo, inserted[i]);
 	}
+	nnew = (int64) ninserted;
 
 	/* some keys were repeated, recorded already, or collide */
 	if (ninserted < nkeys)
@@ -192,9 +187,44 @@ idem_record_batch(PG_FUNCTION_ARGS)
 		for (uint64 i = 0; i < nunresolved; i++)
 		{
 			if (keystore_record_key(consumer_id, unresolved[i]))
+			{
 				return_key(rsinfo, PointerGetDatum(unresolved[i]));
+				nnew++;
+			}
 		}
 	}
+	return nnew;
+}
+
+/*
+ * idem_record_batch(consumer, keys): records every key of the batch for
+ * consumer; returns the keys that were not recorded before, each once.
+ */
+Datum
+idem_record_batch(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	char	   *consumer;
+	ArrayType  *keys;
+	Datum	   *elems;
+	int			nkeys;
+	int32		consumer_id;
+	int64		nnew;
+
+	consumer = text_to_cstring(idem_name_arg(fcinfo, 0, "consumer",
+											 IDEM_MAX_CONSUMER_BYTES));
+	keys = get_keys_arg(fcinfo, 1, &elems, &nkeys);
+
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	if (keys == NULL)
+		return (Datum) 0;
+
+	SPI_connect();
+
+	consumer_id = keystore_consumer_id(consumer, true);
+	nnew = record_batch_fast(rsinfo, consumer_id, elems, nkeys);
+	if (nnew < 0)
+		nnew = record_batch_sql(rsinfo, consumer_id, keys, nkeys);
 
 	SPI_finish();
 
