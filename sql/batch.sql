@@ -30,6 +30,15 @@ SELECT k FROM idem_record_batch('batch', ARRAY['e7', 'e8']) AS k;
 -- the same key for another consumer is another message
 SELECT k FROM idem_record_batch('batch-other', ARRAY['e1', 'e2']) AS k ORDER BY k;
 
+-- a duplicate costs no transaction id (and so writes nothing), one by one
+-- or in a batch
+BEGIN;
+SELECT idem_apply('e1', 'batch', 'select 1') AS applied,
+       idem_is_processed('e2', 'batch') AS processed;
+SELECT count(*) AS nothing_new FROM idem_record_batch('batch', ARRAY['e2', 'e3', 'e2']);
+SELECT pg_current_xact_id_if_assigned() IS NULL AS no_xid;
+COMMIT;
+
 --
 -- The documented usage: one statement applies a batch of order-paid
 -- events.  Each message is (key, order id, amount); a message repeated in
