@@ -9,6 +9,7 @@ OBJS = \
 	src/keystore.o \
 	src/plan_cache.o \
 	src/apply.o \
+	src/batch.o \
 	src/histogram.o \
 	src/stats.o \
 	src/metrics.o \
@@ -20,10 +21,10 @@ EXTENSION = idem_consumer
 DATA = $(wildcard extension/idem_consumer--*.sql)
 PGFILEDESC = "idem_consumer - idempotent message consumption"
 
-REGRESS = apply bad_input plan_cache security collisions storage dead_letter stats retention retention_dead_letters
+REGRESS = apply bad_input plan_cache security collisions storage batch dead_letter stats retention retention_dead_letters
 REGRESS_OPTS = --load-extension=idem_consumer
 
-ISOLATION = apply_concurrency collision_concurrency dlq_replay purge_concurrency
+ISOLATION = apply_concurrency collision_concurrency batch_deadlock dlq_replay purge_concurrency
 ISOLATION_OPTS = --inputdir=test/isolation --load-extension=idem_consumer
 
 TAP_TESTS = 1

@@ -87,6 +87,13 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION idem_forget(text, text) IS
     'remove (consumer, key) so that the message is processed again; true if it was recorded';
 
+CREATE FUNCTION idem_record_batch(consumer text, keys text[])
+RETURNS SETOF text
+AS 'MODULE_PATHNAME', 'idem_record_batch'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 100;
+COMMENT ON FUNCTION idem_record_batch(text, text[]) IS
+    'record every key of a batch for consumer; returns the keys that were new, each once';
+
 -- Readable view of the processed keys, for operators.
 CREATE VIEW idem_processed_keys AS
     SELECT c.name AS consumer,
@@ -106,6 +113,7 @@ CREATE VIEW idem_processed_keys AS
 REVOKE ALL ON FUNCTION idem_apply(text, text, text, text[], timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_is_processed(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_forget(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_record_batch(text, text[]) FROM PUBLIC;
 REVOKE ALL ON idem_processed_keys FROM PUBLIC;
 
 --

@@ -74,7 +74,7 @@ char *
 get_consumer_arg(FunctionCallInfo fcinfo, int argno)
 {
 	return text_to_cstring(get_name_arg(fcinfo, argno, "consumer",
-										IDEM_MAX_CONSUMER_BYTES));
+										 IDEM_MAX_CONSUMER_BYTES));
 }
 
 /*

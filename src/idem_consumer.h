@@ -11,6 +11,7 @@
  *						business SQL, and binding its parameters
  *	  apply.c			the SQL-callable idem_apply() family and the
  *						argument validators the API functions share
+ *	  batch.c			idem_record_batch(): recording a batch of keys
  *	  dead_letter.c		idem_try_apply(), the dead-letter queue and its
  *						replay and discard functions
  *	  stats.c			per-consumer counters in shared memory, counted
@@ -80,6 +81,8 @@ typedef enum KeystoreStmt
 	KS_REMOVE_COLLISIONS,
 	KS_REMOVE_KEYS,
 	KS_COLLIDING_HASHES,
+	KS_INSERT_BATCH,
+	KS_UNRESOLVED_BATCH,
 	KS_NUM_STMTS
 } KeystoreStmt;
 
@@ -101,6 +104,11 @@ extern int32 keystore_consumer_id(const char *consumer, bool create);
 extern bool keystore_record_key(int32 consumer_id, text *key);
 extern bool keystore_key_exists(int32 consumer_id, text *key);
 extern bool keystore_forget_key(int32 consumer_id, text *key);
+extern bool keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
+								 bool *isnew);
+extern uint64 keystore_insert_batch(int32 consumer_id, ArrayType *keys);
+extern uint64 keystore_unresolved_batch(int32 consumer_id, ArrayType *keys,
+										ArrayType *inserted);
 extern Oid	keystore_keys_relid(void);
 extern void keystore_table_blocks(BlockNumber *blocks);
 extern uint64 keystore_remove_rows(KeystoreTable table, ItemPointer tids,
