@@ -142,3 +142,11 @@ SELECT line FROM regexp_split_to_table(idem_metrics(), E'\n') AS line
  WHERE line LIKE 'idem_dlq_enqueue_total{consumer="stats-dlq"}%';
 SELECT consumer, keys_stored, dead_letters_pending, oldest_pending_age < interval '1 minute' AS recent
   FROM idem_consumers WHERE consumer = 'stats-dlq';
+
+-- idem_record_batch: each element is a delivery; new keys are applied,
+-- the others (recorded before, or repeated in the batch) duplicates
+SELECT count(*) FROM idem_record_batch('stats-batch', ARRAY['b1', 'b2', 'b3']);
+SELECT count(*) FROM idem_record_batch('stats-batch', ARRAY['b3', 'b4', 'b4']);
+SELECT applied, duplicates, failed FROM idem_stats WHERE consumer = 'stats-batch';
+SELECT line FROM regexp_split_to_table(idem_metrics(), E'\n') AS line
+ WHERE line LIKE 'idem_processing_latency_seconds_count{consumer="stats-batch"}%';

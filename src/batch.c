@@ -210,6 +210,7 @@ idem_record_batch(PG_FUNCTION_ARGS)
 	int			nkeys;
 	int32		consumer_id;
 	int64		nnew;
+	int			call;
 
 	consumer = text_to_cstring(get_name_arg(fcinfo, 0, "consumer",
 											 IDEM_MAX_CONSUMER_BYTES));
@@ -219,6 +220,7 @@ idem_record_batch(PG_FUNCTION_ARGS)
 	if (keys == NULL)
 		return (Datum) 0;
 
+	call = stats_call_begin(consumer);
 	SPI_connect();
 
 	consumer_id = keystore_consumer_id(consumer, true);
@@ -227,6 +229,9 @@ idem_record_batch(PG_FUNCTION_ARGS)
 		nnew = record_batch_sql(rsinfo, consumer_id, keys, nkeys);
 
 	SPI_finish();
+
+	/* every element is a delivery: the new keys applied, the rest duplicates */
+	stats_call_end(call, (int) nnew, nkeys - (int) nnew, 0, DT_NOBEGIN);
 
 	return (Datum) 0;
 }

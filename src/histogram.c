@@ -34,17 +34,26 @@ histogram_bucket(int64 value_us)
 }
 
 /*
+ * Adds n times one duration in microseconds.
+ */
+void
+histogram_add_n(IdemHistogram *hist, int64 value_us, int n)
+{
+	value_us = Max(value_us, 0);
+	hist->counts[histogram_bucket(value_us)] += n;
+	hist->total += n;
+	hist->sum_us += (double) value_us * n;
+	if (value_us > hist->max_us)
+		hist->max_us = value_us;
+}
+
+/*
  * Adds one duration in microseconds.
  */
 void
 histogram_add(IdemHistogram *hist, int64 value_us)
 {
-	value_us = Max(value_us, 0);
-	hist->counts[histogram_bucket(value_us)]++;
-	hist->total++;
-	hist->sum_us += (double) value_us;
-	if (value_us > hist->max_us)
-		hist->max_us = value_us;
+	histogram_add_n(hist, value_us, 1);
 }
 
 /*

@@ -150,6 +150,7 @@ typedef struct IdemHistogram
 } IdemHistogram;
 
 extern void histogram_add(IdemHistogram *hist, int64 value_us);
+extern void histogram_add_n(IdemHistogram *hist, int64 value_us, int n);
 extern void histogram_merge(IdemHistogram *into, const IdemHistogram *from);
 extern double histogram_quantile_us(const IdemHistogram *hist, double q);
 extern uint64 histogram_count_below(const IdemHistogram *hist, int boundary);

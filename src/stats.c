@@ -461,7 +461,9 @@ count_committed(void)
 			if (call->applied > 0)
 			{
 				counters->last_applied_at = now;
-				histogram_add(&counters->latency, call->latency_us);
+				/* a batch's messages share its time equally */
+				histogram_add_n(&counters->latency, call->latency_us / call->applied,
+								call->applied);
 				if (!TIMESTAMP_IS_NOBEGIN(call->event_time))
 				{
 					counters->lag_last_us = now - call->event_time;
