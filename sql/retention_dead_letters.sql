@@ -66,9 +66,11 @@ SELECT dl_store_key('dlq-c', :'occupant', '0'),
        dl_store_key('dlq-c', :'collision', '30 days', true);
 SELECT park('dlq-c', :'collision', 'pending');
 SELECT idem_purge('dlq-c') AS purged;
-SELECT count(*) AS collisions FROM idem_consumer.key_collisions WHERE key = :'collision';
+SELECT count(*) AS collisions FROM idem_consumer.key_collisions WHERE key = :'collision'
+   AND consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'dlq-c');
 UPDATE idem_consumer.dead_letters
    SET status = 'discarded', resolved_at = now(), resolved_by = current_user, discard_reason = 'test'
  WHERE key = :'collision';
 SELECT idem_purge('dlq-c') AS purged;
-SELECT count(*) AS collisions FROM idem_consumer.key_collisions WHERE key = :'collision';
+SELECT count(*) AS collisions FROM idem_consumer.key_collisions WHERE key = :'collision'
+   AND consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'dlq-c');
