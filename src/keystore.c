@@ -256,12 +256,15 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 		" RETURNING " STORAGE_SCHEMA ".key_hash(consumer_id, key)",
 		1, {TIDARRAYOID}, CURSOR_OPT_GENERIC_PLAN
 	},
-	/* which of the hashes in $1 have collisions */
+	/*
+	 * Which of the hashes in $1 have collisions.  Generic too: planning a
+	 * custom plan for thousands of constants costs more than running it.
+	 */
 	[KS_COLLIDING_HASHES] = {
 		"SELECT DISTINCT " STORAGE_SCHEMA ".key_hash(consumer_id, key)"
 		" FROM " STORAGE_SCHEMA ".key_collisions"
 		" WHERE " STORAGE_SCHEMA ".key_hash(consumer_id, key) OPERATOR(pg_catalog.=) ANY ($1)",
-		1, {INT4ARRAYOID}
+		1, {INT4ARRAYOID}, CURSOR_OPT_GENERIC_PLAN
 	},
 };
 

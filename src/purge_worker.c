@@ -44,7 +44,7 @@
 /* GUCs */
 static char *purge_databases = "";
 static int	purge_interval = 300;	/* seconds */
-static int	purge_delay = 10;		/* milliseconds */
+static int	purge_delay = 50;		/* milliseconds */
 static int	purge_batch_size = 10000;
 
 PGDLLEXPORT void idem_purge_worker_main(Datum main_arg);
@@ -154,7 +154,7 @@ purge_worker_init(void)
 							"Sets how long the purge worker sleeps after each chunk.",
 							"Longer delays leave more of the machine to consumers and make a run take longer.",
 							&purge_delay,
-							10,
+							50,
 							0,
 							60000,
 							PGC_SIGHUP,
@@ -272,6 +272,13 @@ idem_purge_worker_main(Datum main_arg)
 
 	BackgroundWorkerInitializeConnection(dbname, NULL, 0);
 	pgstat_report_appname("idem_consumer purge worker");
+
+	/*
+	 * A purge lost in a crash only leaves keys that the next run removes,
+	 * so its commits need not wait for WAL to reach disk; consumers'
+	 * commits then do not queue behind the purge's.
+	 */
+	SetConfigOption("synchronous_commit", "off", PGC_SUSET, PGC_S_OVERRIDE);
 
 	loop_cxt = AllocSetContextCreate(TopMemoryContext, "idem_consumer purge worker",
 									 ALLOCSET_DEFAULT_SIZES);
