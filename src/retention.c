@@ -112,6 +112,7 @@ static struct
 	uint64		rows_seen[KS_NUM_TABLES];	/* by pass 1 */
 	BlockNumber blocks_seen[KS_NUM_TABLES];
 	double		purgeable_per_block;	/* pass 2: in the last chunk */
+	BlockNumber last_chunk_blocks;	/* pass 2: 0 before the first chunk */
 	MemoryContext cxt;
 	HTAB	   *windows;
 } run;
@@ -185,6 +186,7 @@ enter_pass(PurgePhase phase, KeystoreTable table)
 		run.purgeable_per_block = (double) run.rows_seen[table] / run.blocks_seen[table];
 	else
 		run.purgeable_per_block = 0;
+	run.last_chunk_blocks = 0;
 }
 
 /*
@@ -365,9 +367,10 @@ read_latest_chunk(void)
  * Returns how many blocks a second-pass chunk reads: as many as should
  * hold CHUNK_FILL of batch_size purgeable rows, by the last chunk's share
  * of them, so that a transaction of the worker removes nearly batch_size
- * keys where many expire, and reads far where few do.  The margin keeps
- * chunks from overflowing the quota by a few rows, which would make the
- * next chunk read them again.
+ * keys where many expire, and reads far where few do.  The margin keeps a
+ * chunk from overflowing the quota by a few rows; a chunk grows at most
+ * fourfold over the last, so that leaving a stretch of live keys does not
+ * read a maximal chunk full of expired ones to take a few.
  */
 static BlockNumber
 purge_chunk_blocks(void)
@@ -376,6 +379,8 @@ purge_chunk_blocks(void)
 
 	if (run.purgeable_per_block > 0)
 		nblocks = floor(CHUNK_FILL * run.batch_size / run.purgeable_per_block);
+	if (run.last_chunk_blocks > 0)
+		nblocks = Min(nblocks, 4.0 * run.last_chunk_blocks);
 	nblocks = Max(1, Min(nblocks, CHUNK_MAX_BLOCKS));
 	return Min((BlockNumber) nblocks, run.end_block - run.next_block);
 }
@@ -383,7 +388,9 @@ purge_chunk_blocks(void)
 /*
  * Pass 2: removes the purgeable rows of the next chunk, within each
  * consumer's remaining quota.  Sets *batch_full when a consumer used up its
- * quota; the run moves past the chunk unless that left rows behind.
+ * quota.  The run moves past the chunk, or, if the quota left rows behind,
+ * to the block of the first of them (each consumer's rows come in TID
+ * order and it takes the first ones).
  */
 static uint64
 purge_chunk(bool *batch_full)
@@ -400,7 +407,7 @@ purge_chunk(bool *batch_full)
 	ItemPointerData *tids;
 	int			ntids = 0;
 	uint64		capacity = 0;
-	bool		rows_left = false;
+	BlockNumber resume_block = InvalidBlockNumber;
 	uint64		removed;
 
 	ids = palloc(sizeof(Datum) * hash_get_num_entries(run.windows));
@@ -455,7 +462,11 @@ purge_chunk(bool *batch_full)
 		ntids += take;
 		w->remaining -= take;
 		if (take < n)
-			rows_left = true;
+		{
+			ItemPointer first_left = (ItemPointer) ARR_DATA_PTR(arr) + take;
+
+			resume_block = Min(resume_block, ItemPointerGetBlockNumber(first_left));
+		}
 		if (w->remaining == 0)
 			*batch_full = true;
 	}
@@ -464,8 +475,11 @@ purge_chunk(bool *batch_full)
 	removed = keystore_remove_rows(run.table, tids, ntids);
 
 	run.purgeable_per_block = (double) capacity / nblocks;
-	if (!rows_left)
+	run.last_chunk_blocks = nblocks;
+	if (resume_block == InvalidBlockNumber)
 		run.next_block += nblocks;
+	else
+		run.next_block = resume_block;
 	return removed;
 }
 
