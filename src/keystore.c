@@ -141,12 +141,12 @@ typedef struct KeystoreStmtDef
 	" GROUP BY consumer_id"
 
 /*
- * Per consumer, the TIDs of the rows of a range of blocks ($3, $4) that
- * are older than the consumer's cutoff; $1 and $2 are parallel arrays of
- * consumer ids and cutoffs.  Consumers not in $1 keep everything.
+ * Per consumer, the TIDs, in order, of the rows of a range of blocks ($3,
+ * $4) that are older than the consumer's cutoff; $1 and $2 are parallel
+ * arrays of consumer ids and cutoffs.  Consumers not in $1 keep everything.
  */
 #define PURGEABLE_IN_BLOCKS(table) \
-	"SELECT k.consumer_id, pg_catalog.array_agg(k.ctid)" \
+	"SELECT k.consumer_id, pg_catalog.array_agg(k.ctid ORDER BY k.ctid)" \
 	" FROM " STORAGE_SCHEMA "." table " AS k" \
 	" JOIN ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2))" \
 	" AS w (consumer_id, cutoff)" \
@@ -349,12 +349,15 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 		" RETURNING " STORAGE_SCHEMA ".key_hash(k.consumer_id, k.key)",
 		3, {TIDARRAYOID, INT4ARRAYOID, INT4ARRAYOID}, CURSOR_OPT_GENERIC_PLAN
 	},
-	/* which of the hashes in $1 have collisions */
+	/*
+	 * Which of the hashes in $1 have collisions.  Generic too: planning a
+	 * custom plan for thousands of constants costs more than running it.
+	 */
 	[KS_COLLIDING_HASHES] = {
 		"SELECT DISTINCT " STORAGE_SCHEMA ".key_hash(consumer_id, key)"
 		" FROM " STORAGE_SCHEMA ".key_collisions"
 		" WHERE " STORAGE_SCHEMA ".key_hash(consumer_id, key) OPERATOR(pg_catalog.=) ANY ($1)",
-		1, {INT4ARRAYOID}
+		1, {INT4ARRAYOID}, CURSOR_OPT_GENERIC_PLAN
 	},
 
 	/*

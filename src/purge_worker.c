@@ -41,11 +41,18 @@
 
 #define PURGE_WORKER_RESTART_SECS	60
 
+/*
+ * After each chunk the worker sleeps this many times as long as the chunk
+ * took, or purge_delay if longer: a quarter of a CPU at most, and less
+ * where consumers keep the CPUs busy, since its chunks then take longer.
+ */
+#define PURGE_PAUSE_FACTOR			3
+
 /* GUCs */
 static char *purge_databases = "";
 static int	purge_interval = 300;	/* seconds */
 static int	purge_delay = 10;		/* milliseconds */
-static int	purge_batch_size = 10000;
+static int	purge_batch_size = 5000;
 
 PGDLLEXPORT void idem_purge_worker_main(Datum main_arg);
 
@@ -151,8 +158,8 @@ purge_worker_init(void)
 							GUC_UNIT_S,
 							NULL, NULL, NULL);
 	DefineCustomIntVariable("idem_consumer.purge_delay",
-							"Sets how long the purge worker sleeps after each chunk.",
-							"Longer delays leave more of the machine to consumers and make a run take longer.",
+							"Sets how long the purge worker sleeps after each chunk, at least.",
+							"It also sleeps three times as long as the chunk took. Longer delays leave more of the machine to consumers and make a run take longer.",
 							&purge_delay,
 							10,
 							0,
@@ -164,7 +171,7 @@ purge_worker_init(void)
 							"Sets how many keys the purge worker removes per transaction, at most.",
 							NULL,
 							&purge_batch_size,
-							10000,
+							5000,
 							1,
 							1000000,
 							PGC_SIGHUP,
@@ -207,6 +214,8 @@ purge_worker_run(MemoryContext loop_cxt, const char *dbname)
 	while (progress != PURGE_RUN_DONE)
 	{
 		uint64		removed = 0;
+		TimestampTz chunk_start = GetCurrentTimestamp();
+		long		pause;
 
 		SetCurrentStatementStartTimestamp();
 		StartTransactionCommand();
@@ -240,7 +249,11 @@ purge_worker_run(MemoryContext loop_cxt, const char *dbname)
 
 		total += removed;
 		if (progress != PURGE_RUN_DONE)
-			purge_worker_sleep(purge_delay);
+		{
+			/* busy at most 1 / (1 + PURGE_PAUSE_FACTOR) of the time */
+			pause = TimestampDifferenceMilliseconds(chunk_start, GetCurrentTimestamp());
+			purge_worker_sleep(Max(purge_delay, PURGE_PAUSE_FACTOR * pause));
+		}
 	}
 
 	if (total > 0)
@@ -272,6 +285,13 @@ idem_purge_worker_main(Datum main_arg)
 
 	BackgroundWorkerInitializeConnection(dbname, NULL, 0);
 	pgstat_report_appname("idem_consumer purge worker");
+
+	/*
+	 * A purge lost in a crash only leaves keys that the next run removes,
+	 * so its commits need not wait for WAL to reach disk; consumers'
+	 * commits then do not queue behind the purge's.
+	 */
+	SetConfigOption("synchronous_commit", "off", PGC_SUSET, PGC_S_OVERRIDE);
 
 	loop_cxt = AllocSetContextCreate(TopMemoryContext, "idem_consumer purge worker",
 									 ALLOCSET_DEFAULT_SIZES);

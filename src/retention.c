@@ -13,13 +13,14 @@
  * long it is down it keeps every key it had, and the backlog the broker
  * redelivers when it comes back is still deduplicated.  A value below the
  * true latest activity only purges less, which this file relies on twice:
- * a run reads the latest activity once, at its start, and uses it until it
- * ends; and the value is capped at the current time, so that a key stamped
- * in the future by a wrong clock cannot expire the keys before it.
+ * a run measures the latest activity in its first pass and uses it until
+ * it ends, however many keys arrive meanwhile; and the value is capped at
+ * the current time, so that a key stamped in the future by a wrong clock
+ * cannot expire the keys before it.
  *
- * A run is one pass over the tables that hold keys.  There is no index on
- * processed_at (it would cost a third of the footprint), so a run reads
- * the heap in chunks of blocks, by TID range:
+ * A run is two passes over the tables that hold keys.  There is no index
+ * on processed_at (it would add about a quarter to the bytes a key costs),
+ * so a run reads the heap in chunks of blocks, by TID range:
  *	1. per consumer, the newest processed_at (key_collisions, then
  *	   processed_keys);
  *	2. per chunk, the rows older than their consumer's cutoff, which
@@ -27,8 +28,12 @@
  *	   (key_collisions first, so that a purgeable collision is not moved
  *	   into processed_keys only to be removed there later).
  * Each chunk is a statement or two, so that the background worker can give
- * each its own short transaction.  Blocks added after a pass started hold
- * keys newer than the pass and are left to the next run.
+ * each its own short transaction.  A chunk of pass 2 spans as many blocks
+ * as the previous one needed for its share of batch_size purgeable rows:
+ * few where many rows expire, many where few do.  Blocks added after a
+ * pass started hold keys newer than the pass, and a row that a concurrent
+ * transaction updated (an occupant claimed for a new collision) has moved;
+ * both are left to the next run.
  *
  * A run's state lives in the backend and carries over from one
  * idem_purge() call to the next, so that a caller looping until it returns
@@ -65,11 +70,13 @@
 
 #include "idem_consumer.h"
 
-/* Blocks a first-pass statement reads: 8 MB, some 120,000 short keys. */
-#define LATEST_CHUNK_BLOCKS		1024
-
-/* Most blocks a second-pass statement reads. */
-#define PURGE_CHUNK_MAX_BLOCKS	4096
+/*
+ * Most blocks one statement reads: 16 MB, some 240,000 short keys, a few
+ * tens of milliseconds.  Pass 1 reads chunks of this size; pass 2 reads
+ * chunks expected to hold batch_size purgeable rows, up to this size.
+ */
+#define CHUNK_MAX_BLOCKS		2048
+#define CHUNK_FILL				0.8
 
 /* Longest window accepted; NULL is how to keep keys forever. */
 #define MAX_RETENTION			"100 years"
@@ -102,8 +109,10 @@ static struct
 	KeystoreTable table;
 	BlockNumber next_block;
 	BlockNumber end_block;
-	uint64		rows_seen[KS_NUM_TABLES];	/* by pass 1, for chunk sizes */
+	uint64		rows_seen[KS_NUM_TABLES];	/* by pass 1 */
 	BlockNumber blocks_seen[KS_NUM_TABLES];
+	double		purgeable_per_block;	/* pass 2: in the last chunk */
+	BlockNumber last_chunk_blocks;	/* pass 2: 0 before the first chunk */
 	MemoryContext cxt;
 	HTAB	   *windows;
 } run;
@@ -171,6 +180,13 @@ enter_pass(PurgePhase phase, KeystoreTable table)
 	run.table = table;
 	run.next_block = 0;
 	run.end_block = blocks[table];
+
+	/* until a chunk tells, assume every row is purgeable */
+	if (phase == PHASE_PURGE && run.blocks_seen[table] > 0)
+		run.purgeable_per_block = (double) run.rows_seen[table] / run.blocks_seen[table];
+	else
+		run.purgeable_per_block = 0;
+	run.last_chunk_blocks = 0;
 }
 
 /*
@@ -314,7 +330,7 @@ set_windows(void)
 static void
 read_latest_chunk(void)
 {
-	BlockNumber nblocks = Min(LATEST_CHUNK_BLOCKS, run.end_block - run.next_block);
+	BlockNumber nblocks = Min(CHUNK_MAX_BLOCKS, run.end_block - run.next_block);
 	ItemPointerData lo,
 				hi;
 	Datum		args[2];
@@ -348,30 +364,33 @@ read_latest_chunk(void)
 }
 
 /*
- * Returns how many blocks a second-pass chunk reads: about batch_size rows,
- * by the density pass 1 saw.
+ * Returns how many blocks a second-pass chunk reads: as many as should
+ * hold CHUNK_FILL of batch_size purgeable rows, by the last chunk's share
+ * of them, so that a transaction of the worker removes nearly batch_size
+ * keys where many expire, and reads far where few do.  The margin keeps a
+ * chunk from overflowing the quota by a few rows; a chunk grows at most
+ * fourfold over the last, so that leaving a stretch of live keys does not
+ * read a maximal chunk full of expired ones to take a few.
  */
 static BlockNumber
 purge_chunk_blocks(void)
 {
-	double		rows_per_block;
-	double		nblocks;
+	double		nblocks = CHUNK_MAX_BLOCKS;
 
-	if (run.rows_seen[run.table] == 0)
-		nblocks = PURGE_CHUNK_MAX_BLOCKS;
-	else
-	{
-		rows_per_block = (double) run.rows_seen[run.table] / run.blocks_seen[run.table];
-		nblocks = ceil(run.batch_size / rows_per_block);
-	}
-	nblocks = Max(1, Min(nblocks, PURGE_CHUNK_MAX_BLOCKS));
+	if (run.purgeable_per_block > 0)
+		nblocks = floor(CHUNK_FILL * run.batch_size / run.purgeable_per_block);
+	if (run.last_chunk_blocks > 0)
+		nblocks = Min(nblocks, 4.0 * run.last_chunk_blocks);
+	nblocks = Max(1, Min(nblocks, CHUNK_MAX_BLOCKS));
 	return Min((BlockNumber) nblocks, run.end_block - run.next_block);
 }
 
 /*
  * Pass 2: removes the purgeable rows of the next chunk, within each
  * consumer's remaining quota.  Sets *batch_full when a consumer used up its
- * quota; the run moves past the chunk unless that left rows behind.
+ * quota.  The run moves past the chunk, or, if the quota left rows behind,
+ * to the block of the first of them (each consumer's rows come in TID
+ * order and it takes the first ones).
  */
 static uint64
 purge_chunk(bool *batch_full)
@@ -388,7 +407,7 @@ purge_chunk(bool *batch_full)
 	ItemPointerData *tids;
 	int			ntids = 0;
 	uint64		capacity = 0;
-	bool		rows_left = false;
+	BlockNumber resume_block = InvalidBlockNumber;
 	uint64		removed;
 
 	ids = palloc(sizeof(Datum) * hash_get_num_entries(run.windows));
@@ -443,7 +462,11 @@ purge_chunk(bool *batch_full)
 		ntids += take;
 		w->remaining -= take;
 		if (take < n)
-			rows_left = true;
+		{
+			ItemPointer first_left = (ItemPointer) ARR_DATA_PTR(arr) + take;
+
+			resume_block = Min(resume_block, ItemPointerGetBlockNumber(first_left));
+		}
 		if (w->remaining == 0)
 			*batch_full = true;
 	}
@@ -451,8 +474,12 @@ purge_chunk(bool *batch_full)
 
 	removed = keystore_remove_rows(run.table, tids, ntids, args[0], args[1]);
 
-	if (!rows_left)
+	run.purgeable_per_block = (double) capacity / nblocks;
+	run.last_chunk_blocks = nblocks;
+	if (resume_block == InvalidBlockNumber)
 		run.next_block += nblocks;
+	else
+		run.next_block = resume_block;
 	return removed;
 }
 
