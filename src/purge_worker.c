@@ -242,6 +242,14 @@ purge_worker_run(MemoryContext loop_cxt, const char *dbname)
 
 		SPI_finish();
 		PopActiveSnapshot();
+
+		/*
+		 * Commits as synchronous_commit says; turning it off here would not
+		 * spare consumers anything: a chunk writes up to megabytes of WAL (a
+		 * delete record per key, a full-page image per page first touched
+		 * after a checkpoint), and the next consumer to commit would have to
+		 * write it out first, in its own latency.
+		 */
 		CommitTransactionCommand();
 		pgstat_report_stat(false);
 		pgstat_report_activity(STATE_IDLE, NULL);
@@ -285,13 +293,6 @@ idem_purge_worker_main(Datum main_arg)
 
 	BackgroundWorkerInitializeConnection(dbname, NULL, 0);
 	pgstat_report_appname("idem_consumer purge worker");
-
-	/*
-	 * A purge lost in a crash only leaves keys that the next run removes,
-	 * so its commits need not wait for WAL to reach disk; consumers'
-	 * commits then do not queue behind the purge's.
-	 */
-	SetConfigOption("synchronous_commit", "off", PGC_SUSET, PGC_S_OVERRIDE);
 
 	loop_cxt = AllocSetContextCreate(TopMemoryContext, "idem_consumer purge worker",
 									 ALLOCSET_DEFAULT_SIZES);
