@@ -59,6 +59,27 @@ get_name_arg(FunctionCallInfo fcinfo, int argno, const char *argname,
 }
 
 /*
+ * Returns a non-null integer argument of at least 1: a count or a size.
+ */
+int32
+get_count_arg(FunctionCallInfo fcinfo, int argno, const char *argname)
+{
+	int32		value;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", argname)));
+	value = PG_GETARG_INT32(argno);
+	if (value < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be at least 1", argname),
+				 errdetail("The value given is %d.", value)));
+	return value;
+}
+
+/*
  * Returns the key argument.
  */
 text *

@@ -662,16 +662,7 @@ idem_dlq_replay_consumer(PG_FUNCTION_ARGS)
 	int64		last_id = 0;
 	Oid		   *oids;
 
-	if (PG_ARGISNULL(1))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("max_count must not be null")));
-	max_count = PG_GETARG_INT32(1);
-	if (max_count < 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("max_count must be at least 1"),
-				 errdetail("The value given is %d.", max_count)));
+	max_count = get_count_arg(fcinfo, 1, "max_count");
 
 	InitMaterializedSRF(fcinfo, 0);
 	oids = outcome_label_oids(fcinfo->flinfo,

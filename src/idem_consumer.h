@@ -197,6 +197,7 @@ extern text *get_name_arg(FunctionCallInfo fcinfo, int argno, const char *argnam
 						  int max_bytes);
 extern text *get_key_arg(FunctionCallInfo fcinfo, int argno);
 extern char *get_consumer_arg(FunctionCallInfo fcinfo, int argno);
+extern int32 get_count_arg(FunctionCallInfo fcinfo, int argno, const char *argname);
 extern char *get_sql_arg(FunctionCallInfo fcinfo, int argno);
 extern void check_event_time_arg(FunctionCallInfo fcinfo, int argno);
 

@@ -636,16 +636,7 @@ idem_purge(PG_FUNCTION_ARGS)
 	int32		batch_size;
 	uint64		total = 0;
 
-	if (PG_ARGISNULL(1))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("batch_size must not be null")));
-	batch_size = PG_GETARG_INT32(1);
-	if (batch_size < 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("batch_size must be positive"),
-				 errdetail("batch_size is %d.", batch_size)));
+	batch_size = get_count_arg(fcinfo, 1, "batch_size");
 
 	SPI_connect();
 	if (!PG_ARGISNULL(0))
