@@ -142,12 +142,15 @@ typedef struct KeystoreStmtDef
 	" GROUP BY consumer_id"
 
 /*
- * Per consumer, the TIDs, in order, of the rows of a range of blocks ($3,
- * $4) that are older than the consumer's cutoff; $1 and $2 are parallel
- * arrays of consumer ids and cutoffs.  Consumers not in $1 keep everything.
+ * Per consumer, the TIDs of the rows of a range of blocks ($3, $4) that
+ * are older than the consumer's cutoff; $1 and $2 are parallel arrays of
+ * consumer ids and cutoffs.  Consumers not in $1 keep everything.  The
+ * TIDs come in no particular order: ordering them in the aggregate makes
+ * the planner sort the whole chunk, twice, which tripled the statement's
+ * time; the caller sorts a consumer's TIDs only when its quota cuts them.
  */
 #define PURGEABLE_IN_BLOCKS(table) \
-	"SELECT k.consumer_id, pg_catalog.array_agg(k.ctid ORDER BY k.ctid)" \
+	"SELECT k.consumer_id, pg_catalog.array_agg(k.ctid)" \
 	" FROM " STORAGE_SCHEMA "." table " AS k" \
 	" JOIN ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2))" \
 	" AS w (consumer_id, cutoff)" \

@@ -62,6 +62,7 @@
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "storage/itemptr.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/hsearch.h"
@@ -385,12 +386,18 @@ purge_chunk_blocks(void)
 	return Min((BlockNumber) nblocks, run.end_block - run.next_block);
 }
 
+static int
+tid_cmp(const void *a, const void *b)
+{
+	return ItemPointerCompare((ItemPointer) a, (ItemPointer) b);
+}
+
 /*
  * Pass 2: removes the purgeable rows of the next chunk, within each
  * consumer's remaining quota.  Sets *batch_full when a consumer used up its
  * quota.  The run moves past the chunk, or, if the quota left rows behind,
- * to the block of the first of them (each consumer's rows come in TID
- * order and it takes the first ones).
+ * to the block of the first of them (a consumer whose quota is short of
+ * its rows takes the first ones in TID order).
  */
 static uint64
 purge_chunk(bool *batch_full)
@@ -457,16 +464,16 @@ purge_chunk(bool *batch_full)
 		Assert(w != NULL);
 
 		/* tid is 6 bytes, aligned on 2: the elements are contiguous */
+		memcpy(&tids[ntids], ARR_DATA_PTR(arr), sizeof(ItemPointerData) * n);
 		take = (int) Min((int64) n, w->remaining);
-		memcpy(&tids[ntids], ARR_DATA_PTR(arr), sizeof(ItemPointerData) * take);
-		ntids += take;
-		w->remaining -= take;
 		if (take < n)
 		{
-			ItemPointer first_left = (ItemPointer) ARR_DATA_PTR(arr) + take;
-
-			resume_block = Min(resume_block, ItemPointerGetBlockNumber(first_left));
+			qsort(&tids[ntids], n, sizeof(ItemPointerData), tid_cmp);
+			resume_block = Min(resume_block,
+							   ItemPointerGetBlockNumber(&tids[ntids + take]));
 		}
+		ntids += take;
+		w->remaining -= take;
 		if (w->remaining == 0)
 			*batch_full = true;
 	}
