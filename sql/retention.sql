@@ -212,6 +212,7 @@ CREATE OPERATOR evil.>= (LEFTARG = tid, RIGHTARG = tid, FUNCTION = evil.yes);
 CREATE OPERATOR evil.< (LEFTARG = tid, RIGHTARG = tid, FUNCTION = evil.yes);
 CREATE OPERATOR evil.= (LEFTARG = tid, RIGHTARG = tid, FUNCTION = evil.yes);
 CREATE FUNCTION evil.max(int) RETURNS int LANGUAGE sql AS 'SELECT 2000000000';
+CREATE FUNCTION evil.min(int) RETURNS int LANGUAGE sql AS 'SELECT 2000000000';
 CREATE FUNCTION evil.unnest(int[]) RETURNS SETOF int LANGUAGE sql AS 'SELECT 1';
 CREATE FUNCTION evil.pg_relation_size(regclass) RETURNS bigint LANGUAGE sql AS 'SELECT 0::bigint';
 SELECT store_key('evil-purge', 'old', '30 days'), store_key('evil-purge', 'mid', '3 days'),

@@ -132,11 +132,12 @@ typedef struct KeystoreStmtDef
 	ctid " OPERATOR(pg_catalog.>=) " lo " AND " ctid " OPERATOR(pg_catalog.<) " hi
 
 /*
- * Per consumer, the newest processed_at and the number of rows in a range
- * of blocks of a table; $1 and $2 bound the range.
+ * Per consumer, the newest processed_at, the number of rows and the oldest
+ * processed_at in a range of blocks of a table; $1 and $2 bound the range.
  */
 #define LATEST_IN_BLOCKS(table) \
-	"SELECT consumer_id, pg_catalog.max(processed_at), pg_catalog.count(*)" \
+	"SELECT consumer_id, pg_catalog.max(processed_at), pg_catalog.count(*)," \
+	" pg_catalog.min(processed_at)" \
 	" FROM " STORAGE_SCHEMA "." table \
 	" WHERE " IN_BLOCK_RANGE("ctid", "$1", "$2") \
 	" GROUP BY consumer_id"

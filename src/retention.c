@@ -22,18 +22,21 @@
  * on processed_at (it would add about a quarter to the bytes a key costs),
  * so a run reads the heap in chunks of blocks, by TID range:
  *	1. per consumer, the newest processed_at (key_collisions, then
- *	   processed_keys);
+ *	   processed_keys), and per chunk of this pass and consumer, the
+ *	   oldest;
  *	2. per chunk, the rows older than their consumer's cutoff, which
  *	   keystore_remove_rows() removes while keeping the collision invariant
  *	   (key_collisions first, so that a purgeable collision is not moved
  *	   into processed_keys only to be removed there later).
  * Each chunk is a statement or two, so that the background worker can give
- * each its own short transaction.  A chunk of pass 2 spans as many blocks
- * as the previous one needed for its share of batch_size purgeable rows:
- * few where many rows expire, many where few do.  Blocks added after a
- * pass started hold keys newer than the pass, and a row that a concurrent
- * transaction updated (an occupant claimed for a new collision) has moved;
- * both are left to the next run.
+ * each its own short transaction.  Pass 2 skips the chunks of pass 1 in
+ * which no row was old enough, so that a run reads the whole table once
+ * and again only where keys expire: in steady state, a small share of it.
+ * A chunk of pass 2 spans as many blocks as the previous one needed for
+ * its share of batch_size purgeable rows: few where many rows expire, many
+ * where few do.  Blocks added after a pass started hold keys newer than
+ * the pass, and a row that a concurrent transaction updated (an occupant
+ * claimed for a new collision) has moved; both are left to the next run.
  *
  * A run's state lives in the backend and carries over from one
  * idem_purge() call to the next, so that a caller looping until it returns
@@ -98,6 +101,28 @@ typedef struct ConsumerWindow
 	int64		remaining;		/* this call: keys it may still remove */
 } ConsumerWindow;
 
+/*
+ * What pass 1 saw of a consumer in one of its chunks: the oldest
+ * processed_at.  Pass 2 skips a chunk in which no consumer it saw has a
+ * row older than its cutoff.
+ */
+typedef struct ChunkOldest
+{
+	int32		consumer_id;
+	int32		oldest;
+} ChunkOldest;
+
+/* Per table, the ChunkOldest entries of pass 1's chunks, in chunk order. */
+typedef struct ChunkSummaries
+{
+	ChunkOldest *entries;
+	int			nentries;
+	int			max_entries;
+	int		   *chunk_start;	/* chunk c: entries chunk_start[c] .. [c + 1] */
+	int			nchunks;
+	int			max_chunks;
+} ChunkSummaries;
+
 /* The run in progress in this backend, if any. */
 static struct
 {
@@ -114,6 +139,7 @@ static struct
 	BlockNumber blocks_seen[KS_NUM_TABLES];
 	double		purgeable_per_block;	/* pass 2: in the last chunk */
 	BlockNumber last_chunk_blocks;	/* pass 2: 0 before the first chunk */
+	ChunkSummaries summaries[KS_NUM_TABLES];	/* by pass 1 */
 	MemoryContext cxt;
 	HTAB	   *windows;
 } run;
@@ -326,7 +352,78 @@ set_windows(void)
 }
 
 /*
- * Pass 1: reads the newest processed_at per consumer in the next chunk.
+ * Starts the summary of the next chunk of pass 1, which will have up to
+ * nconsumers entries (in the run's memory).
+ */
+static void
+summaries_add_chunk(ChunkSummaries *sums, uint64 nconsumers)
+{
+	MemoryContext oldcxt = MemoryContextSwitchTo(run.cxt);
+
+	if (sums->nchunks + 2 > sums->max_chunks)
+	{
+		sums->max_chunks = Max(64, 2 * sums->max_chunks);
+		sums->chunk_start = sums->chunk_start == NULL ?
+			palloc(sizeof(int) * sums->max_chunks) :
+			repalloc(sums->chunk_start, sizeof(int) * sums->max_chunks);
+	}
+	if (sums->nentries + nconsumers > sums->max_entries)
+	{
+		sums->max_entries = Max(sums->nentries + nconsumers, Max(64, 2 * sums->max_entries));
+		sums->entries = sums->entries == NULL ?
+			palloc(sizeof(ChunkOldest) * sums->max_entries) :
+			repalloc(sums->entries, sizeof(ChunkOldest) * sums->max_entries);
+	}
+	sums->chunk_start[sums->nchunks] = sums->nentries;
+	sums->nchunks++;
+	sums->chunk_start[sums->nchunks] = sums->nentries + nconsumers;
+	MemoryContextSwitchTo(oldcxt);
+}
+
+/*
+ * Whether pass 1 saw, in chunk c of the table of the current pass, no row
+ * older than its consumer's cutoff (or no quota left to take it).  Rows
+ * written into the chunk since pass 1 read it are not looked at: keys
+ * recorded since then are newer than the latest activity the run uses,
+ * and any other row the chunk gained (a collision moved into
+ * processed_keys) is left to the next run, which only purges it later.
+ */
+static bool
+chunk_has_nothing_to_purge(BlockNumber c)
+{
+	ChunkSummaries *sums = &run.summaries[run.table];
+
+	if (c >= (BlockNumber) sums->nchunks)
+		return false;
+	for (int i = sums->chunk_start[c]; i < sums->chunk_start[c + 1]; i++)
+	{
+		ConsumerWindow *w = hash_search(run.windows, &sums->entries[i].consumer_id,
+										HASH_FIND, NULL);
+
+		if (w == NULL)
+			return false;
+		if (w->cutoff > 0 && w->remaining > 0 && sums->entries[i].oldest < w->cutoff)
+			return false;
+	}
+	return true;
+}
+
+/*
+ * Pass 2: moves the run past the chunks of pass 1 that have nothing to
+ * purge, so that a run reads again only where keys expire.
+ */
+static void
+skip_chunks_with_nothing_to_purge(void)
+{
+	while (run.next_block < run.end_block &&
+		   chunk_has_nothing_to_purge(run.next_block / CHUNK_MAX_BLOCKS))
+		run.next_block = Min(run.end_block,
+							 (run.next_block / CHUNK_MAX_BLOCKS + 1) * CHUNK_MAX_BLOCKS);
+}
+
+/*
+ * Pass 1: reads the newest and oldest processed_at per consumer in the
+ * next chunk.
  */
 static void
 read_latest_chunk(void)
@@ -341,6 +438,7 @@ read_latest_chunk(void)
 	keystore_execute(run.table == KS_TABLE_KEYS ? KS_LATEST_KEYS : KS_LATEST_COLLISIONS,
 					 args, NULL, 0);
 
+	summaries_add_chunk(&run.summaries[run.table], SPI_processed);
 	for (uint64 i = 0; i < SPI_processed; i++)
 	{
 		HeapTuple	tuple = SPI_tuptable->vals[i];
@@ -349,6 +447,7 @@ read_latest_chunk(void)
 		int32		latest;
 		bool		found;
 		ConsumerWindow *w;
+		ChunkSummaries *sums = &run.summaries[run.table];
 
 		consumer_id = DatumGetInt32(SPI_getbinval(tuple, SPI_tuptable->tupdesc, 1, &isnull));
 		latest = DatumGetInt32(SPI_getbinval(tuple, SPI_tuptable->tupdesc, 2, &isnull));
@@ -357,6 +456,10 @@ read_latest_chunk(void)
 			w->latest = latest;
 		run.rows_seen[run.table] +=
 			DatumGetInt64(SPI_getbinval(tuple, SPI_tuptable->tupdesc, 3, &isnull));
+		sums->entries[sums->nentries].consumer_id = consumer_id;
+		sums->entries[sums->nentries].oldest =
+			DatumGetInt32(SPI_getbinval(tuple, SPI_tuptable->tupdesc, 4, &isnull));
+		sums->nentries++;
 	}
 	SPI_freetuptable(SPI_tuptable);
 
@@ -517,7 +620,11 @@ purge_step(uint64 *removed)
 		if (!run.windows_set && set_windows() == 0)
 			run.phase = PHASE_DONE;
 		else
-			*removed = purge_chunk(&batch_full);
+		{
+			skip_chunks_with_nothing_to_purge();
+			if (run.next_block < run.end_block)
+				*removed = purge_chunk(&batch_full);
+		}
 	}
 
 	/* so that the last chunk of a run says so */
