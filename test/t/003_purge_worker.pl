@@ -74,6 +74,27 @@ idem_consumer.purge_batch_size = 500
 $node->restart;
 ok($node->poll_query_until('postgres', "SELECT ($workers_sql) = 2"),
 	'one worker per listed database');
+
+# On Linux the workers are batch processes for the scheduler (policy 3,
+# SCHED_BATCH, field 41 of /proc/PID/stat), so that their wakeups do not
+# preempt consumers.
+SKIP:
+{
+	skip 'scheduling policies are checked on Linux only', 1 if $^O ne 'linux';
+	my @policies;
+	foreach my $pid (split /\n/,
+		$node->safe_psql('postgres',
+			"SELECT pid FROM pg_stat_activity WHERE backend_type = 'idem_consumer purge worker'"))
+	{
+		open(my $fh, '<', "/proc/$pid/stat") or die "cannot read /proc/$pid/stat: $!";
+		my $stat = <$fh>;
+		close($fh);
+		# after the command name in parentheses, fields 3 onwards
+		my @fields = split / /, substr($stat, rindex($stat, ')') + 2);
+		push @policies, $fields[41 - 3];
+	}
+	is(join(',', @policies), '3,3', 'the workers run with the SCHED_BATCH policy');
+}
 ok( $node->wait_for_log(
 		qr/extension "idem_consumer" is not installed in database "Shop"/),
 	'the worker of a database without the extension says so');
