@@ -382,11 +382,11 @@ summaries_add_chunk(ChunkSummaries *sums, uint64 nconsumers)
 
 /*
  * Whether pass 1 saw, in chunk c of the table of the current pass, no row
- * older than its consumer's cutoff (or no quota left to take it).  Rows
- * written into the chunk since pass 1 read it are not looked at: keys
- * recorded since then are newer than the latest activity the run uses,
- * and any other row the chunk gained (a collision moved into
- * processed_keys) is left to the next run, which only purges it later.
+ * older than its consumer's cutoff.  Rows written into the chunk since
+ * pass 1 read it are not looked at: keys recorded since then are newer
+ * than the latest activity the run uses, and any other row the chunk
+ * gained (a collision moved into processed_keys) is left to the next run,
+ * which only purges it later.
  */
 static bool
 chunk_has_nothing_to_purge(BlockNumber c)
@@ -402,7 +402,7 @@ chunk_has_nothing_to_purge(BlockNumber c)
 
 		if (w == NULL)
 			return false;
-		if (w->cutoff > 0 && w->remaining > 0 && sums->entries[i].oldest < w->cutoff)
+		if (w->cutoff > 0 && sums->entries[i].oldest < w->cutoff)
 			return false;
 	}
 	return true;
