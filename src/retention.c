@@ -112,16 +112,12 @@ typedef struct ChunkOldest
 	int32		oldest;
 } ChunkOldest;
 
-/* Per table, the ChunkOldest entries of pass 1's chunks, in chunk order. */
-typedef struct ChunkSummaries
+/* One chunk of pass 1: an entry per consumer that has rows in it. */
+typedef struct ChunkSummary
 {
-	ChunkOldest *entries;
-	int			nentries;
-	int			max_entries;
-	int		   *chunk_start;	/* chunk c: entries chunk_start[c] .. [c + 1] */
-	int			nchunks;
-	int			max_chunks;
-} ChunkSummaries;
+	int			nconsumers;
+	ChunkOldest *consumers;
+} ChunkSummary;
 
 /* The run in progress in this backend, if any. */
 static struct
@@ -139,7 +135,8 @@ static struct
 	BlockNumber blocks_seen[KS_NUM_TABLES];
 	double		purgeable_per_block;	/* pass 2: in the last chunk */
 	BlockNumber last_chunk_blocks;	/* pass 2: 0 before the first chunk */
-	ChunkSummaries summaries[KS_NUM_TABLES];	/* by pass 1 */
+	ChunkSummary *chunks[KS_NUM_TABLES];	/* by pass 1, one per chunk */
+	BlockNumber nchunks[KS_NUM_TABLES];
 	MemoryContext cxt;
 	HTAB	   *windows;
 } run;
@@ -207,6 +204,12 @@ enter_pass(PurgePhase phase, KeystoreTable table)
 	run.table = table;
 	run.next_block = 0;
 	run.end_block = blocks[table];
+	if (phase == PHASE_LATEST)
+	{
+		run.nchunks[table] = (run.end_block + CHUNK_MAX_BLOCKS - 1) / CHUNK_MAX_BLOCKS;
+		run.chunks[table] = MemoryContextAllocZero(run.cxt,
+												   sizeof(ChunkSummary) * Max(run.nchunks[table], 1));
+	}
 
 	/* until a chunk tells, assume every row is purgeable */
 	if (phase == PHASE_PURGE && run.blocks_seen[table] > 0)
@@ -352,35 +355,6 @@ set_windows(void)
 }
 
 /*
- * Starts the summary of the next chunk of pass 1, which will have up to
- * nconsumers entries (in the run's memory).
- */
-static void
-summaries_add_chunk(ChunkSummaries *sums, uint64 nconsumers)
-{
-	MemoryContext oldcxt = MemoryContextSwitchTo(run.cxt);
-
-	if (sums->nchunks + 2 > sums->max_chunks)
-	{
-		sums->max_chunks = Max(64, 2 * sums->max_chunks);
-		sums->chunk_start = sums->chunk_start == NULL ?
-			palloc(sizeof(int) * sums->max_chunks) :
-			repalloc(sums->chunk_start, sizeof(int) * sums->max_chunks);
-	}
-	if (sums->nentries + nconsumers > sums->max_entries)
-	{
-		sums->max_entries = Max(sums->nentries + nconsumers, Max(64, 2 * sums->max_entries));
-		sums->entries = sums->entries == NULL ?
-			palloc(sizeof(ChunkOldest) * sums->max_entries) :
-			repalloc(sums->entries, sizeof(ChunkOldest) * sums->max_entries);
-	}
-	sums->chunk_start[sums->nchunks] = sums->nentries;
-	sums->nchunks++;
-	sums->chunk_start[sums->nchunks] = sums->nentries + nconsumers;
-	MemoryContextSwitchTo(oldcxt);
-}
-
-/*
  * Whether pass 1 saw, in chunk c of the table of the current pass, no row
  * older than its consumer's cutoff.  Rows written into the chunk since
  * pass 1 read it are not looked at: keys recorded since then are newer
@@ -391,18 +365,19 @@ summaries_add_chunk(ChunkSummaries *sums, uint64 nconsumers)
 static bool
 chunk_has_nothing_to_purge(BlockNumber c)
 {
-	ChunkSummaries *sums = &run.summaries[run.table];
+	ChunkSummary *chunk;
 
-	if (c >= (BlockNumber) sums->nchunks)
+	if (c >= run.nchunks[run.table])
 		return false;
-	for (int i = sums->chunk_start[c]; i < sums->chunk_start[c + 1]; i++)
+	chunk = &run.chunks[run.table][c];
+	for (int i = 0; i < chunk->nconsumers; i++)
 	{
-		ConsumerWindow *w = hash_search(run.windows, &sums->entries[i].consumer_id,
+		ConsumerWindow *w = hash_search(run.windows, &chunk->consumers[i].consumer_id,
 										HASH_FIND, NULL);
 
 		if (w == NULL)
 			return false;
-		if (w->cutoff > 0 && sums->entries[i].oldest < w->cutoff)
+		if (w->cutoff > 0 && chunk->consumers[i].oldest < w->cutoff)
 			return false;
 	}
 	return true;
@@ -432,13 +407,17 @@ read_latest_chunk(void)
 	ItemPointerData lo,
 				hi;
 	Datum		args[2];
+	ChunkSummary *chunk;
 
 	args[0] = block_bound(&lo, run.next_block);
 	args[1] = block_bound(&hi, run.next_block + nblocks);
 	keystore_execute(run.table == KS_TABLE_KEYS ? KS_LATEST_KEYS : KS_LATEST_COLLISIONS,
 					 args, NULL, 0);
 
-	summaries_add_chunk(&run.summaries[run.table], SPI_processed);
+	chunk = &run.chunks[run.table][run.next_block / CHUNK_MAX_BLOCKS];
+	chunk->nconsumers = (int) SPI_processed;
+	chunk->consumers = MemoryContextAlloc(run.cxt,
+										  sizeof(ChunkOldest) * Max(SPI_processed, 1));
 	for (uint64 i = 0; i < SPI_processed; i++)
 	{
 		HeapTuple	tuple = SPI_tuptable->vals[i];
@@ -447,7 +426,6 @@ read_latest_chunk(void)
 		int32		latest;
 		bool		found;
 		ConsumerWindow *w;
-		ChunkSummaries *sums = &run.summaries[run.table];
 
 		consumer_id = DatumGetInt32(SPI_getbinval(tuple, SPI_tuptable->tupdesc, 1, &isnull));
 		latest = DatumGetInt32(SPI_getbinval(tuple, SPI_tuptable->tupdesc, 2, &isnull));
@@ -456,10 +434,9 @@ read_latest_chunk(void)
 			w->latest = latest;
 		run.rows_seen[run.table] +=
 			DatumGetInt64(SPI_getbinval(tuple, SPI_tuptable->tupdesc, 3, &isnull));
-		sums->entries[sums->nentries].consumer_id = consumer_id;
-		sums->entries[sums->nentries].oldest =
+		chunk->consumers[i].consumer_id = consumer_id;
+		chunk->consumers[i].oldest =
 			DatumGetInt32(SPI_getbinval(tuple, SPI_tuptable->tupdesc, 4, &isnull));
-		sums->nentries++;
 	}
 	SPI_freetuptable(SPI_tuptable);
 
