@@ -9,9 +9,11 @@
 
 export PATH="$PATH:/usr/sbin:/sbin"     # runuser
 
-PG_BINDIR=/usr/lib/postgresql/15/bin
-PG_CONFIG=$PG_BINDIR/pg_config
-PGXS_DIR=/usr/lib/postgresql/15/lib/pgxs
+# PG_CONFIG in the environment selects another PostgreSQL 15 installation
+# (a relocated copy, say); by default Debian's.
+PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+PG_BINDIR=$("$PG_CONFIG" --bindir 2>/dev/null || echo /usr/lib/postgresql/15/bin)
+PGXS_DIR=$(dirname "$(dirname "$(dirname "$("$PG_CONFIG" --pgxs 2>/dev/null || echo /usr/lib/postgresql/15/lib/pgxs/src/makefiles/pgxs.mk)")")")
 PG_REGRESS=$PGXS_DIR/src/test/regress/pg_regress
 PG_ISOLATION_REGRESS=$PGXS_DIR/src/test/isolation/pg_isolation_regress
 PG_TAP_PERL=$PGXS_DIR/src/test/perl
