@@ -8,6 +8,7 @@ OBJS = \
 	src/idem_consumer.o \
 	src/keystore.o \
 	src/plan_cache.o \
+	src/args.o \
 	src/apply.o \
 	src/batch.o \
 	src/histogram.o \

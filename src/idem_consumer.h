@@ -9,8 +9,8 @@
  *						and dead letters
  *	  plan_cache.c		validation, type inference and cached plans of
  *						business SQL, and binding its parameters
- *	  apply.c			the SQL-callable idem_apply() family and the
- *						argument validators the API functions share
+ *	  args.c			the argument validators the API functions share
+ *	  apply.c			the SQL-callable idem_apply() family
  *	  batch.c			idem_record_batch(): recording a batch of keys
  *	  dead_letter.c		idem_try_apply(), the dead-letter queue and its
  *						replay and discard functions
@@ -192,7 +192,7 @@ extern BusinessPlan *business_plan_get(const char *sql);
 extern ParamListInfo business_plan_bind(BusinessPlan *bplan, ArrayType *params);
 extern void business_plan_execute(BusinessPlan *bplan, ParamListInfo params);
 
-/* apply.c */
+/* args.c */
 extern text *get_name_arg(FunctionCallInfo fcinfo, int argno, const char *argname,
 						  int max_bytes);
 extern text *get_key_arg(FunctionCallInfo fcinfo, int argno);
