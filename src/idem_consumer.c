@@ -90,5 +90,5 @@ _PG_init(void)
 
 	MarkGUCPrefixReserved("idem_consumer");
 
-	keystore_init();
+	storage_init();
 }

@@ -5,8 +5,13 @@
  *
  * Module map:
  *	  idem_consumer.c	library entry point and GUCs
- *	  keystore.c		the extension's storage: consumers, processed keys
- *						and dead letters
+ *	  storage.c			where the storage tables are, their owner, and
+ *						whether the key index is the one created
+ *	  keystore_sql.c	the fixed statements on the storage, run as its owner
+ *	  keystore_fastpath.c	probing and inserting keys through the key
+ *						index in C
+ *	  keystore.c		the key store: keys, collisions, consumers, and
+ *						the argument that makes them exact
  *	  plan_cache.c		validation, type inference and cached plans of
  *						business SQL, and binding its parameters
  *	  args.c			the argument validators the API functions share
@@ -47,8 +52,8 @@ extern char *idem_transient_sqlstates;
 extern int	idem_retention;
 
 /*
- * keystore.c: the statements on the storage tables.  Each runs as the owner
- * of the tables; see keystore_stmt_defs for their text and parameters.
+ * keystore_sql.c: the statements on the storage tables.  Each runs as the
+ * owner of the tables; see keystore_stmt_defs for their text and parameters.
  */
 typedef enum KeystoreStmt
 {
@@ -97,7 +102,7 @@ typedef enum KeystoreTable
 	KS_NUM_TABLES
 } KeystoreTable;
 
-extern void keystore_init(void);
+extern void storage_init(void);
 extern int	keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
 							 long tcount);
 extern int32 keystore_consumer_id(const char *consumer, bool create);
