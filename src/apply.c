@@ -90,7 +90,7 @@ idem_is_processed(PG_FUNCTION_ARGS)
  * idem_forget(key, consumer): removes (consumer, key) so that a redelivery
  * is processed again; returns whether the key was recorded.  A resolved
  * dead-letter entry of the key goes with it; a pending one makes it fail
- * (see dead_letter_forget_key).
+ * (see keystore_forget_key).
  */
 Datum
 idem_forget(PG_FUNCTION_ARGS)
@@ -103,10 +103,7 @@ idem_forget(PG_FUNCTION_ARGS)
 	SPI_connect();
 	consumer_id = keystore_consumer_id(consumer, false);
 	if (consumer_id != 0)
-	{
-		dead_letter_forget_key(consumer_id, key);
 		removed = keystore_forget_key(consumer_id, key);
-	}
 	SPI_finish();
 
 	PG_RETURN_BOOL(removed);

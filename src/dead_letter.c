@@ -733,35 +733,3 @@ idem_dlq_discard(PG_FUNCTION_ARGS)
 
 	PG_RETURN_VOID();
 }
-
-/*
- * Prepares idem_forget() of a key: removes the key's resolved dead-letter
- * entry, which would otherwise describe a processing the key no longer
- * records, and refuses while the entry is pending.  The broker has been
- * told the message is done, so a pending entry may be its only copy, and a
- * redelivery applied after the forget would make a later replay apply it
- * twice.
- */
-void
-dead_letter_forget_key(int32 consumer_id, text *key)
-{
-	Datum		args[2];
-	bool		isnull;
-
-	args[0] = Int32GetDatum(consumer_id);
-	args[1] = PointerGetDatum(key);
-	keystore_execute(KS_DL_DELETE_RESOLVED, args, NULL, 0);
-	if (SPI_processed > 0)
-		return;
-
-	keystore_execute(KS_DL_KEY_STATUS, args, NULL, 1);
-	if (SPI_processed > 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("cannot forget a key whose message is dead-lettered"),
-				 errdetail("Dead-letter entry %lld of the key is pending.",
-						   (long long) DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-																   SPI_tuptable->tupdesc,
-																   2, &isnull))),
-				 errhint("Replay the entry with idem_dlq_replay or discard it with idem_dlq_discard first.")));
-}

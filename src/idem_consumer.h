@@ -207,7 +207,6 @@ extern char *get_sql_arg(FunctionCallInfo fcinfo, int argno);
 extern void check_event_time_arg(FunctionCallInfo fcinfo, int argno);
 
 /* dead_letter.c */
-extern void dead_letter_forget_key(int32 consumer_id, text *key);
 extern bool check_transient_sqlstates(char **newval, void **extra, GucSource source);
 extern void assign_transient_sqlstates(const char *newval, void *extra);
 

@@ -476,7 +476,33 @@ promote_collision(int32 hash)
 }
 
 /*
- * Removes a key; returns whether it was recorded.
+ * Prepares forgetting a key: removes the key's resolved dead-letter entry,
+ * which would otherwise describe a processing the key no longer records,
+ * and refuses while the entry is pending.  The broker has been told the
+ * message is done, so a pending entry may be its only copy, and a
+ * redelivery applied after the forget would make a later replay apply it
+ * twice.  Retention keeps such keys for the same reason.
+ */
+static void
+forget_dead_letter(Datum *key_args)
+{
+	keystore_exec(KS_DL_DELETE_RESOLVED, key_args, 0);
+	if (SPI_processed > 0)
+		return;
+
+	keystore_exec(KS_DL_KEY_STATUS, key_args, 1);
+	if (SPI_processed > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("cannot forget a key whose message is dead-lettered"),
+				 errdetail("Dead-letter entry %lld of the key is pending.",
+						   (long long) DatumGetInt64(result_column(2))),
+				 errhint("Replay the entry with idem_dlq_replay or discard it with idem_dlq_discard first.")));
+}
+
+/*
+ * Removes a key and its resolved dead-letter entry; returns whether the
+ * key was recorded.  Refuses a key whose dead-letter entry is pending.
  */
 bool
 keystore_forget_key(int32 consumer_id, text *key)
@@ -485,6 +511,7 @@ keystore_forget_key(int32 consumer_id, text *key)
 
 	key_args[0] = Int32GetDatum(consumer_id);
 	key_args[1] = PointerGetDatum(key);
+	forget_dead_letter(key_args);
 
 	keystore_exec(KS_DELETE_KEY, key_args, 0);
 	if (SPI_processed == 1)
