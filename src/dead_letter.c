@@ -112,6 +112,9 @@ typedef struct TransientSqlstates
 
 static TransientSqlstates *extra_transient = NULL;
 
+/* The idem_consumer.transient_sqlstates text; extra_transient is what it parses to. */
+static char *transient_sqlstates_setting = NULL;
+
 PG_FUNCTION_INFO_V1(idem_try_apply);
 PG_FUNCTION_INFO_V1(idem_dlq_replay);
 PG_FUNCTION_INFO_V1(idem_dlq_replay_consumer);
@@ -120,7 +123,7 @@ PG_FUNCTION_INFO_V1(idem_dlq_discard);
 /*
  * Parses idem_consumer.transient_sqlstates into a TransientSqlstates.
  */
-bool
+static bool
 check_transient_sqlstates(char **newval, void **extra, GucSource source)
 {
 	char	   *rawstring = pstrdup(*newval);
@@ -178,7 +181,7 @@ check_transient_sqlstates(char **newval, void **extra, GucSource source)
 /*
  * Installs the parsed value of idem_consumer.transient_sqlstates.
  */
-void
+static void
 assign_transient_sqlstates(const char *newval, void *extra)
 {
 	extra_transient = (TransientSqlstates *) extra;
@@ -732,4 +735,23 @@ idem_dlq_discard(PG_FUNCTION_ARGS)
 	SPI_finish();
 
 	PG_RETURN_VOID();
+}
+
+/*
+ * Defines idem_consumer.transient_sqlstates; called once from _PG_init.
+ */
+void
+dead_letter_init(void)
+{
+	DefineCustomStringVariable("idem_consumer.transient_sqlstates",
+							   "Adds SQLSTATEs that idem_try_apply re-raises instead of dead-lettering.",
+							   "A comma-separated list of five-character SQLSTATEs and two-character "
+							   "SQLSTATE classes, on top of the built-in transient ones.",
+							   &transient_sqlstates_setting,
+							   "",
+							   PGC_USERSET,
+							   GUC_LIST_INPUT,
+							   check_transient_sqlstates,
+							   assign_transient_sqlstates,
+							   NULL);
 }

@@ -4,7 +4,7 @@
  *	  Declarations shared by the modules of the idem_consumer extension.
  *
  * Module map:
- *	  idem_consumer.c	library entry point and GUCs
+ *	  idem_consumer.c	library entry point: calls each module's init
  *	  storage.c			where the storage tables are, their owner, and
  *						whether the key index is the one created
  *	  keystore_sql.c	the fixed statements on the storage, run as its owner
@@ -45,11 +45,6 @@
 /* Longest key and consumer name accepted, in bytes. */
 #define IDEM_MAX_KEY_BYTES			1024
 #define IDEM_MAX_CONSUMER_BYTES		128
-
-/* GUCs */
-extern int	idem_plan_cache_size;
-extern char *idem_transient_sqlstates;
-extern int	idem_retention;
 
 /*
  * keystore_sql.c: the statements on the storage tables.  Each runs as the
@@ -135,6 +130,7 @@ typedef enum PurgeProgress
 	PURGE_RUN_DONE				/* the run is complete */
 } PurgeProgress;
 
+extern void retention_init(void);
 extern void purge_begin_batch(int32 only_consumer, int64 batch_size);
 extern PurgeProgress purge_step(uint64 *removed);
 
@@ -191,6 +187,7 @@ extern List *stats_snapshot(void);
 /* plan_cache.c */
 typedef struct BusinessPlan BusinessPlan;
 
+extern void plan_cache_init(void);
 extern void business_sql_check(const char *sql);
 extern void business_params_check(ArrayType *params);
 extern BusinessPlan *business_plan_get(const char *sql);
@@ -207,7 +204,6 @@ extern char *get_sql_arg(FunctionCallInfo fcinfo, int argno);
 extern void check_event_time_arg(FunctionCallInfo fcinfo, int argno);
 
 /* dead_letter.c */
-extern bool check_transient_sqlstates(char **newval, void **extra, GucSource source);
-extern void assign_transient_sqlstates(const char *newval, void *extra);
+extern void dead_letter_init(void);
 
 #endif							/* IDEM_CONSUMER_H */
