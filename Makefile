@@ -10,6 +10,7 @@ OBJS = \
 	src/keystore_sql.o \
 	src/keystore_fastpath.o \
 	src/keystore.o \
+	src/consumers.o \
 	src/plan_cache.o \
 	src/args.o \
 	src/apply.o \

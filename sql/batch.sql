@@ -165,8 +165,14 @@ SELECT idem_record_batch('batch', ARRAY['denied']);
 RESET ROLE;
 GRANT EXECUTE ON FUNCTION idem_record_batch(text, text[]) TO idem_batch_app;
 SET ROLE idem_batch_app;
+-- EXECUTE is not enough for a consumer another role owns
 SELECT k FROM idem_record_batch('batch', ARRAY['granted', 'e1']) AS k;
 RESET ROLE;
+SELECT idem_consumer_set_owner('batch', 'idem_batch_app');
+SET ROLE idem_batch_app;
+SELECT k FROM idem_record_batch('batch', ARRAY['granted', 'e1']) AS k;
+RESET ROLE;
+SELECT idem_consumer_set_owner('batch', current_user::regrole);
 
 CREATE SCHEMA batch_evil;
 CREATE FUNCTION batch_evil.unnest(text[]) RETURNS SETOF text LANGUAGE sql AS $$ SELECT 'evil'::text $$;

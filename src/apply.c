@@ -48,13 +48,16 @@ idem_apply(PG_FUNCTION_ARGS)
 
 	check_event_time_arg(fcinfo, 4);
 
-	call = stats_call_begin(consumer);
+	/* a role refused for the consumer must not show in its counters */
 	SPI_connect();
+	consumer_id = keystore_consumer_id(consumer, false);
+	call = stats_call_begin(consumer);
 
 	bplan = business_plan_get(sql);
 	bound_params = business_plan_bind(bplan, params);
 
-	consumer_id = keystore_consumer_id(consumer, true);
+	if (consumer_id == 0)
+		consumer_id = keystore_consumer_id(consumer, true);
 	applied = keystore_record_key(consumer_id, key);
 	if (applied)
 		business_plan_execute(bplan, bound_params);

@@ -220,10 +220,10 @@ idem_record_batch(PG_FUNCTION_ARGS)
 	if (keys == NULL)
 		return (Datum) 0;
 
-	call = stats_call_begin(consumer);
 	SPI_connect();
-
 	consumer_id = keystore_consumer_id(consumer, true);
+	call = stats_call_begin(consumer);
+
 	nnew = record_batch_fast(rsinfo, consumer_id, elems, nkeys);
 	if (nnew < 0)
 		nnew = record_batch_sql(rsinfo, consumer_id, keys, nkeys);

@@ -501,6 +501,7 @@ lock_entry(int64 id, DeadLetterEntry *entry)
 				 errmsg("dead-letter entry %lld does not exist", (long long) id),
 				 errhint("The view idem_dead_letters lists the entries.")));
 	entry_from_result(entry);
+	keystore_check_consumer_id(entry->consumer_id);
 }
 
 /*
@@ -598,10 +599,10 @@ idem_try_apply(PG_FUNCTION_ARGS)
 		business_params_check(params);
 	business_sql_check(sql);
 
-	call = stats_call_begin(consumer);
 	SPI_connect();
-
 	consumer_id = keystore_consumer_id(consumer, true);
+	call = stats_call_begin(consumer);
+
 	redelivered = !keystore_record_key(consumer_id, key);
 	if (redelivered)
 		outcome = redelivery_outcome(consumer_id, key);

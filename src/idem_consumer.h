@@ -15,6 +15,8 @@
  *	  plan_cache.c		validation, type inference and cached plans of
  *						business SQL, and binding its parameters
  *	  args.c			the argument validators the API functions share
+ *	  consumers.c		consumers, their owners and who may act on them;
+ *						idem_consumer_create(), idem_consumer_set_owner()
  *	  apply.c			the SQL-callable idem_apply() family
  *	  batch.c			idem_record_batch(): recording a batch of keys
  *	  dead_letter.c		idem_try_apply(), the dead-letter queue and its
@@ -54,6 +56,11 @@ typedef enum KeystoreStmt
 {
 	KS_FIND_CONSUMER,
 	KS_CREATE_CONSUMER,
+	KS_FIND_OWNED_CONSUMER,
+	KS_CREATE_OWNED_CONSUMER,
+	KS_SET_CONSUMER_OWNER,
+	KS_CONSUMER_BY_ID,
+	KS_FOREIGN_CONSUMER,
 	KS_INSERT_KEY,
 	KS_PROBE_KEY,
 	KS_CLAIM_OCCUPANT,
@@ -100,7 +107,6 @@ typedef enum KeystoreTable
 extern void storage_init(void);
 extern int	keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
 							 long tcount);
-extern int32 keystore_consumer_id(const char *consumer, bool create);
 extern bool keystore_record_key(int32 consumer_id, text *key);
 extern bool keystore_key_exists(int32 consumer_id, text *key);
 extern bool keystore_forget_key(int32 consumer_id, text *key);
@@ -121,6 +127,12 @@ typedef struct KeysStored
 } KeysStored;
 
 extern List *keystore_keys_stored(void);
+
+/* consumers.c */
+extern void consumers_init(void);
+extern int32 keystore_consumer_id(const char *consumer, bool create);
+extern void keystore_check_consumer_id(int32 consumer_id);
+extern void keystore_check_every_consumer(const char *what);
 
 /* retention.c */
 typedef enum PurgeProgress

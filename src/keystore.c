@@ -2,8 +2,8 @@
  *
  * keystore.c
  *	  The key store: recording, probing and forgetting (consumer, key),
- *	  removing keys for retention, consumer ids, and the invariant that
- *	  keeps all of it exact under concurrency.
+ *	  removing keys for retention, and the invariant that keeps all of it
+ *	  exact under concurrency.  Consumers and their ids are consumers.c's.
  *
  * The key store is four files.  storage.c finds the tables and their
  * owner; keystore_sql.c holds the fixed statements and runs them as that
@@ -43,12 +43,7 @@
  * a range of heap blocks of a table and names the ones to remove by TID,
  * and keystore_remove_rows() removes them and keeps the invariant, moving
  * a collision into the place of every occupant it removed.
- *
- * Consumer ids are cached per backend, but only once the row that maps the
- * name is known to be committed by another transaction: an id created by
- * the current transaction would be a lie after a rollback, and a later
- * backend would create the same consumer under a second id.
- *
+ * *
  * The caller must be connected to SPI.
  *
  *-------------------------------------------------------------------------
@@ -61,109 +56,10 @@
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
-#include "utils/hsearch.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
 #include "keystore_internal.h"
-
-typedef struct ConsumerIdEntry
-{
-	char		name[IDEM_MAX_CONSUMER_BYTES + 1];	/* hash key */
-	int32		consumer_id;
-} ConsumerIdEntry;
-
-/* Consumer ids known to be committed, for the storage of ids_generation. */
-static HTAB *consumer_ids;
-static uint64 consumer_ids_generation;
-
-/*
- * Returns the cache of consumer ids, emptied if the storage was located
- * anew since it was filled.
- */
-static HTAB *
-consumer_id_cache(void)
-{
-	const StorageInfo *si = storage_ready();
-
-	if (consumer_ids != NULL && consumer_ids_generation != si->generation)
-	{
-		hash_destroy(consumer_ids);
-		consumer_ids = NULL;
-	}
-	if (consumer_ids == NULL)
-	{
-		HASHCTL		ctl;
-
-		ctl.keysize = sizeof(((ConsumerIdEntry *) NULL)->name);
-		ctl.entrysize = sizeof(ConsumerIdEntry);
-		ctl.hcxt = CacheMemoryContext;
-		consumer_ids = hash_create("idem_consumer consumer ids", 16, &ctl,
-								   HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
-		consumer_ids_generation = si->generation;
-	}
-	return consumer_ids;
-}
-
-
-/*
- * Returns the id of a consumer; with create, creates the consumer if it
- * does not exist yet, otherwise returns 0 for an unknown consumer.
- */
-int32
-keystore_consumer_id(const char *consumer, bool create)
-{
-	HTAB	   *cache;
-	ConsumerIdEntry *entry;
-	Datum		name_datum;
-	bool		isnull;
-	int32		consumer_id;
-
-	cache = consumer_id_cache();
-	entry = hash_search(cache, consumer, HASH_FIND, NULL);
-	if (entry != NULL)
-		return entry->consumer_id;
-
-	name_datum = CStringGetTextDatum(consumer);
-	for (;;)
-	{
-		keystore_exec(KS_FIND_CONSUMER, &name_datum, 1);
-		if (SPI_processed == 1)
-		{
-			TransactionId xmin;
-
-			consumer_id = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
-													  SPI_tuptable->tupdesc,
-													  1, &isnull));
-			xmin = DatumGetTransactionId(SPI_getbinval(SPI_tuptable->vals[0],
-													   SPI_tuptable->tupdesc,
-													   2, &isnull));
-			if (!TransactionIdIsCurrentTransactionId(xmin))
-			{
-				entry = hash_search(cache, consumer, HASH_ENTER, NULL);
-				entry->consumer_id = consumer_id;
-			}
-			return consumer_id;
-		}
-
-		if (!create)
-			return 0;
-
-		keystore_exec(KS_CREATE_CONSUMER, &name_datum, 1);
-		if (SPI_processed == 1)
-			return DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
-											   SPI_tuptable->tupdesc,
-											   1, &isnull));
-
-		/*
-		 * A concurrent transaction created the consumer and committed after
-		 * our lookup; under READ COMMITTED the next lookup sees it.  Under
-		 * REPEATABLE READ the insert has already raised a serialization
-		 * failure, so this loop runs at most twice.
-		 */
-		create = false;
-	}
-}
 
 /*
  * Converts the current transaction's start time to the integer seconds

@@ -34,7 +34,9 @@ typedef struct StorageInfo
 	Oid			consumers_relid;
 	Oid			hash_index;		/* InvalidOid: the fast path is off */
 	Oid			owner;
+	bool		consumers_have_owners;	/* the SQL is 1.1 or later */
 	uint64		generation;
+	uint64		consumers_version;	/* changes with every invalidation too */
 } StorageInfo;
 
 /* storage.c */

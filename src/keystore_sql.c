@@ -111,6 +111,35 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 		" ON CONFLICT (name) DO NOTHING RETURNING consumer_id",
 		1, {TEXTOID}
 	},
+	/* from 1.1 on, consumers have owners */
+	[KS_FIND_OWNED_CONSUMER] = {
+		"SELECT consumer_id, xmin, owner FROM " STORAGE_SCHEMA ".consumers"
+		" WHERE name OPERATOR(pg_catalog.=) $1",
+		1, {TEXTOID}
+	},
+	[KS_CREATE_OWNED_CONSUMER] = {
+		"INSERT INTO " STORAGE_SCHEMA ".consumers (name, owner) VALUES ($1, $2)"
+		" ON CONFLICT (name) DO NOTHING RETURNING consumer_id",
+		2, {TEXTOID, REGROLEOID}
+	},
+	[KS_SET_CONSUMER_OWNER] = {
+		"UPDATE " STORAGE_SCHEMA ".consumers SET owner = $2"
+		" WHERE consumer_id OPERATOR(pg_catalog.=) $1",
+		2, {INT4OID, REGROLEOID}
+	},
+	[KS_CONSUMER_BY_ID] = {
+		"SELECT name, owner FROM " STORAGE_SCHEMA ".consumers"
+		" WHERE consumer_id OPERATOR(pg_catalog.=) $1",
+		1, {INT4OID}
+	},
+	/* a consumer the role $1 may not act on, if there is one */
+	[KS_FOREIGN_CONSUMER] = {
+		"SELECT name, owner FROM " STORAGE_SCHEMA ".consumers"
+		" WHERE owner IS NOT NULL"
+		" AND NOT pg_catalog.pg_has_role($1, owner, 'MEMBER')"
+		" ORDER BY name LIMIT 1",
+		1, {OIDOID}
+	},
 	[KS_INSERT_KEY] = {
 		"INSERT INTO " STORAGE_SCHEMA ".processed_keys (consumer_id, processed_at, key)"
 		" VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",

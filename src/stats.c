@@ -776,6 +776,13 @@ idem_stats_reset(PG_FUNCTION_ARGS)
 
 	stats_require_shmem();
 
+	SPI_connect();
+	if (consumer != NULL)
+		(void) keystore_consumer_id(consumer, false);
+	else
+		keystore_check_every_consumer("reset the counters");
+	SPI_finish();
+
 	LWLockAcquire(stats_state->lock, LW_SHARED);
 	hash_seq_init(&hash_seq, stats_hash);
 	while ((entry = hash_seq_search(&hash_seq)) != NULL)
