@@ -29,7 +29,7 @@ PGFILEDESC = "idem_consumer - idempotent message consumption"
 REGRESS = apply bad_input plan_cache security collisions storage batch dead_letter stats retention retention_dead_letters retention_chunks ownership
 REGRESS_OPTS = --load-extension=idem_consumer
 
-ISOLATION = apply_concurrency collision_concurrency batch_deadlock dlq_replay purge_concurrency
+ISOLATION = apply_concurrency collision_concurrency batch_deadlock dlq_replay purge_concurrency ownership_cache
 ISOLATION_OPTS = --inputdir=test/isolation --load-extension=idem_consumer
 
 TAP_TESTS = 1

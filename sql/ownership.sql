@@ -41,6 +41,8 @@ END
 $$;
 GRANT SELECT ON idem_processed_keys, idem_dead_letters, idem_retention TO own_team_a, own_team_b;
 
+-- counters are kept per consumer name across databases: start from zero
+SELECT idem_stats_reset('own-a');
 -- a consumer first used by a role is owned by it
 SET ROLE own_team_a;
 SELECT idem_apply('a-1', 'own-a', 'update own_orders set paid = paid + 1 where id = 1');
