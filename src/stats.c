@@ -429,6 +429,15 @@ consumer_entry(const char *consumer)
 			entry->counters.stats_reset = GetCurrentTimestamp();
 		}
 		LWLockRelease(stats_state->lock);
+		if (entry == NULL)
+			ereport(WARNING,
+					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+					 errmsg("counters of consumer \"%s\" are not tracked", consumer),
+					 errdetail("idem_consumer.max_consumers consumers (%d) have counters already; "
+							   "the calls of this one count in idem_stats_info.untracked_calls only.",
+							   idem_max_consumers),
+					 errhint("Raise idem_consumer.max_consumers (it takes a restart), and keep roles "
+							 "from creating consumers with idem_consumer.create_consumers = off.")));
 	}
 
 	ref = hash_search(entry_refs, consumer, HASH_ENTER, NULL);
