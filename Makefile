@@ -11,6 +11,7 @@ OBJS = \
 	src/keystore_fastpath.o \
 	src/keystore.o \
 	src/consumers.o \
+	src/fingerprint.o \
 	src/plan_cache.o \
 	src/args.o \
 	src/apply.o \

@@ -117,3 +117,92 @@ CREATE OR REPLACE VIEW idem_consumers AS
              FROM idem_consumer.dead_letters AS d
             WHERE d.consumer_id OPERATOR(pg_catalog.=) c.consumer_id
               AND d.status OPERATOR(pg_catalog.=) 'pending') AS dlq;
+
+--
+-- Key reuse (src/fingerprint.c, keystore.c).
+--
+-- Every recorded key keeps a 32-bit fingerprint of its message: a hash of
+-- the business SQL and its parameters, or of the caller's own fingerprint
+-- text.  A redelivery with the same key and another fingerprint is not a
+-- duplicate but a producer's bug, and is refused (SQLSTATE IK001) instead
+-- of being silently skipped.  NULL: not known (keys recorded under 1.0, or
+-- while the consumer's check is off); such keys are never compared.
+--
+ALTER TABLE idem_consumer.processed_keys ADD COLUMN fingerprint integer;
+ALTER TABLE idem_consumer.key_collisions ADD COLUMN fingerprint integer;
+ALTER TABLE idem_consumer.consumers
+    ADD COLUMN check_fingerprint boolean NOT NULL DEFAULT true;
+COMMENT ON COLUMN idem_consumer.consumers.check_fingerprint IS
+    'whether keys of the consumer keep the fingerprint of their message and redeliveries are compared with it';
+
+CREATE FUNCTION idem_set_fingerprint(consumer text, enabled boolean)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_set_fingerprint'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_set_fingerprint(text, boolean) IS
+    'turn the key-reuse check of a consumer on or off';
+REVOKE ALL ON FUNCTION idem_set_fingerprint(text, boolean) FROM PUBLIC;
+
+-- idem_apply and idem_try_apply gain an optional explicit fingerprint.  A
+-- function cannot gain a parameter in place, and an overload would make
+-- every call without it ambiguous, so they are created anew with the
+-- grants their 1.0 versions had.
+CREATE TEMPORARY TABLE idem_consumer_saved_grants AS
+    SELECT p.proname::text AS fn, a.grantee
+      FROM pg_catalog.pg_proc AS p,
+           LATERAL pg_catalog.aclexplode(p.proacl) AS a
+     WHERE p.oid OPERATOR(pg_catalog.=) ANY (ARRAY[
+               '@extschema@.idem_apply(text, text, text, text[], timestamptz)'::regprocedure,
+               '@extschema@.idem_try_apply(text, text, text, text[], timestamptz)'::regprocedure])
+       AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
+       AND a.grantee OPERATOR(pg_catalog.<>) p.proowner;
+
+DROP FUNCTION idem_apply(text, text, text, text[], timestamptz);
+CREATE FUNCTION idem_apply(key text, consumer text, sql text,
+                           params text[] DEFAULT NULL,
+                           event_time timestamptz DEFAULT NULL,
+                           fingerprint text DEFAULT NULL)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_apply'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_apply(text, text, text, text[], timestamptz, text) IS
+    'record (consumer, key) and run sql with params once; false for a duplicate, an error for a key reused by another message';
+REVOKE ALL ON FUNCTION idem_apply(text, text, text, text[], timestamptz, text) FROM PUBLIC;
+
+DROP FUNCTION idem_try_apply(text, text, text, text[], timestamptz);
+CREATE FUNCTION idem_try_apply(key text, consumer text, sql text,
+                               params text[] DEFAULT NULL,
+                               event_time timestamptz DEFAULT NULL,
+                               fingerprint text DEFAULT NULL)
+RETURNS idem_outcome
+AS 'MODULE_PATHNAME', 'idem_try_apply'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_try_apply(text, text, text, text[], timestamptz, text) IS
+    'like idem_apply, but park the message in the dead-letter queue on a permanent error instead of raising';
+REVOKE ALL ON FUNCTION idem_try_apply(text, text, text, text[], timestamptz, text) FROM PUBLIC;
+
+DO $$
+DECLARE
+    g record;
+BEGIN
+    FOR g IN SELECT fn, grantee FROM pg_temp.idem_consumer_saved_grants LOOP
+        EXECUTE pg_catalog.format(
+            'GRANT EXECUTE ON FUNCTION @extschema@.%I(text, text, text, text[], timestamptz, text) TO %s',
+            g.fn,
+            CASE WHEN g.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                 ELSE pg_catalog.quote_ident(g.grantee::regrole::text) END);
+    END LOOP;
+END
+$$;
+DROP TABLE pg_temp.idem_consumer_saved_grants;
+
+-- A batch with the fingerprints of its messages, aligned with the keys:
+-- each new key once (reused = false), and each key recorded before with
+-- another fingerprint (reused = true), which is not recorded again.
+CREATE FUNCTION idem_record_batch(consumer text, keys text[], fingerprints text[])
+RETURNS TABLE (key text, reused boolean)
+AS 'MODULE_PATHNAME', 'idem_record_batch_fingerprinted'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 100;
+COMMENT ON FUNCTION idem_record_batch(text, text[], text[]) IS
+    'record every key of a batch with the fingerprint of its message; returns the new keys and the reused ones';
+REVOKE ALL ON FUNCTION idem_record_batch(text, text[], text[]) FROM PUBLIC;

@@ -2,8 +2,9 @@
  *
  * consumers.c
  *	  Consumers: their names and ids, their owners, who may act on them,
- *	  and the SQL functions idem_consumer_create() and
- *	  idem_consumer_set_owner().
+ *	  whether they check fingerprints, and the SQL functions
+ *	  idem_consumer_create(), idem_consumer_set_owner() and
+ *	  idem_set_fingerprint().
  *
  * Every function that acts on a consumer resolves its name here, and the
  * resolution is the access check: the current role must be a member of
@@ -51,6 +52,7 @@ typedef struct ConsumerIdEntry
 	char		name[IDEM_MAX_CONSUMER_BYTES + 1];	/* hash key */
 	int32		consumer_id;
 	Oid			owner;			/* InvalidOid: no owner, open to all */
+	bool		check_fingerprint;	/* compare fingerprints of redeliveries */
 } ConsumerIdEntry;
 
 /* Whether roles may create consumers (idem_consumer.create_consumers). */
@@ -63,6 +65,7 @@ static uint64 consumer_cache_version;
 
 PG_FUNCTION_INFO_V1(idem_consumer_create);
 PG_FUNCTION_INFO_V1(idem_consumer_set_owner);
+PG_FUNCTION_INFO_V1(idem_set_fingerprint);
 
 /*
  * Returns the cache of consumers, emptied if the storage was located anew
@@ -186,6 +189,7 @@ lookup_consumer(const char *consumer, ConsumerIdEntry *found)
 											   SPI_tuptable->tupdesc,
 											   2, &isnull));
 	found->owner = InvalidOid;
+	found->check_fingerprint = false;
 	if (si->consumers_have_owners)
 	{
 		Datum		owner = SPI_getbinval(SPI_tuptable->vals[0],
@@ -193,6 +197,10 @@ lookup_consumer(const char *consumer, ConsumerIdEntry *found)
 
 		if (!isnull)
 			found->owner = DatumGetObjectId(owner);
+		found->check_fingerprint =
+			DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+									   SPI_tuptable->tupdesc, 4, &isnull)) &&
+			si->keys_have_fingerprints;
 	}
 	if (!TransactionIdIsCurrentTransactionId(xmin))
 	{
@@ -232,6 +240,17 @@ insert_consumer(const char *consumer, Oid owner)
 int32
 keystore_consumer_id(const char *consumer, bool create)
 {
+	return keystore_consumer_id_ext(consumer, create, NULL);
+}
+
+/*
+ * keystore_consumer_id(), also telling whether the consumer compares the
+ * fingerprints of redeliveries (when check_fingerprint is not NULL).
+ */
+int32
+keystore_consumer_id_ext(const char *consumer, bool create,
+						 bool *check_fingerprint)
+{
 	ConsumerIdEntry found;
 
 	for (;;)
@@ -241,6 +260,8 @@ keystore_consumer_id(const char *consumer, bool create)
 		if (lookup_consumer(consumer, &found))
 		{
 			check_consumer_access(consumer, found.owner);
+			if (check_fingerprint != NULL)
+				*check_fingerprint = found.check_fingerprint;
 			return found.consumer_id;
 		}
 		if (!create)
@@ -249,7 +270,13 @@ keystore_consumer_id(const char *consumer, bool create)
 		check_may_create(consumer, GetUserId());
 		consumer_id = insert_consumer(consumer, GetUserId());
 		if (consumer_id != 0)
+		{
+			/* the column's default */
+			if (check_fingerprint != NULL)
+				*check_fingerprint = storage_ready()->keys_have_fingerprints &&
+					storage_ready()->consumers_have_owners;
 			return consumer_id;
+		}
 
 		/*
 		 * A concurrent transaction created the consumer and committed after
@@ -416,6 +443,37 @@ idem_consumer_set_owner(PG_FUNCTION_ARGS)
 	args[0] = Int32GetDatum(found.consumer_id);
 	args[1] = ObjectIdGetDatum(owner);
 	keystore_exec(KS_SET_CONSUMER_OWNER, args, 0);
+	CacheInvalidateRelcacheByRelid(storage_ready()->consumers_relid);
+	SPI_finish();
+	PG_RETURN_VOID();
+}
+
+/*
+ * idem_set_fingerprint(consumer, enabled): turns the key-reuse check of a
+ * consumer on or off.  Keys recorded while it is off keep no fingerprint
+ * and are never compared.
+ */
+Datum
+idem_set_fingerprint(PG_FUNCTION_ARGS)
+{
+	char	   *consumer = get_consumer_arg(fcinfo, 0);
+	Datum		args[2];
+
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("enabled must not be null")));
+
+	SPI_connect();
+	require_owners("idem_set_fingerprint()");
+	args[0] = Int32GetDatum(keystore_consumer_id(consumer, false));
+	if (DatumGetInt32(args[0]) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("consumer \"%s\" does not exist", consumer),
+				 errhint("Create it with idem_consumer_create() first.")));
+	args[1] = PG_GETARG_DATUM(1);
+	keystore_exec(KS_SET_CHECK_FINGERPRINT, args, 0);
 	CacheInvalidateRelcacheByRelid(storage_ready()->consumers_relid);
 	SPI_finish();
 	PG_RETURN_VOID();

@@ -16,7 +16,9 @@
  *						business SQL, and binding its parameters
  *	  args.c			the argument validators the API functions share
  *	  consumers.c		consumers, their owners and who may act on them;
- *						idem_consumer_create(), idem_consumer_set_owner()
+ *						idem_consumer_create(), idem_consumer_set_owner(),
+ *						idem_set_fingerprint()
+ *	  fingerprint.c		fingerprints of messages and the key-reuse error
  *	  apply.c			the SQL-callable idem_apply() family
  *	  batch.c			idem_record_batch(): recording a batch of keys
  *	  dead_letter.c		idem_try_apply(), the dead-letter queue and its
@@ -61,6 +63,11 @@ typedef enum KeystoreStmt
 	KS_SET_CONSUMER_OWNER,
 	KS_CONSUMER_BY_ID,
 	KS_FOREIGN_CONSUMER,
+	KS_SET_CHECK_FINGERPRINT,
+	KS_INSERT_KEY_FP,
+	KS_PROBE_KEY_FP,
+	KS_INSERT_COLLISION_FP,
+	KS_DELETE_COLLISION_FP,
 	KS_INSERT_KEY,
 	KS_PROBE_KEY,
 	KS_CLAIM_OCCUPANT,
@@ -108,10 +115,26 @@ extern void storage_init(void);
 extern int	keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
 							 long tcount);
 extern bool keystore_record_key(int32 consumer_id, text *key);
+
+/* What the storage holds of a key found recorded. */
+typedef struct RecordedKey
+{
+	bool		has_fingerprint;	/* false: recorded without one */
+	int32		fingerprint;
+	int32		processed_at;	/* seconds since 2000-01-01 */
+} RecordedKey;
+
+extern bool keystore_record_key_fp(int32 consumer_id, text *key,
+								   const int32 *fingerprint,
+								   RecordedKey *recorded);
+extern bool keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
+								 const int32 *fingerprints,
+								 const bool *has_fingerprint,
+								 bool require_fastpath, bool *isnew,
+								 RecordedKey *recorded);
 extern bool keystore_key_exists(int32 consumer_id, text *key);
 extern bool keystore_forget_key(int32 consumer_id, text *key);
-extern bool keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
-								 bool *isnew);
+
 extern uint64 keystore_insert_batch(int32 consumer_id, ArrayType *keys);
 extern uint64 keystore_unresolved_batch(int32 consumer_id, ArrayType *keys,
 										ArrayType *inserted);
@@ -131,8 +154,20 @@ extern List *keystore_keys_stored(void);
 /* consumers.c */
 extern void consumers_init(void);
 extern int32 keystore_consumer_id(const char *consumer, bool create);
+extern int32 keystore_consumer_id_ext(const char *consumer, bool create,
+									  bool *check_fingerprint);
 extern void keystore_check_consumer_id(int32 consumer_id);
 extern void keystore_check_every_consumer(const char *what);
+
+/* fingerprint.c */
+extern int32 fingerprint_of_message(const char *sql, ArrayType *params);
+extern int32 fingerprint_of_text(text *fingerprint);
+extern bool fingerprint_differs(int32 fingerprint, const RecordedKey *recorded);
+extern void fingerprint_refuse(const char *consumer, text *key, int32 fingerprint,
+							   const RecordedKey *recorded);
+extern ErrorData *fingerprint_refusal(const char *consumer, text *key,
+									  int32 fingerprint,
+									  const RecordedKey *recorded);
 
 /* retention.c */
 typedef enum PurgeProgress
@@ -175,6 +210,7 @@ typedef struct ConsumerCounters
 	int64		duplicates;
 	int64		failed;
 	int64		dead_lettered;
+	int64		key_reuse;		/* keys found recorded for another message */
 	TimestampTz last_applied_at;	/* 0 if never */
 	TimestampTz last_duplicate_at;	/* 0 if never */
 	int64		lag_last_us;
@@ -194,6 +230,7 @@ extern void stats_init(void);
 extern int	stats_call_begin(const char *consumer);
 extern void stats_call_end(int call, int applied, int duplicates,
 						   int dead_lettered, TimestampTz event_time);
+extern void stats_call_key_reuse(int call);
 extern List *stats_snapshot(void);
 
 /* plan_cache.c */
@@ -214,6 +251,7 @@ extern char *get_consumer_arg(FunctionCallInfo fcinfo, int argno);
 extern int32 get_count_arg(FunctionCallInfo fcinfo, int argno, const char *argname);
 extern char *get_sql_arg(FunctionCallInfo fcinfo, int argno);
 extern void check_event_time_arg(FunctionCallInfo fcinfo, int argno);
+extern text *get_fingerprint_arg(FunctionCallInfo fcinfo, int argno);
 
 /* dead_letter.c */
 extern void dead_letter_init(void);

@@ -53,7 +53,7 @@
 #include "idem_consumer.h"
 
 #define STATS_FILE				PGSTAT_STAT_PERMANENT_DIRECTORY "/idem_consumer.stat"
-#define STATS_FILE_MAGIC		0x1de3c0a1
+#define STATS_FILE_MAGIC		0x1de3c0a3	/* ConsumerCounters gained key_reuse */
 #define STATS_TRANCHE_NAME		"idem_consumer"
 #define IDEM_STATS_COLS			15
 
@@ -81,6 +81,7 @@ typedef struct PendingCall
 	int			applied;
 	int			duplicates;
 	int			dead_lettered;
+	int			key_reuse;		/* counted whether it commits or not */
 	instr_time	start;
 	int64		latency_us;
 	TimestampTz event_time;		/* DT_NOBEGIN if not given */
@@ -460,6 +461,7 @@ count_committed(void)
 		bool		failed = !call->finished;
 
 		SpinLockAcquire(&call->entry->mutex);
+		counters->key_reuse += call->key_reuse;
 		if (failed)
 			counters->failed++;
 		else
@@ -498,6 +500,7 @@ count_failed_from(int first)
 	{
 		SpinLockAcquire(&pending[i].entry->mutex);
 		pending[i].entry->counters.failed++;
+		pending[i].entry->counters.key_reuse += pending[i].key_reuse;
 		SpinLockRelease(&pending[i].entry->mutex);
 	}
 	npending = Min(npending, first);
@@ -605,6 +608,7 @@ stats_call_begin(const char *consumer)
 	call->nest_level = GetCurrentTransactionNestLevel();
 	call->finished = false;
 	call->applied = call->duplicates = call->dead_lettered = 0;
+	call->key_reuse = 0;
 	call->latency_us = 0;
 	call->event_time = DT_NOBEGIN;
 	INSTR_TIME_SET_CURRENT(call->start);
@@ -634,6 +638,17 @@ stats_call_end(int call_id, int applied, int duplicates, int dead_lettered,
 	call->dead_lettered = dead_lettered;
 	call->event_time = event_time;
 	call->finished = true;
+}
+
+/*
+ * Notes that a call found its key recorded for another message; counted
+ * when the transaction ends, whether the call then fails or parks it.
+ */
+void
+stats_call_key_reuse(int call_id)
+{
+	if (call_id >= 0 && call_id < npending)
+		pending[call_id].key_reuse++;
 }
 
 /*

@@ -182,6 +182,8 @@ storage_locate(void)
 	storage.info.hash_index = usable_hash_index(nspid);
 	storage.info.consumers_have_owners =
 		get_attnum(storage.info.consumers_relid, "owner") != InvalidAttrNumber;
+	storage.info.keys_have_fingerprints =
+		get_attnum(storage.info.keys_relid, "fingerprint") != InvalidAttrNumber;
 	storage.info.generation++;
 	storage.info.consumers_version++;
 	storage.located = true;
@@ -210,6 +212,8 @@ storage_ready(void)
 				usable_hash_index(get_rel_namespace(storage.info.keys_relid));
 			storage.info.consumers_have_owners =
 				get_attnum(storage.info.consumers_relid, "owner") != InvalidAttrNumber;
+			storage.info.keys_have_fingerprints =
+				get_attnum(storage.info.keys_relid, "fingerprint") != InvalidAttrNumber;
 			storage.info.consumers_version++;
 		}
 	}
