@@ -226,3 +226,130 @@ BEGIN
     PERFORM public.idem_dlq_discard(id, reason);
 END
 $$;
+
+--
+-- Re-sharding: moving orders with their keys (README, "Re-sharding").
+-- With new_partitions partitions (a multiple of the present number), an
+-- order leaves this shard for partition order_hash(id) & (new_partitions - 1)
+-- and so does every key of it.  A key names its order: order-paid:<id>:<event>.
+--
+
+-- The order a key belongs to, or NULL for a key of another form.
+CREATE FUNCTION shop.key_order(key text) RETURNS bigint
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+RETURN CASE WHEN key ~ '^order-paid:[0-9]{1,18}:'
+            THEN pg_catalog.split_part(key, ':', 2)::bigint END;
+
+-- Raises if a key leaving for to_partition has a pending dead letter: the
+-- entry cannot move with it, and a replay on this shard after the move
+-- would apply a message the new shard may apply too.
+CREATE FUNCTION shop.require_no_leaving_dead_letters(new_partitions integer, to_partition integer)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    n bigint;
+BEGIN
+    SELECT pg_catalog.count(*) INTO n
+      FROM public.idem_dead_letters AS d
+     WHERE d.consumer = 'payments' AND d.status = 'pending'
+       AND shop.order_hash(shop.key_order(d.key)) & (new_partitions - 1) = to_partition;
+    IF n > 0 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'object_not_in_prerequisite_state',
+            MESSAGE = pg_catalog.format('%s pending dead letters would leave this shard', n),
+            HINT = 'Replay or discard them (shop.dlq_replay, shop.dlq_discard) before moving their orders.';
+    END IF;
+END
+$$;
+
+-- Orders leaving this shard for to_partition.
+CREATE FUNCTION shop.leaving_orders(new_partitions integer, to_partition integer)
+RETURNS TABLE (id bigint, amount_due numeric, paid_amount numeric, status text)
+LANGUAGE sql STABLE
+BEGIN ATOMIC
+    SELECT o.id, o.amount_due, o.paid_amount, o.status
+      FROM shop.orders AS o
+     WHERE shop.order_hash(o.id) & (new_partitions - 1) = to_partition
+       AND to_partition <> (SELECT i.partition FROM shop.shard_info AS i);
+END;
+
+-- Keys leaving this shard for to_partition: those of its leaving orders,
+-- and those of orders that exist nowhere yet (parked, then discarded).
+CREATE FUNCTION shop.leaving_keys(new_partitions integer, to_partition integer)
+RETURNS TABLE (key text)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    PERFORM shop.require_no_leaving_dead_letters(new_partitions, to_partition);
+    RETURN QUERY
+    SELECT k.key
+      FROM public.idem_processed_keys AS k
+     WHERE k.consumer = 'payments'
+       AND shop.order_hash(shop.key_order(k.key)) & (new_partitions - 1) = to_partition
+       AND to_partition <> (SELECT i.partition FROM shop.shard_info AS i);
+END
+$$;
+
+-- What a new shard receives, by COPY, before shop.import_incoming().
+CREATE TABLE shop.incoming_orders (LIKE shop.orders);
+CREATE TABLE shop.incoming_keys (key text NOT NULL);
+
+-- Stores the received orders and records the received keys as processed,
+-- in one transaction, and empties the two tables.
+CREATE FUNCTION shop.import_incoming() RETURNS TABLE (orders bigint, keys bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    all_keys text[];
+    recorded bigint;
+BEGIN
+    -- the orders' CHECK refuses an order that does not belong here
+    INSERT INTO shop.orders SELECT * FROM shop.incoming_orders;
+    GET DIAGNOSTICS orders = ROW_COUNT;
+    SELECT COALESCE(pg_catalog.array_agg(k.key), '{}') INTO all_keys
+      FROM shop.incoming_keys AS k;
+    IF EXISTS (SELECT FROM pg_catalog.unnest(all_keys) AS k(key)
+                WHERE shop.order_hash(shop.key_order(k.key)) & (SELECT i.partitions - 1 FROM shop.shard_info AS i)
+                      IS DISTINCT FROM (SELECT i.partition FROM shop.shard_info AS i)) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'check_violation',
+            MESSAGE = 'a received key belongs to another shard';
+    END IF;
+    SELECT pg_catalog.count(*) INTO recorded FROM public.idem_record_batch('payments', all_keys);
+    keys := pg_catalog.cardinality(all_keys);
+    IF recorded <> keys THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'unique_violation',
+            MESSAGE = pg_catalog.format('%s of the %s received keys were recorded here already', keys - recorded, keys),
+            HINT = 'Import each move once.';
+    END IF;
+    DELETE FROM shop.incoming_orders;
+    DELETE FROM shop.incoming_keys;
+    RETURN NEXT;
+END
+$$;
+
+-- Once every new shard has imported what leaves this one: forgets the
+-- leaving keys, deletes the leaving orders, and makes this shard one of
+-- new_partitions partitions.
+CREATE FUNCTION shop.drop_leaving(new_partitions integer) RETURNS TABLE (orders bigint, keys bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    here integer := (SELECT i.partition FROM shop.shard_info AS i);
+    t integer;
+BEGIN
+    keys := 0;
+    FOR t IN 0 .. new_partitions - 1 LOOP
+        CONTINUE WHEN t = here;
+        SELECT keys + pg_catalog.count(*) FILTER (WHERE public.idem_forget(l.key, 'payments'))
+          INTO keys
+          FROM shop.leaving_keys(new_partitions, t) AS l;
+    END LOOP;
+    DELETE FROM shop.orders AS o WHERE shop.order_hash(o.id) & (new_partitions - 1) <> here;
+    GET DIAGNOSTICS orders = ROW_COUNT;
+    UPDATE shop.shard_info SET partitions = new_partitions;
+    EXECUTE pg_catalog.format(
+        'ALTER TABLE shop.orders DROP CONSTRAINT orders_on_this_shard, '
+        'ADD CONSTRAINT orders_on_this_shard CHECK (shop.order_hash(id) & %s = %s)',
+        new_partitions - 1, here);
+    RETURN NEXT;
+END
+$$;

@@ -305,5 +305,110 @@ my $keys = 0;
 $keys += on_shard($_, q{SELECT count(*) FROM idem_processed_keys WHERE consumer = 'payments'}) for 0, 1;
 like($metrics, qr/^idem_keys_stored\{consumer="payments"\} $keys$/m, "and the keys stored ($keys)");
 
+#
+# 5. Re-sharding: from two partitions to four.  Partitions 2 and 3 are new
+# databases (on the clusters of shards 0 and 1); the orders of partition i
+# that hash to i + 2 leave for it with their keys, then the proxy lists
+# four partitions.
+#
+my @parts = ([ $shards[0], 'shop' ], [ $shards[1], 'shop' ], [ $shards[0], 'shop2' ], [ $shards[1], 'shop3' ]);
+sub on_part { my ($i, $sql) = @_; return $parts[$i][0]->safe_psql($parts[$i][1], $sql); }
+for my $i (2, 3)
+{
+	my ($node, $db) = @{ $parts[$i] };
+	$node->safe_psql('postgres', "CREATE DATABASE $db");
+	command_ok(
+		[
+			'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1',
+			'-v', "partition=$i", '-v', 'partitions=4',
+			'-d', $node->connstr($db), '-f', "$recipe/shard.sql"
+		],
+		"docs/plproxy/shard.sql loads on the new partition $i");
+}
+# All balances and all keys, whatever database they are in.
+sub all_balances
+{
+	return join ',', sort map { split /\n/, on_part($_, q{SELECT id || ':' || paid_amount FROM shop.orders}) } 0 .. $#parts;
+}
+sub all_keys
+{
+	return join ',', sort map {
+		split /\n/, on_part($_, q{SELECT key FROM idem_processed_keys WHERE consumer = 'payments'})
+	} 0 .. $#parts;
+}
+my $balances_before = all_balances();
+my $keys_before = all_keys();
+
+# Pending dead letters cannot move: the payments of orders 3001, 3003 and
+# 3005 (partition 2 of 4) stop the move until they are resolved.
+($ret, $out, $err) = $shards[0]->psql('shop', 'SELECT count(*) FROM shop.leaving_keys(4, 2)');
+like($err, qr/3 pending dead letters would leave this shard/,
+	'keys with pending dead letters are not moved');
+is( on_proxy(q{SELECT count(shop.dlq_discard(shard, id, 'order never created'))
+	             FROM shop.shard_dead_letters() WHERE status = 'pending'}),
+	'5', 'the operator discards them through the proxy');
+
+my %moved;
+for my $i (0, 1)
+{
+	my $t = $i + 2;
+	my $f = "$tmp/move$i";
+	my $counts = on_part($i, "SELECT (SELECT count(*) FROM shop.leaving_orders(4, $t)) || '/' || (SELECT count(*) FROM shop.leaving_keys(4, $t))");
+	on_part($i, "\\copy (SELECT * FROM shop.leaving_orders(4, $t)) TO '$f.orders'\n"
+		  . "\\copy (SELECT * FROM shop.leaving_keys(4, $t)) TO '$f.keys'");
+	is( on_part($t, "\\copy shop.incoming_orders FROM '$f.orders'\n"
+			  . "\\copy shop.incoming_keys FROM '$f.keys'\n"
+			  . q{SELECT orders || '/' || keys FROM shop.import_incoming()}),
+		$counts, "partition $t imports the $counts orders/keys that leave partition $i");
+	$moved{$i} = $counts;
+}
+for my $i (0, 1)
+{
+	is(on_part($i, 'SELECT orders || \'/\' || keys FROM shop.drop_leaving(4)'),
+		$moved{$i}, "partition $i forgets the keys and deletes the orders that left it");
+}
+my @new_parts = map { $parts[$_][0]->connstr($parts[$_][1]) =~ s/'/''/gr } 2, 3;
+on_proxy("ALTER SERVER shop_cluster OPTIONS (ADD p2 '$new_parts[0]', ADD p3 '$new_parts[1]')");
+is(on_proxy(q{SELECT string_agg(shard || '/' || partitions, ',' ORDER BY shard) FROM shop.shard_info()}),
+	'0/4,1/4,2/4,3/4', 'the proxy routes over four partitions');
+is(all_balances(), $balances_before, 'every order moved with its balance');
+is(all_keys(), $keys_before, 'every key is recorded once, in one of the four databases');
+for my $i (0 .. 3)
+{
+	is(on_part($i, "SELECT count(*) FROM shop.orders WHERE shop.order_hash(id) & 3 <> $i"),
+		'0', "partition $i holds only its orders");
+	is( on_part($i, qq{SELECT count(*) FROM idem_processed_keys
+	                    WHERE consumer = 'payments' AND shop.order_hash(shop.key_order(key)) & 3 <> $i}),
+		'0', "partition $i holds only the keys of its orders");
+}
+ok(on_part(2, 'SELECT count(*) FROM shop.orders') > 0 && on_part(3, 'SELECT count(*) FROM shop.orders') > 0,
+	'both new partitions received orders');
+
+# Everything redelivered through the new routing: nothing applies.
+is( on_proxy(
+		"SELECT count(*) FILTER (WHERE shop.pay(1 + e % $n_orders, 'order-paid:' || 1 + e % $n_orders || ':' || e, 1 + e % $n_amount))
+		   FROM (SELECT generate_series(1, $n_events + 250) UNION ALL SELECT generate_series(20001, 20030)) ev(e)"),
+	'0', 'after the move, a redelivery of every payment applies none');
+is(on_proxy("SELECT string_agg(DISTINCT shop.try_pay(o, k, a), ',') FROM ($poison) m(o, k, a)"),
+	'duplicate', 'nor does a redelivery of the replayed dead letters');
+is(all_balances(), $balances_before, 'and no balance changed');
+
+# New messages after the move land on the partition of their order.
+is( on_proxy(
+		"SELECT count(*) FILTER (WHERE shop.pay(1 + e % $n_orders, 'order-paid:' || 1 + e % $n_orders || ':' || e, 1))
+		   FROM generate_series(30001, 30200) e"),
+	'200', 'new messages after the move are applied');
+my $paid = 0;
+$paid += on_part($_, 'SELECT sum(paid_amount) FROM shop.orders') for 0 .. 3;
+my $paid_before = 0;
+$paid_before += (split /:/)[1] for split /,/, $balances_before;
+is($paid, $paid_before + 200, 'each exactly once');
+for my $i (0 .. 3)
+{
+	is( on_part($i, qq{SELECT count(*) FROM idem_processed_keys
+	                    WHERE consumer = 'payments' AND shop.order_hash(shop.key_order(key)) & 3 <> $i}),
+		'0', "partition $i still holds only the keys of its orders");
+}
+
 $_->stop for @shards, $proxy;
 done_testing();
