@@ -78,16 +78,21 @@ BEGIN ATOMIC
     ON CONFLICT (id) DO NOTHING;
 END;
 
+-- The business SQL of an order-paid message ($1 amount, $2 order id), for
+-- idem_apply and idem_try_apply alike.
+CREATE FUNCTION shop.pay_statement() RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN 'with paid as (update shop.orders set paid_amount = paid_amount + $1, status = ''PAID'''
+       ' where id = $2 returning id) select shop.require_order($2, count(*)) from paid';
+
 -- Applies one order-paid message: the key and the payment in one statement
 -- of this shard.  True when applied, false for a duplicate.
 CREATE FUNCTION shop.pay(order_id bigint, key text, amount numeric,
                          event_time timestamptz DEFAULT NULL)
 RETURNS boolean
 LANGUAGE sql
-RETURN public.idem_apply(key, 'payments',
-    'with paid as (update shop.orders set paid_amount = paid_amount + $1, status = ''PAID'''
-    ' where id = $2 returning id) select shop.require_order($2, count(*)) from paid',
-    ARRAY[amount::text, order_id::text], event_time);
+RETURN public.idem_apply(key, 'payments', shop.pay_statement(),
+                         ARRAY[amount::text, order_id::text], event_time);
 
 -- The same message through the dead-letter queue: a payment of an order
 -- this shard does not hold is parked on this shard, not raised.
@@ -95,10 +100,8 @@ CREATE FUNCTION shop.try_pay(order_id bigint, key text, amount numeric,
                              event_time timestamptz DEFAULT NULL)
 RETURNS text
 LANGUAGE sql
-RETURN public.idem_try_apply(key, 'payments',
-    'with paid as (update shop.orders set paid_amount = paid_amount + $1, status = ''PAID'''
-    ' where id = $2 returning id) select shop.require_order($2, count(*)) from paid',
-    ARRAY[amount::text, order_id::text], event_time)::text;
+RETURN public.idem_try_apply(key, 'payments', shop.pay_statement(),
+                             ARRAY[amount::text, order_id::text], event_time)::text;
 
 -- Applies this shard's part of a batch (one element per message) in one
 -- transaction and returns the keys that were new.  The proxy's SPLIT sends

@@ -31,6 +31,21 @@ my $chunk = 100;        # messages per client transaction batch (one psql)
 # The key carries the order id: README, "Re-sharding".
 sub key_of { my ($e) = @_; return 'order-paid:' . (1 + $e % $n_orders) . ":$e"; }
 
+# A new database $db on $node, made partition $partition of $partitions by
+# the recipe.
+sub load_shard
+{
+	my ($node, $db, $partition, $partitions) = @_;
+	$node->safe_psql('postgres', "CREATE DATABASE $db");
+	command_ok(
+		[
+			'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1',
+			'-v', "partition=$partition", '-v', "partitions=$partitions",
+			'-d', $node->connstr($db), '-f', "$recipe/shard.sql"
+		],
+		"docs/plproxy/shard.sql makes $db partition $partition of $partitions");
+}
+
 #
 # The clusters
 #
@@ -42,14 +57,7 @@ for my $i (0, 1)
 	$node->append_conf('postgresql.conf',
 		"shared_preload_libraries = 'idem_consumer'\nmax_connections = 40\n");
 	$node->start;
-	$node->safe_psql('postgres', 'CREATE DATABASE shop');
-	command_ok(
-		[
-			'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1',
-			'-v', "partition=$i", '-v', 'partitions=2',
-			'-d', $node->connstr('shop'), '-f', "$recipe/shard.sql"
-		],
-		"docs/plproxy/shard.sql loads on shard $i");
+	load_shard($node, 'shop', $i, 2);
 	push @shards, $node;
 }
 
@@ -313,18 +321,7 @@ like($metrics, qr/^idem_keys_stored\{consumer="payments"\} $keys$/m, "and the ke
 #
 my @parts = ([ $shards[0], 'shop' ], [ $shards[1], 'shop' ], [ $shards[0], 'shop2' ], [ $shards[1], 'shop3' ]);
 sub on_part { my ($i, $sql) = @_; return $parts[$i][0]->safe_psql($parts[$i][1], $sql); }
-for my $i (2, 3)
-{
-	my ($node, $db) = @{ $parts[$i] };
-	$node->safe_psql('postgres', "CREATE DATABASE $db");
-	command_ok(
-		[
-			'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1',
-			'-v', "partition=$i", '-v', 'partitions=4',
-			'-d', $node->connstr($db), '-f', "$recipe/shard.sql"
-		],
-		"docs/plproxy/shard.sql loads on the new partition $i");
-}
+load_shard(@{ $parts[$_] }, $_, 4) for 2, 3;
 # All balances and all keys, whatever database they are in.
 sub all_balances
 {
