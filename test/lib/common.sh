@@ -49,6 +49,8 @@ as_pg() { "${AS_PG[@]}" "$@"; }
 # promtool, which the TAP tests run on idem_metrics().)
 ensure_packages() {
     local pkgs="postgresql-15 postgresql-server-dev-15 libipc-run-perl clang-14 llvm-14 make gcc perl prometheus"
+    # PL/Proxy: test/t/020_plproxy.pl and test/bench/plproxy (docs/plproxy)
+    pkgs="$pkgs postgresql-15-plproxy"
     # node and npm run the client tests; the machines usually have them
     command -v node >/dev/null && command -v npm >/dev/null || pkgs="$pkgs nodejs npm"
     local missing="" p
