@@ -38,3 +38,12 @@ PG_CFLAGS = -Wall -Wextra -Wno-unused-parameter -Wno-sign-compare
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+
+# PGXN distribution: make dist writes idem_consumer-<version>.zip of the
+# committed tree (HEAD), the version taken from META.json.
+DISTVERSION = $(shell perl -MJSON::PP -e 'local $$/; print decode_json(<STDIN>)->{version}' < META.json)
+
+.PHONY: dist
+dist:
+	git archive --format zip --prefix=$(EXTENSION)-$(DISTVERSION)/ \
+		--output $(EXTENSION)-$(DISTVERSION).zip HEAD
