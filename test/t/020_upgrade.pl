@@ -32,6 +32,15 @@ WITH ext AS (
       FROM pg_catalog.pg_depend d, ext
      WHERE d.refclassid = 'pg_catalog.pg_extension'::regclass
        AND d.refobjid = ext.oid AND d.deptype = 'e'
+), parts AS (
+    -- each member, and each column of a member relation, which comments
+    -- and initial privileges may be attached to
+    SELECT m.obj, m.classid, m.objid, 0 AS objsubid, '' AS part FROM members m
+    UNION ALL
+    SELECT m.obj, m.classid, m.objid, a.attnum, a.attname::text
+      FROM members m JOIN pg_catalog.pg_attribute a
+        ON m.classid = 'pg_catalog.pg_class'::regclass AND a.attrelid = m.objid
+       AND a.attnum > 0 AND NOT a.attisdropped
 ), rels AS (
     SELECT m.obj, c.*, c.oid AS relid
       FROM members m JOIN pg_catalog.pg_class c
@@ -45,20 +54,14 @@ WITH ext AS (
     SELECT 'extension', 'dumps ' || c::regclass::text || ' where ' || coalesce(w, '')
       FROM ext, unnest(extconfig, extcondition) AS u(c, w)
     UNION ALL
-    SELECT m.obj, 'comment ' || coalesce(a.attname::text, '') || ': ' || ds.description
-      FROM members m
-      JOIN pg_catalog.pg_description ds ON ds.classoid = m.classid AND ds.objoid = m.objid
-      LEFT JOIN pg_catalog.pg_attribute a
-        ON m.classid = 'pg_catalog.pg_class'::regclass AND a.attrelid = m.objid
-       AND a.attnum = ds.objsubid AND ds.objsubid > 0
+    SELECT p.obj, 'comment ' || p.part || ': ' || ds.description
+      FROM parts p JOIN pg_catalog.pg_description ds
+        ON (ds.classoid, ds.objoid, ds.objsubid) = (p.classid, p.objid, p.objsubid)
     UNION ALL
-    SELECT m.obj, 'initial privileges ' || ip.privtype::text || ' ' || coalesce(a.attname::text, '')
-           || ': ' || ip.initprivs::text
-      FROM members m
-      JOIN pg_catalog.pg_init_privs ip ON ip.classoid = m.classid AND ip.objoid = m.objid
-      LEFT JOIN pg_catalog.pg_attribute a
-        ON m.classid = 'pg_catalog.pg_class'::regclass AND a.attrelid = m.objid
-       AND a.attnum = ip.objsubid AND ip.objsubid > 0
+    SELECT p.obj, 'initial privileges ' || ip.privtype::text || ' ' || p.part || ': '
+           || ip.initprivs::text
+      FROM parts p JOIN pg_catalog.pg_init_privs ip
+        ON (ip.classoid, ip.objoid, ip.objsubid) = (p.classid, p.objid, p.objsubid)
     UNION ALL
     SELECT m.obj, 'definition ' || CASE WHEN p.prokind = 'a'
                THEN 'aggregate ' || ag.aggtransfn::regprocedure::text || ' '
@@ -313,6 +316,7 @@ is(scalar(@$drift), 0, 'an upgraded 1.0 database and a new install have the same
 $node->safe_psql('tampered', q{
 	CREATE EXTENSION idem_consumer;
 	COMMENT ON FUNCTION idem_forget(text, text) IS 'tampered';
+	COMMENT ON COLUMN idem_consumer.dead_letters.key IS 'tampered';
 	GRANT EXECUTE ON FUNCTION idem_forget(text, text) TO pg_monitor;
 	ALTER TABLE idem_consumer.dead_letters ALTER COLUMN attempts SET DEFAULT 2;
 	ALTER TABLE idem_consumer.retention_settings ADD CONSTRAINT short CHECK (retention < '1 year');
@@ -325,6 +329,7 @@ $node->safe_psql('tampered', q{
 my $tampered = difference(catalog_lines($node, 'tampered'), $fresh);
 for my $change (
 	[ qr/^- function idem_forget\(text,text\) \| comment : tampered/, 'a new comment' ],
+	[ qr/^- table idem_consumer\.dead_letters \| comment key: tampered/, 'a new column comment' ],
 	[ qr/^- function idem_forget\(text,text\) \| owner \S+ acl .*pg_monitor=X/, 'a new grant' ],
 	[ qr/^- table idem_consumer\.dead_letters \| column \d+ attempts .* default 2 /, 'another column default' ],
 	[ qr/^- table idem_consumer\.retention_settings \| constraint short:/, 'a new constraint' ],
