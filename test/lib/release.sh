@@ -128,8 +128,9 @@ run_debian_suite() {
     step "it builds $(basename "$deb")" $?
     [ -f "$deb" ] || { finish; return; }
 
-    # no errors; warnings and notes are shown
-    timeout -k 10 300 lintian --fail-on error "$deb" >"$dir/lintian.log" 2>&1
+    # no errors, on the packages and the .changes; warnings are shown
+    timeout -k 10 300 lintian --fail-on error "$dir/idem-consumer_${version}_${arch}.changes" \
+        >"$dir/lintian.log" 2>&1
     status=$?
     grep -v 'running with root privileges' "$dir/lintian.log"
     step "lintian reports no errors" $status
