@@ -53,6 +53,12 @@ ensure_packages() {
     pkgs="$pkgs postgresql-15-plproxy"
     # node and npm run the client tests; the machines usually have them
     command -v node >/dev/null && command -v npm >/dev/null || pkgs="$pkgs nodejs npm"
+    # the Debian package build, its lint and the PGXN zip check (test/lib/release.sh)
+    pkgs="$pkgs postgresql-server-dev-all"
+    pkgs="$pkgs debhelper"
+    pkgs="$pkgs dpkg-dev"
+    pkgs="$pkgs lintian"
+    pkgs="$pkgs unzip"
     local missing="" p
     for p in $pkgs; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' \
