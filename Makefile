@@ -27,7 +27,7 @@ EXTENSION = idem_consumer
 DATA = $(wildcard extension/idem_consumer--*.sql)
 PGFILEDESC = "idem_consumer - idempotent message consumption"
 
-REGRESS = apply bad_input plan_cache security collisions storage batch dead_letter stats metrics_dead_letters retention retention_dead_letters retention_chunks ownership
+REGRESS = apply bad_input plan_cache security collisions storage batch dead_letter stats metrics_dead_letters retention retention_dead_letters retention_chunks ownership key_reuse
 REGRESS_OPTS = --load-extension=idem_consumer
 
 ISOLATION = apply_concurrency collision_concurrency batch_deadlock dlq_replay purge_concurrency ownership_cache

@@ -143,58 +143,28 @@ COMMENT ON FUNCTION idem_set_fingerprint(text, boolean) IS
     'turn the key-reuse check of a consumer on or off';
 REVOKE ALL ON FUNCTION idem_set_fingerprint(text, boolean) FROM PUBLIC;
 
--- idem_apply and idem_try_apply gain an optional explicit fingerprint.  A
--- function cannot gain a parameter in place, and an overload would make
--- every call without it ambiguous, so they are created anew with the
--- grants their 1.0 versions had.
-CREATE TEMPORARY TABLE idem_consumer_saved_grants AS
-    SELECT p.proname::text AS fn, a.grantee
-      FROM pg_catalog.pg_proc AS p,
-           LATERAL pg_catalog.aclexplode(p.proacl) AS a
-     WHERE p.oid OPERATOR(pg_catalog.=) ANY (ARRAY[
-               '@extschema@.idem_apply(text, text, text, text[], timestamptz)'::regprocedure,
-               '@extschema@.idem_try_apply(text, text, text, text[], timestamptz)'::regprocedure])
-       AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
-       AND a.grantee OPERATOR(pg_catalog.<>) p.proowner;
-
-DROP FUNCTION idem_apply(text, text, text, text[], timestamptz);
-CREATE FUNCTION idem_apply(key text, consumer text, sql text,
-                           params text[] DEFAULT NULL,
-                           event_time timestamptz DEFAULT NULL,
-                           fingerprint text DEFAULT NULL)
+-- idem_apply and idem_try_apply with the caller's own fingerprint of the
+-- message, for messages whose parameters vary between deliveries.  These
+-- are overloads without defaults, so that every call of the 1.0 functions
+-- (and every GRANT naming them) means what it meant: only a call that
+-- passes all six arguments reaches them.
+CREATE FUNCTION idem_apply(key text, consumer text, sql text, params text[],
+                           event_time timestamptz, fingerprint text)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'idem_apply'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION idem_apply(text, text, text, text[], timestamptz, text) IS
-    'record (consumer, key) and run sql with params once; false for a duplicate, an error for a key reused by another message';
+    'idem_apply with the fingerprint of the message given by the caller';
 REVOKE ALL ON FUNCTION idem_apply(text, text, text, text[], timestamptz, text) FROM PUBLIC;
 
-DROP FUNCTION idem_try_apply(text, text, text, text[], timestamptz);
-CREATE FUNCTION idem_try_apply(key text, consumer text, sql text,
-                               params text[] DEFAULT NULL,
-                               event_time timestamptz DEFAULT NULL,
-                               fingerprint text DEFAULT NULL)
+CREATE FUNCTION idem_try_apply(key text, consumer text, sql text, params text[],
+                               event_time timestamptz, fingerprint text)
 RETURNS idem_outcome
 AS 'MODULE_PATHNAME', 'idem_try_apply'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION idem_try_apply(text, text, text, text[], timestamptz, text) IS
-    'like idem_apply, but park the message in the dead-letter queue on a permanent error instead of raising';
+    'idem_try_apply with the fingerprint of the message given by the caller';
 REVOKE ALL ON FUNCTION idem_try_apply(text, text, text, text[], timestamptz, text) FROM PUBLIC;
-
-DO $$
-DECLARE
-    g record;
-BEGIN
-    FOR g IN SELECT fn, grantee FROM pg_temp.idem_consumer_saved_grants LOOP
-        EXECUTE pg_catalog.format(
-            'GRANT EXECUTE ON FUNCTION @extschema@.%I(text, text, text, text[], timestamptz, text) TO %s',
-            g.fn,
-            CASE WHEN g.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
-                 ELSE pg_catalog.quote_ident(g.grantee::regrole::text) END);
-    END LOOP;
-END
-$$;
-DROP TABLE pg_temp.idem_consumer_saved_grants;
 
 -- A batch with the fingerprints of its messages, aligned with the keys:
 -- each new key once (reused = false), and each key recorded before with

@@ -77,7 +77,10 @@ SELECT count(*) AS log_rows FROM wallet_log;
 -- dead-lettered key as processed
 SELECT idem_apply('t-3', 'billing', 'update wallets set balance = -1 where id = 1');
 SELECT idem_is_processed('t-3', 'billing');
-SELECT idem_apply('t-2', 'billing', 'update wallets set balance = 0 where id = 1');
+SELECT idem_apply('t-2', 'billing',
+                      'with log as (insert into wallet_log values ($3, ''debit''))
+                       update wallets set balance = balance - $1 where id = $2',
+                  ARRAY['500', '1', 't-2'], '2024-05-01 12:00:00+00');
 SELECT balance FROM wallets WHERE id = 1;
 
 --

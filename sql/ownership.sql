@@ -78,7 +78,7 @@ SELECT own_error('SELECT idem_dlq_replay(' || :dl_a || ')');
 SELECT own_error('SELECT idem_dlq_discard(' || :dl_a || ', ''not yours'')');
 RESET ROLE;
 SELECT paid FROM own_orders WHERE id = 1;
-SELECT count(*) AS keys_of_b FROM idem_processed_keys WHERE key LIKE 'b-%';
+SELECT count(*) AS keys_of_b FROM idem_processed_keys WHERE consumer = 'own-a' AND key LIKE 'b-%';
 SELECT applied = :a_applied_before AS applied_unchanged,
        failed = :a_failed_before AS failed_unchanged
   FROM idem_stats WHERE consumer = 'own-a';

@@ -635,12 +635,22 @@ idem_try_apply(PG_FUNCTION_ARGS)
 
 		/* another message under the key: a permanent failure of its own */
 		stats_call_key_reuse(call);
-		edata = fingerprint_refusal(consumer, key, fingerprint, &recorded);
 		if (has_dead_letter(consumer_id, key))
-			ReThrowError(edata);	/* one entry per key: it is taken */
-		dead_letter_insert(consumer_id, key, sql, params, event_time, edata);
-		outcome = OUTCOME_DEAD_LETTERED;
-		redelivered = false;
+		{
+			/*
+			 * One entry per key: the message's own redelivery finds the
+			 * entry its first delivery made, and reports it like any
+			 * parked message.
+			 */
+			outcome = redelivery_outcome(consumer_id, key);
+		}
+		else
+		{
+			edata = fingerprint_refusal(consumer, key, fingerprint, &recorded);
+			dead_letter_insert(consumer_id, key, sql, params, event_time, edata);
+			outcome = OUTCOME_DEAD_LETTERED;
+			redelivered = false;
+		}
 	}
 	else if (redelivered)
 		outcome = redelivery_outcome(consumer_id, key);

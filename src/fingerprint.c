@@ -59,11 +59,16 @@ fingerprint_of_message(const char *sql, ArrayType *params)
 		hash = hash_combine(hash, hash_bytes_uint32((uint32) nelems));
 		for (int i = 0; i < nelems; i++)
 		{
-			text	   *value = DatumGetTextPP(elems[i]);
+			text	   *value;
 
-			hash = hash_combine(hash, nulls[i] ? NULL_PARAM_HASH :
-								hash_bytes((const unsigned char *) VARDATA_ANY(value),
-										   VARSIZE_ANY_EXHDR(value)));
+			if (nulls[i])
+			{
+				hash = hash_combine(hash, NULL_PARAM_HASH);
+				continue;
+			}
+			value = DatumGetTextPP(elems[i]);
+			hash = hash_combine(hash, hash_bytes((const unsigned char *) VARDATA_ANY(value),
+												 VARSIZE_ANY_EXHDR(value)));
 		}
 	}
 	return (int32) hash;
