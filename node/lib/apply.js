@@ -23,23 +23,21 @@ function messageArgs(msg) {
   return [key, consumer, sql, paramsText(params), time];
 }
 
+// Send one message's call; select is the function call's select list.
+async function callMessage(db, select, msg, opts) {
+  const res = await statement(db, { text: `SELECT ${select} AS result`, values: messageArgs(msg) }, opts);
+  return res.rows[0].result;
+}
+
 // Record the message's key and run its SQL, or skip it as a duplicate.
-async function apply(db, msg, opts) {
-  const res = await statement(db, {
-    text: 'SELECT idem_apply($1, $2, $3, $4::text[], $5::timestamptz) AS applied',
-    values: messageArgs(msg),
-  }, opts);
-  return res.rows[0].applied;
+function apply(db, msg, opts) {
+  return callMessage(db, 'idem_apply($1, $2, $3, $4::text[], $5::timestamptz)', msg, opts);
 }
 
 // Like apply, but a permanent error of the SQL parks the message in the
 // dead-letter queue: 'applied', 'duplicate' or 'dead_lettered'.
-async function tryApply(db, msg, opts) {
-  const res = await statement(db, {
-    text: 'SELECT idem_try_apply($1, $2, $3, $4::text[], $5::timestamptz)::text AS outcome',
-    values: messageArgs(msg),
-  }, opts);
-  return res.rows[0].outcome;
+function tryApply(db, msg, opts) {
+  return callMessage(db, 'idem_try_apply($1, $2, $3, $4::text[], $5::timestamptz)::text', msg, opts);
 }
 
 // Build the batch statement's arrays: the keys, then one array per column,

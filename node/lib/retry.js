@@ -35,14 +35,14 @@ function options(opts) {
   return o;
 }
 
-// Run fn(client) on a client of db: a Pool's client is checked out and
-// released (destroyed if the work broke it).
+// Run fn(client, checkedOut) on a client of db: a Pool's client is checked
+// out and released (destroyed if the work broke it).
 async function withClient(db, fn) {
-  if (!isPool(db)) return fn(db);
+  if (!isPool(db)) return fn(db, false);
   const client = await db.connect();
   let broken;
   try {
-    return await fn(client);
+    return await fn(client, true);
   } catch (err) {
     // a lost connection (no SQLSTATE, or class 08 or 57P) leaves the client
     // unusable: destroy it rather than pool it again
@@ -71,15 +71,21 @@ async function retrying(attempt, opts) {
 // Whether a statement sent now on client would be its own transaction, so
 // that retrying it is a fresh transaction.  Inside the caller's transaction
 // a failed statement aborts it, and only the caller can retry the whole.
-function autocommit(client) {
-  return typeof client.getTransactionStatus === 'function' && client.getTransactionStatus() === 'I';
+// A client just checked out of a pool is outside any; otherwise ask
+// node-postgres (getTransactionStatus, pg 8.21 and later).
+function autocommit(client, checkedOut) {
+  if (typeof client.getTransactionStatus === 'function') {
+    const status = client.getTransactionStatus();
+    if (status) return status === 'I';
+  }
+  return checkedOut;
 }
 
 // Send one statement, retried as its own transaction when it is one.
 function statement(db, query, opts) {
   const o = options(opts);
-  return withClient(db, (client) =>
-    autocommit(client) ? retrying(() => client.query(query), o) : client.query(query));
+  return withClient(db, (client, checkedOut) =>
+    autocommit(client, checkedOut) ? retrying(() => client.query(query), o) : client.query(query));
 }
 
 const ISOLATION = new Set(['read committed', 'repeatable read', 'serializable']);

@@ -51,6 +51,8 @@ ensure_packages() {
     local pkgs="postgresql-15 postgresql-server-dev-15 libipc-run-perl clang-14 llvm-14 make gcc perl prometheus"
     # node and npm run the client tests; the machines usually have them
     command -v node >/dev/null && command -v npm >/dev/null || pkgs="$pkgs nodejs npm"
+    # the broker test (test/broker/run) starts a RabbitMQ node of its own
+    pkgs="$pkgs rabbitmq-server"
     local missing="" p
     for p in $pkgs; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' \
