@@ -5,6 +5,7 @@
 
 const test = require('node:test');
 const assert = require('node:assert');
+const { Pool } = require('pg');
 const { connect, waitForLockWait, consumerName } = require('./db');
 const idem = require('..');
 
@@ -125,4 +126,26 @@ test('retries are bounded, and other errors are raised at once', async () => {
   assert.strictEqual(db.getTransactionStatus(), 'I');
   await assert.rejects(idem.transaction(db, async () => 1, { retries: -1 }), TypeError);
   await assert.rejects(idem.transaction(db, async () => 1, { isolationLevel: 'chaos' }), TypeError);
+});
+
+test('given a Pool, transaction() keeps one client for all its attempts and returns it', async () => {
+  const pool = new Pool({ max: 3 });
+  try {
+    const pids = [];
+    const result = await idem.transaction(pool, async (client) => {
+      pids.push((await client.query('SELECT pg_backend_pid() AS p')).rows[0].p);
+      await client.query('UPDATE retry_rows SET v = v + 1 WHERE id = 2');
+      if (pids.length === 1) throw Object.assign(new Error('deadlock detected'), { code: '40P01' });
+      return 'done';
+    }, { minDelayMs: 1 });
+    assert.strictEqual(result, 'done');
+    assert.strictEqual(pids.length, 2);
+    assert.strictEqual(pids[0], pids[1]);
+    assert.strictEqual(pool.totalCount, 1);
+    assert.strictEqual(pool.idleCount, 1);
+    // the first attempt was rolled back
+    assert.deepStrictEqual(await values(), [0, 1]);
+  } finally {
+    await pool.end();
+  }
 });

@@ -31,10 +31,19 @@ const pauseAt = Number(pauseAtText || 0);
 const emit = (obj) => process.stdout.write(JSON.stringify(obj) + '\n');
 const forever = () => new Promise(() => setInterval(() => {}, 1 << 30));
 
+// A consumer outlives neither its driver nor its broker: a process left
+// behind by a failed run must not hold connections or wait forever.
+const parent = process.ppid;
+setInterval(() => {
+  if (process.ppid !== parent) process.exit(4);
+}, 500);
+
 async function main() {
   const db = new Client();
   await db.connect();
   const conn = await amqp.connect(process.env.AMQP_URL);
+  conn.on('close', () => process.exit(3));
+  conn.on('error', () => {});
   const ch = await conn.createChannel();
   await ch.prefetch(Number(process.env.PREFETCH || 20));
 
@@ -87,6 +96,7 @@ async function main() {
   process.on('SIGTERM', async () => {
     await ch.cancel(consumerTag).catch(() => {});
     await chain;
+    conn.removeAllListeners('close');
     await ch.close().catch(() => {});
     await conn.close().catch(() => {});
     await db.end();
