@@ -23,7 +23,8 @@
 //   duplicates = PUBLISHED + KILLS_AFTER_COMMIT - EVENTS
 //              = DUPLICATE_PUBLISHES + KILLS_AFTER_COMMIT
 // idem_stats must show exactly that; neither side of it is computed from
-// what idem_consumer answered.  The consumers' own view must agree: each
+// what idem_consumer answered.  The deliveries killed before COMMIT are
+// rolled back with their connection: idem_stats counts each as failed.  The consumers' own view must agree: each
 // committed delivery that got 'duplicate' (or 'dead_lettered' for an event
 // parked earlier) is either a redelivery (redelivered = true: a message the
 // broker handed out before) or a duplicate publish seen for the first
@@ -210,7 +211,7 @@ async function scenario() {
 }
 
 const stats = async () =>
-  (await db.query(`SELECT applied::int, duplicates::int, dead_lettered::int
+  (await db.query(`SELECT applied::int, duplicates::int, dead_lettered::int, failed::int
                      FROM idem_stats WHERE consumer = 'payments'`)).rows[0];
 
 test('every message was consumed, every planned kill happened and the consumers saw no error', () => {
@@ -222,11 +223,14 @@ test('every message was consumed, every planned kill happened and the consumers 
   assert.ok(run.lines.some((l) => l.redelivered), 'the broker redelivered messages');
 });
 
-test('idem_stats: duplicates = duplicate publishes + kills between COMMIT and ack', async () => {
+test('idem_stats: duplicates = duplicate publishes + kills between COMMIT and ack; failed = kills before COMMIT', async () => {
   const s = await stats();
   assert.strictEqual(s.applied, EVENTS - POISONED);
   assert.strictEqual(s.dead_lettered, POISONED);
   assert.strictEqual(s.duplicates, run.duplicatePublishes + run.kills.after.length);
+  // a call whose process died before COMMIT was rolled back with its
+  // connection: counted as failed, and as nothing else
+  assert.strictEqual(s.failed, run.kills.before.length);
 });
 
 test('the consumers\' view: redeliveries of committed keys + duplicate publishes seen = idem_stats duplicates', async () => {
