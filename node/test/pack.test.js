@@ -1,6 +1,6 @@
 // The published tarball holds the package's code, its type declarations,
-// its README and package.json (and a LICENSE file once the package has
-// one): no tests, lock file or node_modules.
+// its README, LICENSE and package.json: no tests, lock file or
+// node_modules.
 'use strict';
 
 const test = require('node:test');
@@ -15,9 +15,8 @@ test('npm pack lists only the code, the types, README and license', () => {
   const out = execFileSync('npm', ['pack', '--dry-run', '--json', '--ignore-scripts'],
     { cwd: root, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
   const files = JSON.parse(out)[0].files.map((f) => f.path).sort();
-  const expected = ['README.md', 'index.d.ts', 'index.js', 'package.json',
+  const expected = ['LICENSE', 'README.md', 'index.d.ts', 'index.js', 'package.json',
     ...fs.readdirSync(path.join(root, 'lib')).map((f) => `lib/${f}`)];
-  if (fs.existsSync(path.join(root, 'LICENSE'))) expected.push('LICENSE');
   assert.deepStrictEqual(files, expected.sort());
   // every module the package requires is in the tarball
   for (const f of files.filter((f) => f.endsWith('.js'))) {
@@ -34,5 +33,9 @@ test('the package loads from its entry point and declares every export', () => {
   const dts = fs.readFileSync(path.join(root, 'index.d.ts'), 'utf8');
   for (const name of Object.keys(idem))
     assert.match(dts, new RegExp(`export (declare )?(function|class) ${name}\\b`), `${name} is not declared`);
-  assert.deepStrictEqual(Object.keys(require(path.join(root, 'package.json')).dependencies || {}), []);
+  const pkg = require(path.join(root, 'package.json'));
+  assert.deepStrictEqual(Object.keys(pkg.dependencies || {}), []);
+  assert.deepStrictEqual(Object.keys(pkg.peerDependencies), ['pg']);
+  // the project's license (META.json, debian/copyright)
+  assert.strictEqual(pkg.license, 'PostgreSQL');
 });
