@@ -71,7 +71,7 @@ const RECORD_ONLY = 'SELECT k AS key FROM idem_record_batch($1, $2::text[]) AS k
 // Record a batch's keys and run the caller's batch statement on the new
 // ones, in one statement: $1 is the consumer, $2 the keys (text[]), $3 ...
 // the columns' arrays.  Without sql, return the keys not recorded before.
-function recordBatch(db, batch, opts) {
+async function recordBatch(db, batch, opts) {
   if (!batch || typeof batch !== 'object') throw new TypeError('the batch must be an object');
   const { consumer, messages, key, columns, sql } = batch;
   if (typeof consumer !== 'string') throw new TypeError('consumer must be a string');

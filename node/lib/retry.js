@@ -28,6 +28,7 @@ function backoffMs(attempt, opts) {
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
+// The caller's options over the defaults, checked.
 function options(opts) {
   const o = { ...DEFAULTS, ...(opts || {}) };
   if (!Number.isInteger(o.retries) || o.retries < 0)

@@ -56,6 +56,9 @@ test('batchParams builds the keys and one text array per column', () => {
   assert.throws(() => idem.batchParams([event(1)], (e) => e.id, [() => 1, () => [1]]),
     (err) => err instanceof idem.ParamError && err.position === 4);
   assert.throws(() => idem.batchParams([event(1)], () => 7), /the key of message 0 must be a string/);
+  // recordBatch reports the same errors as a rejected promise, sending nothing
+  return assert.rejects(idem.recordBatch(db, { ...batch([event(1)]), columns: [() => Symbol('s')] }),
+    (err) => err instanceof idem.ParamError && err.position === 3);
 });
 
 test('a batch pays each new message once; its redelivery pays nothing', async () => {
