@@ -53,6 +53,8 @@ ensure_packages() {
     pkgs="$pkgs postgresql-15-plproxy"
     # node and npm run the client tests; the machines usually have them
     command -v node >/dev/null && command -v npm >/dev/null || pkgs="$pkgs nodejs npm"
+    # the broker test (test/broker/run) starts a RabbitMQ node of its own
+    pkgs="$pkgs rabbitmq-server"
     # the Debian package build, its lint and the PGXN zip check (test/lib/release.sh)
     pkgs="$pkgs postgresql-server-dev-all"
     pkgs="$pkgs debhelper"
