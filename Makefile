@@ -15,7 +15,9 @@ OBJS = \
 	src/metrics.o \
 	src/dead_letter.o \
 	src/retention.o \
-	src/purge_worker.o
+	src/purge_worker.o \
+	src/effects_store.o \
+	src/effects.o
 
 EXTENSION = idem_consumer
 DATA = $(wildcard extension/idem_consumer--*.sql)

@@ -87,6 +87,7 @@ _PG_init(void)
 							   assign_transient_sqlstates,
 							   NULL);
 	purge_worker_init();
+	effects_init();
 
 	MarkGUCPrefixReserved("idem_consumer");
 
