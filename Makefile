@@ -23,7 +23,7 @@ EXTENSION = idem_consumer
 DATA = $(wildcard extension/idem_consumer--*.sql)
 PGFILEDESC = "idem_consumer - idempotent message consumption"
 
-REGRESS = apply bad_input plan_cache security collisions storage batch dead_letter stats retention retention_dead_letters retention_chunks
+REGRESS = apply bad_input plan_cache security collisions storage batch dead_letter stats retention retention_dead_letters retention_chunks effects
 REGRESS_OPTS = --load-extension=idem_consumer
 
 ISOLATION = apply_concurrency collision_concurrency batch_deadlock dlq_replay purge_concurrency

@@ -139,7 +139,7 @@ effects_init(void)
 static void
 require_own_transaction(const char *funcname)
 {
-	if (IsTransactionBlock() || IsSubTransaction())
+	if (IsTransactionBlock())
 		ereport(ERROR,
 				(errcode(ERRCODE_ACTIVE_SQL_TRANSACTION),
 				 errmsg("%s cannot run inside a transaction block", funcname),
@@ -372,14 +372,14 @@ backoff_us(const EffectPolicy *policy, int32 attempts)
 
 /*
  * Makes a locked effect dead: parks it in the dead-letter queue with the
- * error and records the entry.
+ * error and records the entry; unknown marks a death by an expired lease.
  */
 static void
 kill_effect(const char *consumer, int32 consumer_id, text *key,
-			const char *message, const char *detail)
+			const char *message, const char *detail, bool unknown)
 {
 	int64		entry_id = effects_park(consumer_id, key, message, detail);
-	Datum		args[2];
+	Datum		args[3];
 
 	if (entry_id == 0)
 		ereport(ERROR,
@@ -390,7 +390,8 @@ kill_effect(const char *consumer, int32 consumer_id, text *key,
 				 errhint("Give effects keys of their own, for example with a prefix such as \"charge:\".")));
 	args[0] = CStringGetTextDatum(message);
 	args[1] = Int64GetDatum(entry_id);
-	effects_fetch(EF_DEAD, consumer_id, key, args, NULL, 2, NULL);
+	args[2] = BoolGetDatum(unknown);
+	effects_fetch(EF_DEAD, consumer_id, key, args, NULL, 3, NULL);
 	stats_count_effect(consumer, EFFECT_DEAD);
 }
 
@@ -417,7 +418,8 @@ take_lease(const char *consumer, int32 consumer_id, EffectRow *row, int64 lease_
 			kill_effect(consumer, consumer_id, row->key,
 						"lease expired with the outcome unknown",
 						psprintf("Attempt %d of %d held fence %lld and neither completed nor failed before its lease expired.",
-								 row->attempts, policy.max_attempts, (long long) row->fence));
+								 row->attempts, policy.max_attempts, (long long) row->fence),
+						true);
 			effects_fetch(EF_READ, consumer_id, row->key, NULL, NULL, 0, row);
 			return ACTION_DEAD;
 		}
@@ -614,7 +616,8 @@ idem_effect_fail(PG_FUNCTION_ARGS)
 					retryable ?
 					psprintf("Attempt %d of %d failed; no attempts are left.",
 							 row.attempts, policy.max_attempts) :
-					psprintf("Attempt %d failed permanently.", row.attempts));
+					psprintf("Attempt %d failed permanently.", row.attempts),
+					false);
 		action = ACTION_DEAD;
 	}
 	SPI_finish();

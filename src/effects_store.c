@@ -114,8 +114,9 @@ static const EffectStmtDef effect_stmt_defs[EF_NUM_STMTS] = {
 	},
 	[EF_DEAD] = {
 		"UPDATE " EFFECTS_TABLE " SET state = 'dead', last_error = $3, dead_letter_id = $4,"
+		" outcome_unknown = outcome_unknown OR $5,"
 		" lease_until = NULL, retry_at = NULL, updated_at = pg_catalog.now()" THE_EFFECT,
-		4, {INT4OID, TEXTOID, TEXTOID, INT8OID}
+		5, {INT4OID, TEXTOID, TEXTOID, INT8OID, BOOLOID}
 	},
 	[EF_HEARTBEAT] = {
 		"UPDATE " EFFECTS_TABLE " SET lease_until = pg_catalog.now() OPERATOR(pg_catalog.+) $3,"
@@ -172,7 +173,7 @@ static const EffectStmtDef effect_stmt_defs[EF_NUM_STMTS] = {
 	 */
 	[EF_PURGE] = {
 		"DELETE FROM " EFFECTS_TABLE " AS e USING"
-		" (SELECT l.consumer_id, pg_catalog.least(l.latest, pg_catalog.now()) OPERATOR(pg_catalog.-)"
+		" (SELECT l.consumer_id, LEAST(l.latest, pg_catalog.now()) OPERATOR(pg_catalog.-)"
 		"   CASE WHEN s.consumer_id IS NULL THEN $1 ELSE s.retention END AS cutoff"
 		"  FROM (SELECT consumer_id, pg_catalog.max(completed_at) AS latest FROM " EFFECTS_TABLE
 		"        WHERE state OPERATOR(pg_catalog.=) 'completed'"
