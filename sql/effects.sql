@@ -4,7 +4,7 @@
 -- retention, the counters, and every bad input with its SQLSTATE.
 -- Provider keys are random and times move: the tests show what is stable.
 --
-CREATE FUNCTION show_error(stmt text) RETURNS text LANGUAGE plpgsql AS $f$
+CREATE FUNCTION effect_error(stmt text) RETURNS text LANGUAGE plpgsql AS $f$
 DECLARE
     state text;
     message text;
@@ -42,7 +42,7 @@ $$;
 SELECT idem_stats_reset();
 CREATE TABLE payments (order_id int PRIMARY KEY, charged numeric NOT NULL DEFAULT 0, charge_id text);
 INSERT INTO payments SELECT g, 0 FROM generate_series(1, 9) g;
--- errors of begin and claim show without show_error, whose exception block
+-- errors of begin and claim show without effect_error, whose exception block
 -- is a subtransaction, where they refuse to run
 \set VERBOSITY default
 \set SHOW_CONTEXT never
@@ -65,7 +65,7 @@ COMMIT;
 SELECT * FROM eb('pay', 'charge:1', '{"order": 1, "amount": 10}');
 SELECT * FROM eff('charge:1');
 -- completing again is refused: the effect is no longer in flight
-SELECT show_error($$SELECT idem_effect_complete('pay', 'charge:1', 1, '{}')$$);
+SELECT effect_error($$SELECT idem_effect_complete('pay', 'charge:1', 1, '{}')$$);
 -- same key, other request: refused on every path, and on completed effects
 SELECT idem_effect_begin('pay', 'charge:1', '{"order": 1, "amount": 99}');
 \echo :LAST_ERROR_SQLSTATE
@@ -89,13 +89,13 @@ BEGIN;
 UPDATE payments SET charged = charged + 20 WHERE order_id = 2;
 SELECT idem_effect_complete('pay', 'charge:2', 1, '{"charge": "zombie"}');
 COMMIT;
-SELECT show_error($$SELECT idem_effect_complete('pay', 'charge:2', 1, '{"charge": "zombie"}')$$);
-SELECT show_error($$SELECT idem_effect_fail('pay', 'charge:2', 1, 'zombie failure')$$);
+SELECT effect_error($$SELECT idem_effect_complete('pay', 'charge:2', 1, '{"charge": "zombie"}')$$);
+SELECT effect_error($$SELECT idem_effect_fail('pay', 'charge:2', 1, 'zombie failure')$$);
 SELECT idem_effect_heartbeat('pay', 'charge:2', 1, '1 minute');
 SELECT charged FROM payments WHERE order_id = 2;
 -- a fence never handed out is a bad input
-SELECT show_error($$SELECT idem_effect_complete('pay', 'charge:2', 3, '{}')$$);
-SELECT show_error($$SELECT idem_effect_heartbeat('pay', 'charge:2', 3, '1 minute')$$);
+SELECT effect_error($$SELECT idem_effect_complete('pay', 'charge:2', 3, '{}')$$);
+SELECT effect_error($$SELECT idem_effect_heartbeat('pay', 'charge:2', 3, '1 minute')$$);
 -- the holder extends its lease, then completes
 SELECT idem_effect_heartbeat('pay', 'charge:2', 2, '1 minute');
 BEGIN;
@@ -153,7 +153,7 @@ SELECT message, detail FROM idem_dead_letters WHERE key = 'charge:4';
 -- an effect key taken by a dead-lettered message of the same consumer
 SELECT idem_try_apply('charge:5', 'pay', 'select 1 / 0');
 SELECT * FROM eb('pay', 'charge:5');
-SELECT show_error($$SELECT idem_effect_fail('pay', 'charge:5', 1, 'x', false)$$);
+SELECT effect_error($$SELECT idem_effect_fail('pay', 'charge:5', 1, 'x', false)$$);
 SELECT state FROM eff('charge:5');
 
 -- outbox: the effect exists if and only if the transaction commits
@@ -167,7 +167,7 @@ SELECT idem_effect_enqueue('mail', 'welcome:2', '{"to": "b@example.com"}');
 SELECT idem_effect_enqueue('mail', 'welcome:3', '{"to": "c@example.com"}');
 COMMIT;
 SELECT idem_effect_enqueue('mail', 'welcome:1', '{"to": "a@example.com"}');
-SELECT show_error($$SELECT idem_effect_enqueue('mail', 'welcome:1', '{"to": "z@example.com"}')$$);
+SELECT effect_error($$SELECT idem_effect_enqueue('mail', 'welcome:1', '{"to": "z@example.com"}')$$);
 SELECT key, state, deferred, fence, attempts FROM idem_effects WHERE consumer = 'mail' ORDER BY key;
 -- claim: due effects oldest first, each under a lease with a new fence
 SELECT key, request, fence, attempt, outcome_unknown, length(provider_key)
@@ -208,28 +208,28 @@ SELECT idem_effect_begin('pay', 'k', NULL, '2 days');
 \echo :LAST_ERROR_SQLSTATE
 SELECT idem_effect_begin('pay', 'k', NULL, '100000 years');
 \echo :LAST_ERROR_SQLSTATE
-SELECT show_error($$SELECT idem_effect_complete('pay', 'charge:1', NULL, '{}')$$);
-SELECT show_error($$SELECT idem_effect_complete('pay', 'charge:1', 0, '{}')$$);
-SELECT show_error($$SELECT idem_effect_complete('pay', 'never-begun', 1, '{}')$$);
-SELECT show_error($$SELECT idem_effect_complete('no-such-consumer', 'charge:1', 1, '{}')$$);
-SELECT show_error($$SELECT idem_effect_fail('pay', 'never-begun', 1, 'x')$$);
-SELECT show_error($$SELECT idem_effect_fail('pay', 'charge:2', 2, NULL)$$);
-SELECT show_error($$SELECT idem_effect_fail('pay', 'charge:2', 2, '')$$);
-SELECT show_error($$SELECT idem_effect_fail('pay', 'charge:2', 2, 'x', NULL)$$);
-SELECT show_error($$SELECT idem_effect_heartbeat('pay', 'charge:2', 2, NULL)$$);
-SELECT show_error($$SELECT idem_effect_heartbeat('pay', 'charge:2', 2, '-1 second')$$);
-SELECT show_error($$SELECT idem_effect_heartbeat('pay', 'never-begun', 1, '1 second')$$);
-SELECT show_error($$SELECT idem_effect_enqueue('mail', 'k', NULL)$$);
-SELECT show_error($$SELECT idem_effect_enqueue('mail', NULL, '{}')$$);
+SELECT effect_error($$SELECT idem_effect_complete('pay', 'charge:1', NULL, '{}')$$);
+SELECT effect_error($$SELECT idem_effect_complete('pay', 'charge:1', 0, '{}')$$);
+SELECT effect_error($$SELECT idem_effect_complete('pay', 'never-begun', 1, '{}')$$);
+SELECT effect_error($$SELECT idem_effect_complete('no-such-consumer', 'charge:1', 1, '{}')$$);
+SELECT effect_error($$SELECT idem_effect_fail('pay', 'never-begun', 1, 'x')$$);
+SELECT effect_error($$SELECT idem_effect_fail('pay', 'charge:2', 2, NULL)$$);
+SELECT effect_error($$SELECT idem_effect_fail('pay', 'charge:2', 2, '')$$);
+SELECT effect_error($$SELECT idem_effect_fail('pay', 'charge:2', 2, 'x', NULL)$$);
+SELECT effect_error($$SELECT idem_effect_heartbeat('pay', 'charge:2', 2, NULL)$$);
+SELECT effect_error($$SELECT idem_effect_heartbeat('pay', 'charge:2', 2, '-1 second')$$);
+SELECT effect_error($$SELECT idem_effect_heartbeat('pay', 'never-begun', 1, '1 second')$$);
+SELECT effect_error($$SELECT idem_effect_enqueue('mail', 'k', NULL)$$);
+SELECT effect_error($$SELECT idem_effect_enqueue('mail', NULL, '{}')$$);
 SELECT * FROM idem_effect_claim('mail', 0, '1 minute');
 \echo :LAST_ERROR_SQLSTATE
 SELECT * FROM idem_effect_claim('mail', 1, '0 seconds');
 \echo :LAST_ERROR_SQLSTATE
-SELECT show_error($$SELECT idem_set_effect_policy('pay', 0, '1 second', '1 minute')$$);
-SELECT show_error($$SELECT idem_set_effect_policy('pay', 3, '0 seconds', '1 minute')$$);
-SELECT show_error($$SELECT idem_set_effect_policy('pay', 3, '1 minute', '1 second')$$);
-SELECT show_error($$SELECT idem_set_effect_policy('pay', 3, '1 second', '1 year')$$);
-SELECT show_error($$SELECT idem_set_effect_policy('pay', 3, NULL, '1 minute')$$);
+SELECT effect_error($$SELECT idem_set_effect_policy('pay', 0, '1 second', '1 minute')$$);
+SELECT effect_error($$SELECT idem_set_effect_policy('pay', 3, '0 seconds', '1 minute')$$);
+SELECT effect_error($$SELECT idem_set_effect_policy('pay', 3, '1 minute', '1 second')$$);
+SELECT effect_error($$SELECT idem_set_effect_policy('pay', 3, '1 second', '1 year')$$);
+SELECT effect_error($$SELECT idem_set_effect_policy('pay', 3, NULL, '1 minute')$$);
 -- none of it left a trace
 SELECT count(*) FROM idem_effects WHERE key IN ('k', 'never-begun');
 
@@ -253,11 +253,11 @@ SELECT idem_set_retention('pay', NULL);
 -- privileges: nothing for PUBLIC
 CREATE ROLE effects_nobody;
 SET ROLE effects_nobody;
-SELECT show_error($$SELECT idem_effect_begin('pay', 'x')$$);
-SELECT show_error($$SELECT idem_effect_complete('pay', 'x', 1, '{}')$$);
-SELECT show_error($$SELECT idem_effect_enqueue('pay', 'x', '{}')$$);
-SELECT show_error($$SELECT * FROM idem_effects$$);
-SELECT show_error($$SELECT * FROM idem_consumer.effects$$);
+SELECT effect_error($$SELECT idem_effect_begin('pay', 'x')$$);
+SELECT effect_error($$SELECT idem_effect_complete('pay', 'x', 1, '{}')$$);
+SELECT effect_error($$SELECT idem_effect_enqueue('pay', 'x', '{}')$$);
+SELECT effect_error($$SELECT * FROM idem_effects$$);
+SELECT effect_error($$SELECT * FROM idem_consumer.effects$$);
 RESET ROLE;
 -- a consumer role with EXECUTE works without any table privilege
 CREATE ROLE effects_app;
@@ -277,7 +277,7 @@ DROP ROLE effects_nobody, effects_app;
 DROP TABLE payments;
 DROP FUNCTION eb(text, text, jsonb, interval);
 DROP FUNCTION eff(text);
-DROP FUNCTION show_error(text);
+DROP FUNCTION effect_error(text);
 
 -- a database at version 1.0: the same library serves it, its replay and
 -- purge do not need the effect tables; updating brings the effects
