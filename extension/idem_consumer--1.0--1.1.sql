@@ -66,15 +66,14 @@ CREATE TABLE idem_consumer.effects (
     PRIMARY KEY (consumer_id, key),
     CHECK ((state = 'in_flight') = (lease_until IS NOT NULL)),
     CHECK ((state = 'completed') = (completed_at IS NOT NULL))
-);
--- the outbox's effects of a consumer, oldest first
-CREATE INDEX effects_due
+) WITH (fillfactor = 70);
+-- The outbox's effects of a consumer, oldest first.  No index names a
+-- column that a lease, a completion or a failure changes, and pages keep
+-- room, so that those updates are HOT: the inline cycle updates its row
+-- once or twice in two short transactions.
+CREATE INDEX effects_outbox
     ON idem_consumer.effects (consumer_id, created_at)
-    WHERE deferred AND state IN ('pending', 'waiting', 'in_flight');
--- retention reads the finished effects of each consumer by completion time
-CREATE INDEX effects_completed
-    ON idem_consumer.effects (consumer_id, completed_at)
-    WHERE state = 'completed';
+    WHERE deferred;
 
 -- Retry policy per consumer; a consumer without a row follows the
 -- idem_consumer.effect_* settings.
@@ -102,12 +101,13 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION idem_effect_begin(text, text, jsonb, interval) IS
     'claim an external effect before calling the provider; run it alone, outside a transaction block';
 
-CREATE FUNCTION idem_effect_complete(consumer text, key text, fence bigint, result jsonb)
+CREATE FUNCTION idem_effect_complete(consumer text, key text, fence bigint, result jsonb,
+                                     sql text DEFAULT NULL, params text[] DEFAULT NULL)
 RETURNS void
 AS 'MODULE_PATHNAME', 'idem_effect_complete'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_effect_complete(text, text, bigint, jsonb) IS
-    'store the result of an effect in the business transaction; raises IE001 if fence is no longer current';
+COMMENT ON FUNCTION idem_effect_complete(text, text, bigint, jsonb, text, text[]) IS
+    'store the result of an effect (and run sql with params) in the business transaction; raises IE001 if fence is no longer current';
 
 CREATE FUNCTION idem_effect_fail(consumer text, key text, fence bigint, error text,
                                  retryable boolean DEFAULT true)
@@ -230,7 +230,7 @@ CREATE OR REPLACE VIEW idem_stats AS SELECT * FROM idem_stats_internal_1_1();
 -- Effects are recorded like keys: consumers' roles only.  The view shows
 -- requests and results: operators only.
 REVOKE ALL ON FUNCTION idem_effect_begin(text, text, jsonb, interval) FROM PUBLIC;
-REVOKE ALL ON FUNCTION idem_effect_complete(text, text, bigint, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_effect_complete(text, text, bigint, jsonb, text, text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_effect_fail(text, text, bigint, text, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_effect_heartbeat(text, text, bigint, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_effect_enqueue(text, text, jsonb) FROM PUBLIC;

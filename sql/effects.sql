@@ -105,6 +105,28 @@ COMMIT;
 SELECT charged FROM payments WHERE order_id = 2;
 SELECT * FROM eff('charge:2');
 
+-- complete can run the business SQL itself, as idem_apply does: one
+-- statement for the business transaction, run as the caller
+SELECT * FROM eb('pay', 'charge:6', '{"order": 6}');
+-- bad SQL, a bad parameter or a stale fence: nothing is recorded, nothing runs
+SELECT effect_error($$SELECT idem_effect_complete('pay', 'charge:6', 1, '{}', 'update payments set charged = $1')$$);
+SELECT effect_error($$SELECT idem_effect_complete('pay', 'charge:6', 1, '{}', 'update payments set charged = $1 where order_id = 6', ARRAY['x'])$$);
+SELECT effect_error($$SELECT idem_effect_complete('pay', 'charge:6', 1, '{}', NULL, ARRAY['1'])$$);
+SELECT effect_error($$SELECT idem_effect_complete('pay', 'charge:6', 1, '{}', 'commit')$$);
+SELECT state FROM eff('charge:6');
+SELECT idem_effect_complete('pay', 'charge:6', 1, '{"charge": "ch_6"}',
+                            'update payments set charged = charged + $1, charge_id = $2 where order_id = $3',
+                            ARRAY['60', 'ch_6', '6']);
+SELECT state, result FROM eff('charge:6');
+SELECT charged, charge_id FROM payments WHERE order_id = 6;
+-- a second completion is refused and its SQL does not run
+SELECT effect_error($$SELECT idem_effect_complete('pay', 'charge:6', 1, '{}', 'update payments set charged = charged + 60 where order_id = 6')$$);
+SELECT charged FROM payments WHERE order_id = 6;
+-- an error of the business SQL rolls the completion back with it
+SELECT * FROM eb('pay', 'charge:7', '{"order": 7}');
+SELECT effect_error($$SELECT idem_effect_complete('pay', 'charge:7', 1, '{}', 'update payments set charged = 1 / 0 where order_id = 7')$$);
+SELECT state FROM eff('charge:7');
+
 -- retryable failure: wait until retry_at, then execute with fence + 1
 SELECT idem_set_effect_policy('pay', 3, '1 hour', '2 hours');
 SELECT * FROM eb('pay', 'charge:3', '{"order": 3}');
@@ -262,16 +284,18 @@ RESET ROLE;
 -- a consumer role with EXECUTE works without any table privilege
 CREATE ROLE effects_app;
 GRANT EXECUTE ON FUNCTION idem_effect_begin(text, text, jsonb, interval),
-                          idem_effect_complete(text, text, bigint, jsonb) TO effects_app;
+                          idem_effect_complete(text, text, bigint, jsonb, text, text[]) TO effects_app;
 GRANT USAGE ON SCHEMA public TO effects_app;
 SET ROLE effects_app;
 SELECT action, fence FROM idem_effect_begin('app', 'x');
+-- its business SQL runs with its own rights, never the tables' owner's
+SELECT effect_error($$SELECT idem_effect_complete('app', 'x', 1, '{"ok": true}', 'update payments set charged = 0')$$);
 SELECT idem_effect_complete('app', 'x', 1, '{"ok": true}');
 RESET ROLE;
 SELECT state, result FROM idem_effects WHERE consumer = 'app';
 REVOKE ALL ON SCHEMA public FROM effects_app;
 REVOKE ALL ON FUNCTION idem_effect_begin(text, text, jsonb, interval),
-                       idem_effect_complete(text, text, bigint, jsonb) FROM effects_app;
+                       idem_effect_complete(text, text, bigint, jsonb, text, text[]) FROM effects_app;
 DROP ROLE effects_nobody, effects_app;
 
 DROP TABLE payments;

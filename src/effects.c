@@ -551,8 +551,10 @@ idem_effect_begin(PG_FUNCTION_ARGS)
 }
 
 /*
- * idem_effect_complete(consumer, key, fence, result): stores the result of
- * the lease holder's call, in the caller's (business) transaction.
+ * idem_effect_complete(consumer, key, fence, result, sql, params): stores
+ * the result of the lease holder's call in the caller's (business)
+ * transaction, and runs the business SQL if given, as idem_apply() does,
+ * so that the business transaction can be one statement.
  */
 Datum
 idem_effect_complete(PG_FUNCTION_ARGS)
@@ -562,15 +564,36 @@ idem_effect_complete(PG_FUNCTION_ARGS)
 	int64		fence = get_fence_arg(fcinfo, 2);
 	Jsonb	   *result = PG_ARGISNULL(3) ? NULL : PG_GETARG_JSONB_P(3);
 	EffectRow	row = {.cxt = CurrentMemoryContext};
+	BusinessPlan *bplan = NULL;
+	ParamListInfo bound_params = NULL;
 	int32		consumer_id;
-	Datum		arg = PointerGetDatum(result);
-	char		argnull = result == NULL ? 'n' : ' ';
+	Datum		args[2] = {PointerGetDatum(result), Int64GetDatum(fence)};
+	char		argnulls[2] = {result == NULL ? 'n' : ' ', ' '};
 
 	SPI_connect();
+	/* like idem_apply, everything about the SQL is checked before any write */
+	if (!PG_ARGISNULL(4))
+	{
+		bplan = business_plan_get(get_sql_arg(fcinfo, 4));
+		bound_params = business_plan_bind(bplan, PG_ARGISNULL(5) ? NULL : PG_GETARG_ARRAYTYPE_P(5));
+	}
+	else if (!PG_ARGISNULL(5))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("params given without sql")));
+
 	consumer_id = effect_consumer_id(consumer, key);
-	lock_effect(consumer, consumer_id, key, &row);
-	check_fence(consumer, key, &row, fence);
-	effects_fetch(EF_COMPLETE, consumer_id, key, &arg, &argnull, 1, NULL);
+	effects_fetch(EF_COMPLETE, consumer_id, key, args, argnulls, 2, NULL);
+	if (SPI_processed == 0)
+	{
+		/* not the current lease: find out why, and say so */
+		lock_effect(consumer, consumer_id, key, &row);
+		check_fence(consumer, key, &row, fence);
+		elog(ERROR, "effect was in flight under fence %lld but could not be completed",
+			 (long long) fence);
+	}
+	if (bplan != NULL)
+		business_plan_execute(bplan, bound_params);
 	SPI_finish();
 
 	PG_RETURN_VOID();

@@ -101,11 +101,12 @@ static const EffectStmtDef effect_stmt_defs[EF_NUM_STMTS] = {
 		" updated_at = pg_catalog.now()" THE_EFFECT " RETURNING " EFFECT_COLUMNS,
 		5, {INT4OID, TEXTOID, INT4OID, BOOLOID, INTERVALOID}
 	},
+	/* only under the current lease; nothing updated tells the caller to look why */
 	[EF_COMPLETE] = {
 		"UPDATE " EFFECTS_TABLE " SET state = 'completed', result = $3,"
 		" lease_until = NULL, completed_at = pg_catalog.now(), updated_at = pg_catalog.now()"
-		THE_EFFECT,
-		3, {INT4OID, TEXTOID, JSONBOID}
+		THE_EFFECT " AND state OPERATOR(pg_catalog.=) 'in_flight' AND fence OPERATOR(pg_catalog.=) $4",
+		4, {INT4OID, TEXTOID, JSONBOID, INT8OID}
 	},
 	[EF_WAIT] = {
 		"UPDATE " EFFECTS_TABLE " SET state = 'waiting', retry_at = $3, last_error = $4,"
