@@ -6,8 +6,12 @@
 MODULE_big = idem_consumer
 OBJS = \
 	src/idem_consumer.o \
+	src/storage.o \
+	src/keystore_sql.o \
+	src/keystore_fastpath.o \
 	src/keystore.o \
 	src/plan_cache.o \
+	src/args.o \
 	src/apply.o \
 	src/batch.o \
 	src/histogram.o \

@@ -4,13 +4,18 @@
  *	  Declarations shared by the modules of the idem_consumer extension.
  *
  * Module map:
- *	  idem_consumer.c	library entry point and GUCs
- *	  keystore.c		the extension's storage: consumers, processed keys
- *						and dead letters
+ *	  idem_consumer.c	library entry point: calls each module's init
+ *	  storage.c			where the storage tables are, their owner, and
+ *						whether the key index is the one created
+ *	  keystore_sql.c	the fixed statements on the storage, run as its owner
+ *	  keystore_fastpath.c	probing and inserting keys through the key
+ *						index in C
+ *	  keystore.c		the key store: keys, collisions, consumers, and
+ *						the argument that makes them exact
  *	  plan_cache.c		validation, type inference and cached plans of
  *						business SQL, and binding its parameters
- *	  apply.c			the SQL-callable idem_apply() family and the
- *						argument validators the API functions share
+ *	  args.c			the argument validators the API functions share
+ *	  apply.c			the SQL-callable idem_apply() family
  *	  batch.c			idem_record_batch(): recording a batch of keys
  *	  dead_letter.c		idem_try_apply(), the dead-letter queue and its
  *						replay and discard functions
@@ -44,14 +49,9 @@
 #define IDEM_MAX_KEY_BYTES			1024
 #define IDEM_MAX_CONSUMER_BYTES		128
 
-/* GUCs */
-extern int	idem_plan_cache_size;
-extern char *idem_transient_sqlstates;
-extern int	idem_retention;
-
 /*
- * keystore.c: the statements on the storage tables.  Each runs as the owner
- * of the tables; see keystore_stmt_defs for their text and parameters.
+ * keystore_sql.c: the statements on the storage tables.  Each runs as the
+ * owner of the tables; see keystore_stmt_defs for their text and parameters.
  */
 typedef enum KeystoreStmt
 {
@@ -100,7 +100,7 @@ typedef enum KeystoreTable
 	KS_NUM_TABLES
 } KeystoreTable;
 
-extern void keystore_init(void);
+extern void storage_init(void);
 extern int	keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
 							 long tcount);
 extern int32 keystore_consumer_id(const char *consumer, bool create);
@@ -133,6 +133,7 @@ typedef enum PurgeProgress
 	PURGE_RUN_DONE				/* the run is complete */
 } PurgeProgress;
 
+extern void retention_init(void);
 extern void purge_begin_batch(int32 only_consumer, int64 batch_size);
 extern PurgeProgress purge_step(uint64 *removed);
 
@@ -205,13 +206,14 @@ extern void stats_count_effect(const char *consumer, EffectEvent event);
 /* plan_cache.c */
 typedef struct BusinessPlan BusinessPlan;
 
+extern void plan_cache_init(void);
 extern void business_sql_check(const char *sql);
 extern void business_params_check(ArrayType *params);
 extern BusinessPlan *business_plan_get(const char *sql);
 extern ParamListInfo business_plan_bind(BusinessPlan *bplan, ArrayType *params);
 extern void business_plan_execute(BusinessPlan *bplan, ParamListInfo params);
 
-/* apply.c */
+/* args.c */
 extern text *get_name_arg(FunctionCallInfo fcinfo, int argno, const char *argname,
 						  int max_bytes);
 extern text *get_key_arg(FunctionCallInfo fcinfo, int argno);
@@ -221,9 +223,7 @@ extern char *get_sql_arg(FunctionCallInfo fcinfo, int argno);
 extern void check_event_time_arg(FunctionCallInfo fcinfo, int argno);
 
 /* dead_letter.c */
-extern void dead_letter_forget_key(int32 consumer_id, text *key);
-extern bool check_transient_sqlstates(char **newval, void **extra, GucSource source);
-extern void assign_transient_sqlstates(const char *newval, void *extra);
+extern void dead_letter_init(void);
 
 /* effects.c, effects_store.c */
 extern void effects_init(void);
