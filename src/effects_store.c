@@ -435,11 +435,12 @@ effects_rearm(int64 dead_letter_id)
 }
 
 /*
- * Removes the completed effects past their consumer's retention window;
- * returns how many.  Nothing in a database without effects.
+ * Removes the completed effects past their consumer's retention window,
+ * consumers without a window of their own following default_retention_secs
+ * (-1: forever); returns how many.  Nothing in a database without effects.
  */
 uint64
-effects_purge(int32 only_consumer)
+effects_purge(int32 only_consumer, int default_retention_secs)
 {
 	Datum		args[2];
 	char		nulls[2] = {' ', ' '};
@@ -447,9 +448,9 @@ effects_purge(int32 only_consumer)
 
 	if (!effects_storage_exists())
 		return 0;
-	window->time = (int64) idem_retention * USECS_PER_SEC;
+	window->time = (int64) default_retention_secs * USECS_PER_SEC;
 	args[0] = IntervalPGetDatum(window);
-	if (idem_retention < 0)
+	if (default_retention_secs < 0)
 		nulls[0] = 'n';
 	args[1] = Int32GetDatum(only_consumer);
 	effects_execute(EF_PURGE, args, nulls, 0);

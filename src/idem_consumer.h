@@ -229,6 +229,6 @@ extern void dead_letter_init(void);
 extern void effects_init(void);
 extern bool effects_storage_exists(void);
 extern bool effects_rearm(int64 dead_letter_id);
-extern uint64 effects_purge(int32 only_consumer);
+extern uint64 effects_purge(int32 only_consumer, int default_retention_secs);
 
 #endif							/* IDEM_CONSUMER_H */
