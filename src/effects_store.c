@@ -5,9 +5,10 @@
  *	  effect_policies and the effect entries of dead_letters, run as the
  *	  owner of the tables, and reading an effect row into an EffectRow.
  *
- * As in keystore.c, the caller needs EXECUTE on the API functions and no
- * privilege on the tables: each statement here runs with the user id of
- * the tables' owner.  The statements are fixed, schema-qualified text with
+ * As for the keys, the caller needs EXECUTE on the API functions and no
+ * privilege on the tables: each statement here runs through
+ * storage_execute() (keystore_sql.c) with the user id of the storage's
+ * owner.  The statements are fixed, schema-qualified text with
  * values as parameters; nothing the caller controls runs while the user id
  * is switched.  What the states mean is effects.c's business.
  *
@@ -22,16 +23,13 @@
  */
 #include "postgres.h"
 
-#include "access/htup_details.h"
 #include "catalog/namespace.h"
-#include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
-#include "utils/syscache.h"
 
 #include "idem_consumer.h"
 #include "effects.h"
@@ -220,67 +218,25 @@ effects_storage_exists(void)
 }
 
 /*
- * Returns the owner of the effect tables, or raises the error of a
- * database whose extension needs updating.
+ * Runs one effect statement as the owner of the storage, or raises the
+ * error of a database whose extension needs updating; nulls is as for
+ * SPI_execute_plan.
  */
-static Oid
-effects_owner(void)
+int
+effects_execute(EffectStmt stmt, Datum *values, const char *nulls, long tcount)
 {
-	Oid			relid = effects_relid();
-	HeapTuple	tuple;
-	Oid			owner;
+	const EffectStmtDef *def = &effect_stmt_defs[stmt];
 
-	tuple = OidIsValid(relid) ? SearchSysCache1(RELOID, ObjectIdGetDatum(relid)) : NULL;
-	if (!HeapTupleIsValid(tuple))
+	if (!effects_storage_exists())
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("storage of external effects is missing"),
 				 errdetail("Table %s was not found; it comes with version 1.1 of extension \"idem_consumer\".",
 						   EFFECTS_TABLE),
 				 errhint("ALTER EXTENSION idem_consumer UPDATE")));
-	owner = ((Form_pg_class) GETSTRUCT(tuple))->relowner;
-	ReleaseSysCache(tuple);
-	return owner;
-}
-
-/*
- * Runs one effect statement as the owner of the tables; nulls is as for
- * SPI_execute_plan.
- */
-int
-effects_execute(EffectStmt stmt, Datum *values, const char *nulls, long tcount)
-{
-	Oid			owner = effects_owner();
-	Oid			save_userid;
-	int			save_sec_context;
-	int			rc;
-
-	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(owner, save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
-						   SECURITY_RESTRICTED_OPERATION);
-
 	/* a kept plan follows a re-created table: the plan cache re-analyzes it */
-	if (effect_plans[stmt] == NULL)
-	{
-		const EffectStmtDef *def = &effect_stmt_defs[stmt];
-		SPIPlanPtr	plan = SPI_prepare(def->sql, def->nargs, (Oid *) def->argtypes);
-
-		if (plan == NULL)
-			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
-				 def->sql, SPI_result_code_string(SPI_result));
-		if (SPI_keepplan(plan) != 0)
-			elog(ERROR, "SPI_keepplan failed");
-		effect_plans[stmt] = plan;
-	}
-
-	rc = SPI_execute_plan(effect_plans[stmt], values, nulls, false, tcount);
-	if (rc < 0)
-		elog(ERROR, "SPI_execute_plan failed for \"%s\": %s",
-			 effect_stmt_defs[stmt].sql, SPI_result_code_string(rc));
-
-	/* errors restore the user id through transaction abort */
-	SetUserIdAndSecContext(save_userid, save_sec_context);
-	return rc;
+	return storage_execute(&effect_plans[stmt], def->sql, def->nargs, def->argtypes,
+						   0, values, nulls, tcount);
 }
 
 /*

@@ -101,6 +101,9 @@ typedef enum KeystoreTable
 } KeystoreTable;
 
 extern void storage_init(void);
+extern int	storage_execute(SPIPlanPtr *plan, const char *sql, int nargs,
+							const Oid *argtypes, int cursor_options,
+							Datum *values, const char *nulls, long tcount);
 extern int	keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
 							 long tcount);
 extern int32 keystore_consumer_id(const char *consumer, bool create);

@@ -20,6 +20,8 @@
  * the list to shared memory at commit (applied, duplicates, dead-lettered,
  * latency and lag) or counts every call as failed at abort.  A
  * subtransaction abort counts the calls made inside it as failed at once.
+ * The events of external effects (effects.c) are counted when they happen,
+ * straight into the entry: the ones that matter most raise an error.
  *
  * Counters are written to pg_stat/idem_consumer.stat when the postmaster
  * exits and read back (and the file removed) at start-up only if pg_control
