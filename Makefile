@@ -27,7 +27,7 @@ EXTENSION = idem_consumer
 DATA = $(wildcard extension/idem_consumer--*.sql)
 PGFILEDESC = "idem_consumer - idempotent message consumption"
 
-REGRESS = apply bad_input plan_cache security collisions storage batch dead_letter stats retention retention_dead_letters retention_chunks effects
+REGRESS = apply bad_input plan_cache security collisions storage batch dead_letter stats metrics_dead_letters retention retention_dead_letters retention_chunks effects
 REGRESS_OPTS = --load-extension=idem_consumer
 
 ISOLATION = apply_concurrency collision_concurrency batch_deadlock dlq_replay purge_concurrency effects_begin effects_takeover effects_claim
@@ -44,3 +44,12 @@ PG_CFLAGS = -Wall -Wextra -Wno-unused-parameter -Wno-sign-compare
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+
+# PGXN distribution: make dist writes idem_consumer-<version>.zip of the
+# committed tree (HEAD), the version taken from META.json.
+DISTVERSION = $(shell perl -MJSON::PP -e 'local $$/; print decode_json(<STDIN>)->{version}' < META.json)
+
+.PHONY: dist
+dist:
+	git archive --format zip --prefix=$(EXTENSION)-$(DISTVERSION)/ \
+		--output $(EXTENSION)-$(DISTVERSION).zip HEAD

@@ -221,6 +221,19 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 		" AND status OPERATOR(pg_catalog.<>) 'pending'",
 		2, {INT4OID, TEXTOID}
 	},
+	/* per consumer: pending entries and age of the oldest (partial index) */
+	[KS_DL_PENDING_SUMMARY] = {
+		"SELECT c.name, COALESCE(d.pending, 0),"
+		" pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) d.oldest)"
+		" FROM " STORAGE_SCHEMA ".consumers AS c LEFT JOIN"
+		" (SELECT consumer_id, pg_catalog.count(*) AS pending,"
+		"  pg_catalog.min(first_failed_at) AS oldest"
+		"  FROM " STORAGE_SCHEMA ".dead_letters"
+		"  WHERE status OPERATOR(pg_catalog.=) 'pending' GROUP BY consumer_id) AS d"
+		" ON d.consumer_id OPERATOR(pg_catalog.=) c.consumer_id"
+		" ORDER BY c.name",
+		0, {InvalidOid}
+	},
 
 	/* retention settings and the purge (retention.c) */
 	[KS_RETENTION_SETTINGS] = {

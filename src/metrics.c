@@ -6,6 +6,8 @@
  *
  * Histogram buckets are the half-decade boundaries of the log-scale
  * histograms of histogram.c, so each cumulative bucket count is exact.
+ * The gauges of stored keys and pending dead letters are read from the
+ * tables at each scrape.
  *
  *-------------------------------------------------------------------------
  */
@@ -166,6 +168,43 @@ append_effect_counters(StringInfo buf, List *snapshot)
 }
 
 /*
+ * Appends the depth of each consumer's dead-letter queue and the age of its
+ * oldest pending entry, read from the tables (the counters only know what
+ * was enqueued, not what is still waiting).  Needs an SPI connection.
+ */
+static void
+append_dead_letter_gauges(StringInfo buf)
+{
+	StringInfoData ages;
+
+	keystore_execute(KS_DL_PENDING_SUMMARY, NULL, NULL, 0);
+
+	initStringInfo(&ages);
+	append_family(buf, "idem_dlq_pending", "gauge",
+				  "Dead letters waiting for a replay or a discard, per consumer.");
+	append_family(&ages, "idem_dlq_oldest_pending_age_seconds", "gauge",
+				  "Time since the first failure of the oldest pending dead letter.");
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	row = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		char	   *consumer = SPI_getvalue(row, desc, 1);
+		bool		isnull;
+		Datum		age;
+
+		append_series_start(buf, "idem_dlq_pending", consumer);
+		appendStringInfo(buf, "} %s\n", SPI_getvalue(row, desc, 2));
+
+		age = SPI_getbinval(row, desc, 3, &isnull);
+		if (isnull)
+			continue;			/* nothing pending: no age */
+		append_series_start(&ages, "idem_dlq_oldest_pending_age_seconds", consumer);
+		appendStringInfo(&ages, "} %.3f\n", DatumGetFloat8(age));
+	}
+	appendBinaryStringInfo(buf, ages.data, ages.len);
+}
+
+/*
  * idem_metrics(): every family as one text, ready for a scraper.
  */
 Datum
@@ -226,6 +265,7 @@ idem_metrics(PG_FUNCTION_ARGS)
 		append_series_start(&buf, "idem_keys_stored", ks->consumer);
 		appendStringInfo(&buf, "} " INT64_FORMAT "\n", ks->keys);
 	}
+	append_dead_letter_gauges(&buf);
 	SPI_finish();
 
 	PG_RETURN_TEXT_P(cstring_to_text_with_len(buf.data, buf.len));

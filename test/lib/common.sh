@@ -49,8 +49,16 @@ as_pg() { "${AS_PG[@]}" "$@"; }
 # promtool, which the TAP tests run on idem_metrics().)
 ensure_packages() {
     local pkgs="postgresql-15 postgresql-server-dev-15 libipc-run-perl clang-14 llvm-14 make gcc perl prometheus"
+    # PL/Proxy: test/t/020_plproxy.pl and test/bench/plproxy (docs/plproxy)
+    pkgs="$pkgs postgresql-15-plproxy"
     # node and npm run the client tests; the machines usually have them
     command -v node >/dev/null && command -v npm >/dev/null || pkgs="$pkgs nodejs npm"
+    # the Debian package build, its lint and the PGXN zip check (test/lib/release.sh)
+    pkgs="$pkgs postgresql-server-dev-all"
+    pkgs="$pkgs debhelper"
+    pkgs="$pkgs dpkg-dev"
+    pkgs="$pkgs lintian"
+    pkgs="$pkgs unzip"
     local missing="" p
     for p in $pkgs; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' \
