@@ -299,7 +299,9 @@ check_fence(const char *consumer, text *key, const EffectRow *row, int64 fence)
 					text_to_cstring(key), consumer, (long long) fence),
 			 errdetail("The effect is %s under fence %lld.",
 					   effect_state_name(row->state), (long long) row->fence),
-			 errhint("Another worker took the effect over after the lease expired: roll back and let the message be redelivered.")));
+			 fence < row->fence ?
+			 errhint("Another worker took the effect over after the lease expired: roll back and let the message be redelivered.") :
+			 errhint("This lease has already been completed or failed.")));
 }
 
 /*
