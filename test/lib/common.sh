@@ -76,6 +76,14 @@ ensure_packages() {
         || die "apt-get install$missing failed"
 }
 
+# node-postgres for the scripts that run Node.js consumers (the client
+# tests, test/effects): npm ci in test/client/node unless it is there.
+ensure_node_modules() {
+    [ -d "$REPO_ROOT/test/client/node/node_modules/pg" ] && return 0
+    (cd "$REPO_ROOT/test/client/node" && npm ci --silent --no-audit --no-fund) \
+        || die "npm ci in test/client/node failed"
+}
+
 # Warnings are errors.  (PostgreSQL 15's own headers are not clean for
 # -Wunused-parameter; the Makefile's PG_CFLAGS, which come after COPT,
 # turn that one off.)
