@@ -551,6 +551,15 @@ replay_entry(const DeadLetterEntry *entry)
 	Datum		values[KS_MAX_ARGS];
 	char		nulls[KS_MAX_ARGS];
 
+	/* the entry of a dead external effect: replaying it re-arms the effect */
+	if (effects_rearm(entry->id))
+	{
+		values[0] = Int64GetDatum(entry->id);
+		values[1] = current_user_datum();
+		keystore_execute(KS_DL_REPLAYED, values, NULL, 0);
+		return OUTCOME_APPLIED;
+	}
+
 	/*
 	 * The key was recorded when the entry was made and idem_forget() leaves
 	 * keys of pending entries alone; should it have been removed from the

@@ -31,6 +31,7 @@ _PG_init(void)
 	stats_init();
 	dead_letter_init();
 	purge_worker_init();
+	effects_init();
 
 	MarkGUCPrefixReserved("idem_consumer");
 

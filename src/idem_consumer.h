@@ -29,6 +29,9 @@
  *	  metrics.c			the Prometheus text exposition
  *	  retention.c		retention windows, latest activity and purge runs
  *	  purge_worker.c	the background worker that purges on a schedule
+ *	  effects.c			external effects: the state machine of leases,
+ *						fences and retries, and its SQL functions
+ *	  effects_store.c	the storage statements of external effects
  *
  *-------------------------------------------------------------------------
  */
@@ -113,6 +116,9 @@ typedef enum KeystoreTable
 } KeystoreTable;
 
 extern void storage_init(void);
+extern int	storage_execute(SPIPlanPtr *plan, const char *sql, int nargs,
+							const Oid *argtypes, int cursor_options,
+							Datum *values, const char *nulls, long tcount);
 extern int	keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
 							 long tcount);
 extern bool keystore_record_key(int32 consumer_id, text *key);
@@ -205,6 +211,20 @@ extern double histogram_quantile_us(const IdemHistogram *hist, double q);
 extern uint64 histogram_count_below(const IdemHistogram *hist, int boundary);
 
 /* stats.c */
+
+/* What happened to external effects, counted per consumer (effects.c). */
+typedef enum EffectEvent
+{
+	EFFECT_EXECUTED,			/* a lease handed out to call the provider */
+	EFFECT_REPLAYED,			/* a stored result returned instead */
+	EFFECT_BUSY,				/* another worker held a live lease */
+	EFFECT_FENCED_OFF,			/* a stale fence refused */
+	EFFECT_REQUEST_MISMATCH,	/* a key reused with another request */
+	EFFECT_UNKNOWN_OUTCOME,		/* a lease taken over after it expired */
+	EFFECT_DEAD,				/* an effect moved to the dead-letter queue */
+	EFFECT_NUM_EVENTS
+} EffectEvent;
+
 typedef struct ConsumerCounters
 {
 	int64		applied;
@@ -219,6 +239,7 @@ typedef struct ConsumerCounters
 	IdemHistogram latency;		/* of applied calls */
 	IdemHistogram lag;			/* of applied calls that passed event_time */
 	TimestampTz stats_reset;
+	int64		effects[EFFECT_NUM_EVENTS];
 } ConsumerCounters;
 
 typedef struct ConsumerStatsCopy
@@ -233,6 +254,7 @@ extern void stats_call_end(int call, int applied, int duplicates,
 						   int dead_lettered, TimestampTz event_time);
 extern void stats_call_key_reuse(int call);
 extern List *stats_snapshot(void);
+extern void stats_count_effect(const char *consumer, EffectEvent event);
 
 /* plan_cache.c */
 typedef struct BusinessPlan BusinessPlan;
@@ -256,5 +278,11 @@ extern text *get_fingerprint_arg(FunctionCallInfo fcinfo, int argno);
 
 /* dead_letter.c */
 extern void dead_letter_init(void);
+
+/* effects.c, effects_store.c */
+extern void effects_init(void);
+extern bool effects_storage_exists(void);
+extern bool effects_rearm(int64 dead_letter_id);
+extern uint64 effects_purge(int32 only_consumer, int default_retention_secs);
 
 #endif							/* IDEM_CONSUMER_H */

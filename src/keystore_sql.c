@@ -422,6 +422,51 @@ static SPIPlanPtr plans[KS_NUM_STMTS];
 static uint64 plans_generation;
 
 /*
+ * Runs a fixed statement on the storage as the owner of the storage
+ * tables, preparing it into *plan, kept for the session, on first use;
+ * nulls is as for SPI_execute_plan.  The text must be fully qualified and
+ * take values only as parameters: nothing the caller controls may run as
+ * the owner.
+ */
+int
+storage_execute(SPIPlanPtr *plan, const char *sql, int nargs, const Oid *argtypes,
+				int cursor_options, Datum *values, const char *nulls, long tcount)
+{
+	const StorageInfo *si = storage_ready();
+	Oid			save_userid;
+	int			save_sec_context;
+	int			rc;
+
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(si->owner,
+						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_RESTRICTED_OPERATION);
+
+	if (*plan == NULL)
+	{
+		SPIPlanPtr	prepared;
+
+		prepared = SPI_prepare_cursor(sql, nargs, (Oid *) argtypes, cursor_options);
+		if (prepared == NULL)
+			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
+				 sql, SPI_result_code_string(SPI_result));
+		if (SPI_keepplan(prepared) != 0)
+			elog(ERROR, "SPI_keepplan failed");
+		*plan = prepared;
+	}
+
+	rc = SPI_execute_plan(*plan, values, nulls, false, tcount);
+	if (rc < 0)
+		elog(ERROR, "SPI_execute_plan failed for \"%s\": %s",
+			 sql, SPI_result_code_string(rc));
+
+	/* errors restore the user id through transaction abort */
+	SetUserIdAndSecContext(save_userid, save_sec_context);
+
+	return rc;
+}
+
+/*
  * Runs one storage statement as the owner of the storage tables; nulls is
  * as for SPI_execute_plan.
  */
@@ -430,9 +475,7 @@ keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
 				 long tcount)
 {
 	const StorageInfo *si = storage_ready();
-	Oid			save_userid;
-	int			save_sec_context;
-	int			rc;
+	const KeystoreStmtDef *def = &keystore_stmt_defs[stmt];
 
 	if (plans_generation != si->generation)
 	{
@@ -445,33 +488,6 @@ keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
 		plans_generation = si->generation;
 	}
 
-	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(si->owner,
-						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
-						   SECURITY_RESTRICTED_OPERATION);
-
-	if (plans[stmt] == NULL)
-	{
-		const KeystoreStmtDef *def = &keystore_stmt_defs[stmt];
-		SPIPlanPtr	plan;
-
-		plan = SPI_prepare_cursor(def->sql, def->nargs, (Oid *) def->argtypes,
-								  def->cursor_options);
-		if (plan == NULL)
-			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
-				 def->sql, SPI_result_code_string(SPI_result));
-		if (SPI_keepplan(plan) != 0)
-			elog(ERROR, "SPI_keepplan failed");
-		plans[stmt] = plan;
-	}
-
-	rc = SPI_execute_plan(plans[stmt], values, nulls, false, tcount);
-	if (rc < 0)
-		elog(ERROR, "SPI_execute_plan failed for \"%s\": %s",
-			 keystore_stmt_defs[stmt].sql, SPI_result_code_string(rc));
-
-	/* errors restore the user id through transaction abort */
-	SetUserIdAndSecContext(save_userid, save_sec_context);
-
-	return rc;
+	return storage_execute(&plans[stmt], def->sql, def->nargs, def->argtypes,
+						   def->cursor_options, values, nulls, tcount);
 }

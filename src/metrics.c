@@ -136,6 +136,38 @@ append_histogram(StringInfo buf, List *snapshot, const char *name, const char *h
 }
 
 /*
+ * Appends the counter families of external effects, one per EffectEvent.
+ */
+static void
+append_effect_counters(StringInfo buf, List *snapshot)
+{
+	static const struct
+	{
+		const char *name;
+		const char *help;
+	}			families[EFFECT_NUM_EVENTS] = {
+		[EFFECT_EXECUTED] = {"idem_effect_executed_total",
+		"Leases handed out to call the provider (begin returned execute, or a claim)."},
+		[EFFECT_REPLAYED] = {"idem_effect_replayed_total",
+		"Begins of completed effects, answered with the stored result."},
+		[EFFECT_BUSY] = {"idem_effect_busy_total",
+		"Begins refused because another worker held a live lease."},
+		[EFFECT_FENCED_OFF] = {"idem_effect_fenced_off_total",
+		"Completions and failures refused because their fence was no longer current."},
+		[EFFECT_REQUEST_MISMATCH] = {"idem_effect_request_mismatch_total",
+		"Calls that reused an effect key with a different request."},
+		[EFFECT_UNKNOWN_OUTCOME] = {"idem_effect_unknown_outcome_total",
+		"Leases that expired in flight, leaving the provider's outcome unknown."},
+		[EFFECT_DEAD] = {"idem_effect_dead_total",
+		"Effects moved to the dead-letter queue."},
+	};
+
+	for (int e = 0; e < EFFECT_NUM_EVENTS; e++)
+		append_counter(buf, snapshot, families[e].name, families[e].help,
+					   offsetof(ConsumerCounters, effects) + e * sizeof(int64));
+}
+
+/*
  * Appends the depth of each consumer's dead-letter queue and the age of its
  * oldest pending entry, read from the tables (the counters only know what
  * was enqueued, not what is still waiting).  Needs an SPI connection.
@@ -197,6 +229,11 @@ idem_metrics(PG_FUNCTION_ARGS)
 	append_counter(&buf, snapshot, "idem_dlq_enqueue_total",
 				   "Messages moved to the dead-letter queue, in committed transactions.",
 				   offsetof(ConsumerCounters, dead_lettered));
+	append_counter(&buf, snapshot, "idem_key_reuse_total",
+				   "Deliveries whose key was recorded for another message (IK001).",
+				   offsetof(ConsumerCounters, key_reuse));
+
+	append_effect_counters(&buf, snapshot);
 
 	append_histogram(&buf, snapshot, "idem_processing_latency_seconds",
 					 "Time spent in idem_apply for applied messages.",

@@ -257,6 +257,8 @@ run_start(int32 only_consumer)
 	run.active = true;
 	run.keys_relid = keystore_keys_relid();
 	run.only_consumer = only_consumer;
+	/* completed external effects go in one statement of their own */
+	(void) effects_purge(only_consumer, default_retention);
 	enter_pass(PHASE_LATEST, KS_TABLE_COLLISIONS);
 }
 

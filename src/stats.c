@@ -20,6 +20,8 @@
  * the list to shared memory at commit (applied, duplicates, dead-lettered,
  * latency and lag) or counts every call as failed at abort.  A
  * subtransaction abort counts the calls made inside it as failed at once.
+ * The events of external effects (effects.c) are counted when they happen,
+ * straight into the entry: the ones that matter most raise an error.
  *
  * Counters are written to pg_stat/idem_consumer.stat when the postmaster
  * exits and read back (and the file removed) at start-up only if pg_control
@@ -53,9 +55,11 @@
 #include "idem_consumer.h"
 
 #define STATS_FILE				PGSTAT_STAT_PERMANENT_DIRECTORY "/idem_consumer.stat"
-#define STATS_FILE_MAGIC		0x1de3c0a3	/* ConsumerCounters gained key_reuse */
+/* the third magic: ConsumerCounters gained key_reuse and the effect counters (1.1) */
+#define STATS_FILE_MAGIC		0x1de3c0a3
 #define STATS_TRANCHE_NAME		"idem_consumer"
 #define IDEM_STATS_COLS			15
+#define IDEM_STATS_COLS_1_1		(IDEM_STATS_COLS + EFFECT_NUM_EVENTS + 1)
 
 typedef struct ConsumerStatsEntry
 {
@@ -112,6 +116,7 @@ static int	maxpending = 0;
 static bool callbacks_registered = false;
 
 PG_FUNCTION_INFO_V1(idem_stats_internal);
+PG_FUNCTION_INFO_V1(idem_stats_internal_1_1);
 PG_FUNCTION_INFO_V1(idem_stats_info_internal);
 PG_FUNCTION_INFO_V1(idem_stats_reset);
 
@@ -198,8 +203,12 @@ error:
 static bool
 counters_are_empty(const ConsumerCounters *counters)
 {
+	for (int i = 0; i < EFFECT_NUM_EVENTS; i++)
+		if (counters->effects[i] != 0)
+			return false;
 	return counters->applied == 0 && counters->duplicates == 0 &&
-		counters->failed == 0 && counters->dead_lettered == 0;
+		counters->failed == 0 && counters->dead_lettered == 0 &&
+		counters->key_reuse == 0;
 }
 
 /*
@@ -641,6 +650,7 @@ stats_call_end(int call_id, int applied, int duplicates, int dead_lettered,
 }
 
 /*
+
  * Notes that a call found its key recorded for another message; counted
  * when the transaction ends, whether the call then fails or parks it.
  */
@@ -649,6 +659,31 @@ stats_call_key_reuse(int call_id)
 {
 	if (call_id >= 0 && call_id < npending)
 		pending[call_id].key_reuse++;
+}
+
+/*
+ * Counts an event of an external effect at once: the events that matter
+ * most (a fenced-off completion, a request mismatch) raise an error, so
+ * their transaction never commits.
+ */
+void
+stats_count_effect(const char *consumer, EffectEvent event)
+{
+	ConsumerStatsEntry *entry;
+
+	if (stats_state == NULL || !idem_track)
+		return;
+	entry = consumer_entry(consumer);
+	if (entry == NULL)
+	{
+		SpinLockAcquire(&stats_state->mutex);
+		stats_state->untracked_calls++;
+		SpinLockRelease(&stats_state->mutex);
+		return;
+	}
+	SpinLockAcquire(&entry->mutex);
+	entry->counters.effects[event]++;
+	SpinLockRelease(&entry->mutex);
 }
 
 /*
@@ -702,10 +737,11 @@ timestamp_datum(TimestampTz ts, bool *isnull)
 }
 
 /*
- * idem_stats_internal(): one row per consumer, behind the idem_stats view.
+ * Returns one row per consumer: the columns of version 1.0, and with
+ * effects those of 1.1 after them.
  */
-Datum
-idem_stats_internal(PG_FUNCTION_ARGS)
+static void
+stats_rows(FunctionCallInfo fcinfo, bool effects)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	ListCell   *lc;
@@ -719,8 +755,8 @@ idem_stats_internal(PG_FUNCTION_ARGS)
 	{
 		ConsumerStatsCopy *copy = lfirst(lc);
 		ConsumerCounters *c = &copy->counters;
-		Datum		values[IDEM_STATS_COLS];
-		bool		nulls[IDEM_STATS_COLS] = {0};
+		Datum		values[IDEM_STATS_COLS_1_1];
+		bool		nulls[IDEM_STATS_COLS_1_1] = {0};
 		int64		deliveries = c->applied + c->duplicates + c->dead_lettered;
 		int			i = 0;
 
@@ -750,10 +786,36 @@ idem_stats_internal(PG_FUNCTION_ARGS)
 		values[i] = timestamp_datum(c->stats_reset, &nulls[i]);
 		i++;
 		Assert(i == IDEM_STATS_COLS);
+		if (effects)
+		{
+			for (int e = 0; e < EFFECT_NUM_EVENTS; e++)
+				values[i++] = Int64GetDatum(c->effects[e]);
+			values[i++] = Int64GetDatum(c->key_reuse);
+			Assert(i == IDEM_STATS_COLS_1_1);
+		}
 
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
+}
 
+/*
+ * idem_stats_internal(): behind the idem_stats view of version 1.0.
+ */
+Datum
+idem_stats_internal(PG_FUNCTION_ARGS)
+{
+	stats_rows(fcinfo, false);
+	return (Datum) 0;
+}
+
+/*
+ * idem_stats_internal_1_1(): behind the idem_stats view of version 1.1,
+ * which adds the counters of external effects.
+ */
+Datum
+idem_stats_internal_1_1(PG_FUNCTION_ARGS)
+{
+	stats_rows(fcinfo, true);
 	return (Datum) 0;
 }
 

@@ -193,7 +193,14 @@ paid 10
 idem_applied_total{consumer=\"smoke\"} 1
 idem_duplicate_detected_total{consumer=\"smoke\"} 1
 idem_failed_total{consumer=\"smoke\"} 0
-idem_dlq_enqueue_total{consumer=\"smoke\"} 0" ]
+idem_dlq_enqueue_total{consumer=\"smoke\"} 0
+idem_effect_executed_total{consumer=\"smoke\"} 0
+idem_effect_replayed_total{consumer=\"smoke\"} 0
+idem_effect_busy_total{consumer=\"smoke\"} 0
+idem_effect_fenced_off_total{consumer=\"smoke\"} 0
+idem_effect_request_mismatch_total{consumer=\"smoke\"} 0
+idem_effect_unknown_outcome_total{consumer=\"smoke\"} 0
+idem_effect_dead_total{consumer=\"smoke\"} 0" ]
     step "smoke test: create extension, apply, duplicate, idem_metrics" $?
     (cd "$cluster" && as_pg "$bindir/pg_ctl" -D "$cluster/data" -m fast -w stop) >/dev/null 2>&1
     step "the server stops cleanly" $?
