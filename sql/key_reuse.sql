@@ -19,6 +19,9 @@ $f$;
 CREATE TABLE reuse_orders (id int PRIMARY KEY, paid numeric NOT NULL DEFAULT 0);
 INSERT INTO reuse_orders VALUES (1), (2);
 \set pay 'update reuse_orders set paid = paid + $1 where id = $2'
+-- counters are kept per consumer name across databases: start from zero
+SELECT idem_stats_reset('reuse');
+SELECT idem_stats_reset('reuse-batch');
 
 -- a redelivery of the same message is a duplicate
 SELECT idem_apply('r-1', 'reuse', :'pay', ARRAY['10', '1']);
@@ -91,6 +94,12 @@ SELECT idem_set_fingerprint('reuse', true);
 SELECT idem_apply('r-3', 'reuse', :'pay', ARRAY['1000', '1']);
 SELECT reuse_error($$SELECT idem_apply('r-1', 'reuse', 'update reuse_orders set paid = paid + $1 where id = $2', ARRAY['99', '1'])$$);
 SELECT id, paid FROM reuse_orders ORDER BY id;
+
+-- every refused, parked or reported reuse is counted, whether its
+-- transaction committed or not; the batch's reused keys are no duplicates
+SELECT consumer, applied, duplicates, dead_lettered, key_reuse
+  FROM idem_stats WHERE consumer IN ('reuse', 'reuse-batch') ORDER BY consumer;
+SELECT pg_catalog.regexp_replace(idem_metrics(), '.*(idem_key_reuse_total\{consumer="reuse"\} [0-9]+).*', '\1') AS metric;
 
 -- bad arguments
 SELECT reuse_error($$SELECT idem_set_fingerprint(NULL, true)$$);
