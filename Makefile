@@ -10,6 +10,8 @@ OBJS = \
 	src/keystore_sql.o \
 	src/keystore_fastpath.o \
 	src/keystore.o \
+	src/consumers.o \
+	src/fingerprint.o \
 	src/plan_cache.o \
 	src/args.o \
 	src/apply.o \
@@ -27,10 +29,10 @@ EXTENSION = idem_consumer
 DATA = $(wildcard extension/idem_consumer--*.sql)
 PGFILEDESC = "idem_consumer - idempotent message consumption"
 
-REGRESS = apply bad_input plan_cache security collisions storage batch dead_letter stats metrics_dead_letters retention retention_dead_letters retention_chunks effects
+REGRESS = apply bad_input plan_cache security collisions storage batch dead_letter stats metrics_dead_letters retention retention_dead_letters retention_chunks effects ownership key_reuse
 REGRESS_OPTS = --load-extension=idem_consumer
 
-ISOLATION = apply_concurrency collision_concurrency batch_deadlock dlq_replay purge_concurrency effects_begin effects_takeover effects_claim
+ISOLATION = apply_concurrency collision_concurrency batch_deadlock dlq_replay purge_concurrency effects_begin effects_takeover effects_claim ownership_cache
 ISOLATION_OPTS = --inputdir=test/isolation --load-extension=idem_consumer
 
 TAP_TESTS = 1

@@ -20,10 +20,21 @@ SELECT idem_apply('order-paid:e1', 'payments',
                   ARRAY['10.50', '1']);
 SELECT id, paid_amount, status FROM orders WHERE id = 1;
 
--- a duplicate runs nothing, even with other SQL or parameters
+-- the key reused by another message (other SQL or parameters) is refused
+-- and runs nothing (key_reuse.sql shows the whole error)
+\set VERBOSITY terse
 SELECT idem_apply('order-paid:e1', 'payments',
                   'update orders set paid_amount = paid_amount + $1 where id = $2',
                   ARRAY['1000', '1']);
+\set VERBOSITY default
+SELECT paid_amount FROM orders WHERE id = 1;
+-- with the consumer's check off it is a duplicate like any other, and runs
+-- nothing either
+SELECT idem_set_fingerprint('payments', false);
+SELECT idem_apply('order-paid:e1', 'payments',
+                  'update orders set paid_amount = paid_amount + $1 where id = $2',
+                  ARRAY['1000', '1']);
+SELECT idem_set_fingerprint('payments', true);
 SELECT paid_amount FROM orders WHERE id = 1;
 
 -- the same key for another consumer is independent

@@ -111,14 +111,16 @@ SELECT key AS b2 FROM batch_colliding WHERE pair = 2 AND n = 2 \gset
 SELECT k = :'a1' AS is_a1, k = :'a2' AS is_a2
   FROM idem_record_batch('batch-hashing', ARRAY[:'a2', :'a1', 'x1', :'a2', :'a1']) AS k
  WHERE k <> 'x1' ORDER BY k = :'a2';
-SELECT count(*) AS collisions FROM idem_consumer.key_collisions;
+SELECT count(*) AS collisions FROM idem_consumer.key_collisions
+ WHERE consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'batch-hashing');
 SELECT count(*) AS nothing_new FROM idem_record_batch('batch-hashing', ARRAY[:'a1', :'a2', 'x1']);
 -- one key of a pair by idem_apply, the other by a batch, then both again
 SELECT idem_apply(:'b1', 'batch-hashing', 'select 1') AS b1_applied;
 SELECT k = :'b2' AS is_b2 FROM idem_record_batch('batch-hashing', ARRAY[:'b1', :'b2']) AS k;
 SELECT count(*) AS nothing_new FROM idem_record_batch('batch-hashing', ARRAY[:'b2', :'b1']);
 SELECT idem_apply(:'b2', 'batch-hashing', 'select 1') AS b2_applied_again;
-SELECT count(*) AS collisions FROM idem_consumer.key_collisions;
+SELECT count(*) AS collisions FROM idem_consumer.key_collisions
+ WHERE consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'batch-hashing');
 -- forgetting an occupant keeps its collision recorded
 SELECT idem_forget(:'a1', 'batch-hashing');
 SELECT k = :'a1' AS is_a1 FROM idem_record_batch('batch-hashing', ARRAY[:'a2', :'a1']) AS k;
@@ -165,8 +167,14 @@ SELECT idem_record_batch('batch', ARRAY['denied']);
 RESET ROLE;
 GRANT EXECUTE ON FUNCTION idem_record_batch(text, text[]) TO idem_batch_app;
 SET ROLE idem_batch_app;
+-- EXECUTE is not enough for a consumer another role owns
 SELECT k FROM idem_record_batch('batch', ARRAY['granted', 'e1']) AS k;
 RESET ROLE;
+SELECT idem_consumer_set_owner('batch', 'idem_batch_app');
+SET ROLE idem_batch_app;
+SELECT k FROM idem_record_batch('batch', ARRAY['granted', 'e1']) AS k;
+RESET ROLE;
+SELECT idem_consumer_set_owner('batch', current_user::regrole);
 
 CREATE SCHEMA batch_evil;
 CREATE FUNCTION batch_evil.unnest(text[]) RETURNS SETOF text LANGUAGE sql AS $$ SELECT 'evil'::text $$;
@@ -195,7 +203,8 @@ SELECT k FROM idem_record_batch('batch-sql', ARRAY['s2', 's3']) AS k ORDER BY k;
 SELECT count(*) AS nothing_new FROM idem_record_batch('batch-hashing', ARRAY[:'a2', :'a1', 'x1']);
 SELECT idem_forget(:'a2', 'batch-hashing') AS forgot_occupant;
 SELECT k = :'a2' AS is_a2 FROM idem_record_batch('batch-hashing', ARRAY[:'a1', :'a2']) AS k;
-SELECT count(*) AS collisions FROM idem_consumer.key_collisions;
+SELECT count(*) AS collisions FROM idem_consumer.key_collisions
+ WHERE consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'batch-hashing');
 SELECT idem_apply('s3', 'batch-sql', 'select 1') AS s3_again,
        idem_apply('s4', 'batch-sql', 'select 1') AS s4,
        idem_is_processed('s4', 'batch-sql') AS s4_processed,

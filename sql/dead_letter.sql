@@ -77,7 +77,10 @@ SELECT count(*) AS log_rows FROM wallet_log;
 -- dead-lettered key as processed
 SELECT idem_apply('t-3', 'billing', 'update wallets set balance = -1 where id = 1');
 SELECT idem_is_processed('t-3', 'billing');
-SELECT idem_apply('t-2', 'billing', 'update wallets set balance = 0 where id = 1');
+SELECT idem_apply('t-2', 'billing',
+                      'with log as (insert into wallet_log values ($3, ''debit''))
+                       update wallets set balance = balance - $1 where id = $2',
+                  ARRAY['500', '1', 't-2'], '2024-05-01 12:00:00+00');
 SELECT balance FROM wallets WHERE id = 1;
 
 --
@@ -351,7 +354,9 @@ SELECT idem_try_apply('f-1', 'forgetting', 'select 1');
 -- Privileges
 --
 CREATE ROLE dlq_app;
-CREATE ROLE dlq_oncall;
+-- an operator is a member of the consumer's owner, without its privileges
+-- until it asks for them
+CREATE ROLE dlq_oncall NOINHERIT IN ROLE dlq_app;
 CREATE ROLE dlq_outsider;
 CREATE TABLE inventory (sku text PRIMARY KEY, qty int NOT NULL CHECK (qty >= 0));
 INSERT INTO inventory VALUES ('a', 0);
@@ -376,6 +381,20 @@ RESET ROLE;
 SET ROLE dlq_outsider;
 SELECT dlq_error($$SELECT idem_try_apply('p-3', 'inventory', 'select 1')$$);
 RESET ROLE;
+-- with EXECUTE and SELECT, a role that is no member of the owner is
+-- refused the consumer and sees none of its entries
+GRANT EXECUTE ON FUNCTION idem_try_apply(text, text, text, text[], timestamptz),
+                          idem_dlq_replay(bigint), idem_dlq_discard(bigint, text) TO dlq_outsider;
+GRANT SELECT ON idem_dead_letters TO dlq_outsider;
+SET ROLE dlq_outsider;
+SELECT dlq_error($$SELECT idem_try_apply('p-3', 'inventory', 'select 1')$$);
+SELECT count(*) AS entries_seen FROM idem_dead_letters WHERE consumer = 'inventory';
+RESET ROLE;
+SELECT id AS p1_outsider FROM idem_dead_letters WHERE key = 'p-1' \gset
+SET ROLE dlq_outsider;
+SELECT dlq_error('SELECT idem_dlq_replay(' || :p1_outsider || ')');
+SELECT dlq_error('SELECT idem_dlq_discard(' || :p1_outsider || ', ''no'')');
+RESET ROLE;
 
 UPDATE inventory SET qty = 8;
 SET ROLE dlq_oncall;
@@ -387,7 +406,7 @@ SELECT idem_dlq_replay(:p1);
 SELECT status, sqlstate, message, attempts FROM idem_dead_letters WHERE id = :p1;
 RESET ROLE;
 -- operators get the consumer role's privileges through membership
-GRANT dlq_app TO dlq_oncall;
+ALTER ROLE dlq_oncall INHERIT;
 SET ROLE dlq_oncall;
 SELECT idem_dlq_replay(:p1);
 SELECT idem_dlq_discard(:p2, 'duplicate order, cancelled upstream');

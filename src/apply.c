@@ -28,9 +28,11 @@ PG_FUNCTION_INFO_V1(idem_is_processed);
 PG_FUNCTION_INFO_V1(idem_forget);
 
 /*
- * idem_apply(key, consumer, sql, params, event_time): records (consumer,
- * key) and runs sql with params; returns false, running nothing, if the key
- * was already recorded.
+ * idem_apply(key, consumer, sql, params, event_time, fingerprint): records
+ * (consumer, key) and runs sql with params; returns false, running
+ * nothing, if the key was already recorded for the same message, and
+ * raises IK001 if it was recorded for another one.  The fingerprint
+ * argument exists from version 1.1 of the SQL on.
  */
 Datum
 idem_apply(PG_FUNCTION_ARGS)
@@ -42,22 +44,40 @@ idem_apply(PG_FUNCTION_ARGS)
 	BusinessPlan *bplan;
 	ParamListInfo bound_params;
 	TimestampTz event_time = PG_ARGISNULL(4) ? DT_NOBEGIN : PG_GETARG_TIMESTAMPTZ(4);
+	text	   *explicit_fingerprint = get_fingerprint_arg(fcinfo, 5);
 	int32		consumer_id;
+	bool		check_fingerprint;
+	int32		fingerprint;
+	RecordedKey recorded;
 	bool		applied;
 	int			call;
 
 	check_event_time_arg(fcinfo, 4);
 
-	call = stats_call_begin(consumer);
+	/* a role refused for the consumer must not show in its counters */
 	SPI_connect();
+	consumer_id = keystore_consumer_id_ext(consumer, false, &check_fingerprint);
+	call = stats_call_begin(consumer);
 
 	bplan = business_plan_get(sql);
 	bound_params = business_plan_bind(bplan, params);
 
-	consumer_id = keystore_consumer_id(consumer, true);
-	applied = keystore_record_key(consumer_id, key);
+	if (consumer_id == 0)
+		consumer_id = keystore_consumer_id_ext(consumer, true, &check_fingerprint);
+	if (check_fingerprint)
+		fingerprint = explicit_fingerprint != NULL ?
+			fingerprint_of_text(explicit_fingerprint) :
+			fingerprint_of_message(sql, params);
+	applied = keystore_record_key_fp(consumer_id, key,
+									 check_fingerprint ? &fingerprint : NULL,
+									 &recorded);
 	if (applied)
 		business_plan_execute(bplan, bound_params);
+	else if (check_fingerprint && fingerprint_differs(fingerprint, &recorded))
+	{
+		stats_call_key_reuse(call);
+		fingerprint_refuse(consumer, key, fingerprint, &recorded);
+	}
 
 	SPI_finish();
 	stats_call_end(call, applied ? 1 : 0, applied ? 0 : 1, 0, event_time);

@@ -123,3 +123,15 @@ check_event_time_arg(FunctionCallInfo fcinfo, int argno)
 				 errmsg("event_time must be a finite timestamp"),
 				 errhint("Pass the time the message was produced, or NULL if it is unknown.")));
 }
+
+/*
+ * Returns the optional fingerprint argument, NULL when not given or when
+ * the function is the 1.0 version without it.
+ */
+text *
+get_fingerprint_arg(FunctionCallInfo fcinfo, int argno)
+{
+	if (PG_NARGS() <= argno || PG_ARGISNULL(argno))
+		return NULL;
+	return get_name_arg(fcinfo, argno, "fingerprint", IDEM_MAX_KEY_BYTES);
+}

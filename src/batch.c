@@ -37,6 +37,7 @@
 #include "idem_consumer.h"
 
 PG_FUNCTION_INFO_V1(idem_record_batch);
+PG_FUNCTION_INFO_V1(idem_record_batch_fingerprinted);
 
 /*
  * Returns the keys argument, or NULL for an empty batch, after checking
@@ -125,7 +126,8 @@ record_batch_fast(ReturnSetInfo *rsinfo, int32 consumer_id,
 
 	for (int i = 0; i < nkeys; i++)
 		key_texts[i] = DatumGetTextPP(elems[i]);
-	if (!keystore_record_keys(consumer_id, key_texts, nkeys, isnew))
+	if (!keystore_record_keys(consumer_id, key_texts, nkeys, NULL, NULL, true,
+							  isnew, NULL))
 		return -1;
 
 	for (int i = 0; i < nkeys; i++)
@@ -220,10 +222,10 @@ idem_record_batch(PG_FUNCTION_ARGS)
 	if (keys == NULL)
 		return (Datum) 0;
 
-	call = stats_call_begin(consumer);
 	SPI_connect();
-
 	consumer_id = keystore_consumer_id(consumer, true);
+	call = stats_call_begin(consumer);
+
 	nnew = record_batch_fast(rsinfo, consumer_id, elems, nkeys);
 	if (nnew < 0)
 		nnew = record_batch_sql(rsinfo, consumer_id, keys, nkeys);
@@ -232,6 +234,126 @@ idem_record_batch(PG_FUNCTION_ARGS)
 
 	/* every element is a delivery: the new keys applied, the rest duplicates */
 	stats_call_end(call, (int) nnew, nkeys - (int) nnew, 0, DT_NOBEGIN);
+
+	return (Datum) 0;
+}
+
+/*
+ * Returns the fingerprints of a batch's messages, aligned with its nkeys
+ * keys: fingerprints[i] and has_fingerprint[i] for keys[i]; a NULL array
+ * or element is no fingerprint.
+ */
+static void
+get_fingerprints_arg(FunctionCallInfo fcinfo, int argno, int nkeys,
+					 int32 *fingerprints, bool *has_fingerprint)
+{
+	ArrayType  *array;
+	Datum	   *elems;
+	bool	   *nulls;
+	int			nelems;
+
+	memset(has_fingerprint, 0, nkeys * sizeof(bool));
+	if (PG_ARGISNULL(argno))
+		return;
+	array = PG_GETARG_ARRAYTYPE_P(argno);
+	if (ARR_NDIM(array) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("fingerprints must be a one-dimensional array"),
+				 errdetail("The array has %d dimensions.", ARR_NDIM(array))));
+	nelems = ARR_NDIM(array) == 0 ? 0 : ARR_DIMS(array)[0];
+	if (nelems != nkeys)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("fingerprints must have one element per key"),
+				 errdetail("There are %d keys and %d fingerprints.", nkeys, nelems)));
+	if (nelems == 0)
+		return;
+	deconstruct_array(array, TEXTOID, -1, false, TYPALIGN_INT,
+					  &elems, &nulls, &nelems);
+	for (int i = 0; i < nelems; i++)
+	{
+		if (nulls[i])
+			continue;
+		fingerprints[i] = fingerprint_of_text(DatumGetTextPP(elems[i]));
+		has_fingerprint[i] = true;
+	}
+}
+
+/*
+ * idem_record_batch(consumer, keys, fingerprints): records every key of
+ * the batch with the fingerprint of its message; returns each new key
+ * once with reused = false, and each key found recorded for another
+ * message with reused = true.  A reused key is not recorded again and
+ * counts as a reuse, not as a duplicate.  Every key takes the per-key path
+ * in the order of the unique index, so that the fingerprint of each is
+ * compared.
+ */
+Datum
+idem_record_batch_fingerprinted(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	char	   *consumer;
+	ArrayType  *keys;
+	Datum	   *elems;
+	int			nkeys;
+	int32	   *fingerprints;
+	bool	   *has_fingerprint;
+	bool		check_fingerprint;
+	text	  **key_texts;
+	bool	   *isnew;
+	RecordedKey *recorded;
+	int32		consumer_id;
+	int			nnew = 0;
+	int			nreused = 0;
+	int			call;
+
+	consumer = text_to_cstring(get_name_arg(fcinfo, 0, "consumer",
+											 IDEM_MAX_CONSUMER_BYTES));
+	keys = get_keys_arg(fcinfo, 1, &elems, &nkeys);
+	fingerprints = palloc(Max(nkeys, 1) * sizeof(int32));
+	has_fingerprint = palloc(Max(nkeys, 1) * sizeof(bool));
+	get_fingerprints_arg(fcinfo, 2, nkeys, fingerprints, has_fingerprint);
+
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	if (keys == NULL)
+		return (Datum) 0;
+
+	SPI_connect();
+	consumer_id = keystore_consumer_id_ext(consumer, true, &check_fingerprint);
+	call = stats_call_begin(consumer);
+	if (!check_fingerprint)
+		memset(has_fingerprint, 0, nkeys * sizeof(bool));
+
+	key_texts = palloc(nkeys * sizeof(text *));
+	isnew = palloc(nkeys * sizeof(bool));
+	recorded = palloc(nkeys * sizeof(RecordedKey));
+	for (int i = 0; i < nkeys; i++)
+		key_texts[i] = DatumGetTextPP(elems[i]);
+	keystore_record_keys(consumer_id, key_texts, nkeys, fingerprints,
+						 has_fingerprint, false, isnew, recorded);
+
+	for (int i = 0; i < nkeys; i++)
+	{
+		Datum		values[2];
+		bool		nulls[2] = {false, false};
+
+		if (isnew[i])
+			nnew++;
+		else if (has_fingerprint[i] &&
+				 fingerprint_differs(fingerprints[i], &recorded[i]))
+			nreused++;
+		else
+			continue;
+		values[0] = elems[i];
+		values[1] = BoolGetDatum(!isnew[i]);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		if (!isnew[i])
+			stats_call_key_reuse(call);
+	}
+	SPI_finish();
+
+	stats_call_end(call, nnew, nkeys - nnew - nreused, 0, DT_NOBEGIN);
 
 	return (Datum) 0;
 }

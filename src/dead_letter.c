@@ -426,6 +426,20 @@ dead_letter_insert(int32 consumer_id, text *key, const char *sql,
 }
 
 /*
+ * Returns whether a key has a dead-letter entry, in any state.
+ */
+static bool
+has_dead_letter(int32 consumer_id, text *key)
+{
+	Datum		args[2];
+
+	args[0] = Int32GetDatum(consumer_id);
+	args[1] = PointerGetDatum(key);
+	keystore_execute(KS_DL_KEY_STATUS, args, NULL, 1);
+	return SPI_processed > 0;
+}
+
+/*
  * Returns the outcome of a redelivery of a recorded key: dead_lettered
  * while its entry is pending or was discarded, duplicate otherwise.
  */
@@ -501,6 +515,7 @@ lock_entry(int64 id, DeadLetterEntry *entry)
 				 errmsg("dead-letter entry %lld does not exist", (long long) id),
 				 errhint("The view idem_dead_letters lists the entries.")));
 	entry_from_result(entry);
+	keystore_check_consumer_id(entry->consumer_id);
 }
 
 /*
@@ -595,7 +610,11 @@ idem_try_apply(PG_FUNCTION_ARGS)
 	char	   *sql = get_sql_arg(fcinfo, 2);
 	ArrayType  *params = PG_ARGISNULL(3) ? NULL : PG_GETARG_ARRAYTYPE_P(3);
 	NullableDatum event_time;
+	text	   *explicit_fingerprint = get_fingerprint_arg(fcinfo, 5);
 	int32		consumer_id;
+	bool		check_fingerprint;
+	int32		fingerprint;
+	RecordedKey recorded;
 	Outcome		outcome;
 	bool		redelivered;
 	int			call;
@@ -607,12 +626,42 @@ idem_try_apply(PG_FUNCTION_ARGS)
 		business_params_check(params);
 	business_sql_check(sql);
 
-	call = stats_call_begin(consumer);
 	SPI_connect();
+	consumer_id = keystore_consumer_id_ext(consumer, true, &check_fingerprint);
+	call = stats_call_begin(consumer);
 
-	consumer_id = keystore_consumer_id(consumer, true);
-	redelivered = !keystore_record_key(consumer_id, key);
-	if (redelivered)
+	if (check_fingerprint)
+		fingerprint = explicit_fingerprint != NULL ?
+			fingerprint_of_text(explicit_fingerprint) :
+			fingerprint_of_message(sql, params);
+	redelivered = !keystore_record_key_fp(consumer_id, key,
+										  check_fingerprint ? &fingerprint : NULL,
+										  &recorded);
+	if (redelivered && check_fingerprint &&
+		fingerprint_differs(fingerprint, &recorded))
+	{
+		ErrorData  *edata;
+
+		/* another message under the key: a permanent failure of its own */
+		stats_call_key_reuse(call);
+		if (has_dead_letter(consumer_id, key))
+		{
+			/*
+			 * One entry per key: the message's own redelivery finds the
+			 * entry its first delivery made, and reports it like any
+			 * parked message.
+			 */
+			outcome = redelivery_outcome(consumer_id, key);
+		}
+		else
+		{
+			edata = fingerprint_refusal(consumer, key, fingerprint, &recorded);
+			dead_letter_insert(consumer_id, key, sql, params, event_time, edata);
+			outcome = OUTCOME_DEAD_LETTERED;
+			redelivered = false;
+		}
+	}
+	else if (redelivered)
 		outcome = redelivery_outcome(consumer_id, key);
 	else
 	{

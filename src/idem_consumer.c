@@ -26,6 +26,7 @@ void
 _PG_init(void)
 {
 	plan_cache_init();
+	consumers_init();
 	retention_init();
 	stats_init();
 	dead_letter_init();

@@ -15,6 +15,10 @@
  *	  plan_cache.c		validation, type inference and cached plans of
  *						business SQL, and binding its parameters
  *	  args.c			the argument validators the API functions share
+ *	  consumers.c		consumers, their owners and who may act on them;
+ *						idem_consumer_create(), idem_consumer_set_owner(),
+ *						idem_set_fingerprint()
+ *	  fingerprint.c		fingerprints of messages and the key-reuse error
  *	  apply.c			the SQL-callable idem_apply() family
  *	  batch.c			idem_record_batch(): recording a batch of keys
  *	  dead_letter.c		idem_try_apply(), the dead-letter queue and its
@@ -57,6 +61,16 @@ typedef enum KeystoreStmt
 {
 	KS_FIND_CONSUMER,
 	KS_CREATE_CONSUMER,
+	KS_FIND_OWNED_CONSUMER,
+	KS_CREATE_OWNED_CONSUMER,
+	KS_SET_CONSUMER_OWNER,
+	KS_CONSUMER_BY_ID,
+	KS_FOREIGN_CONSUMER,
+	KS_SET_CHECK_FINGERPRINT,
+	KS_INSERT_KEY_FP,
+	KS_PROBE_KEY_FP,
+	KS_INSERT_COLLISION_FP,
+	KS_DELETE_COLLISION_FP,
 	KS_INSERT_KEY,
 	KS_PROBE_KEY,
 	KS_CLAIM_OCCUPANT,
@@ -107,12 +121,27 @@ extern int	storage_execute(SPIPlanPtr *plan, const char *sql, int nargs,
 							Datum *values, const char *nulls, long tcount);
 extern int	keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
 							 long tcount);
-extern int32 keystore_consumer_id(const char *consumer, bool create);
 extern bool keystore_record_key(int32 consumer_id, text *key);
+
+/* What the storage holds of a key found recorded. */
+typedef struct RecordedKey
+{
+	bool		has_fingerprint;	/* false: recorded without one */
+	int32		fingerprint;
+	int32		processed_at;	/* seconds since 2000-01-01 */
+} RecordedKey;
+
+extern bool keystore_record_key_fp(int32 consumer_id, text *key,
+								   const int32 *fingerprint,
+								   RecordedKey *recorded);
+extern bool keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
+								 const int32 *fingerprints,
+								 const bool *has_fingerprint,
+								 bool require_fastpath, bool *isnew,
+								 RecordedKey *recorded);
 extern bool keystore_key_exists(int32 consumer_id, text *key);
 extern bool keystore_forget_key(int32 consumer_id, text *key);
-extern bool keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
-								 bool *isnew);
+
 extern uint64 keystore_insert_batch(int32 consumer_id, ArrayType *keys);
 extern uint64 keystore_unresolved_batch(int32 consumer_id, ArrayType *keys,
 										ArrayType *inserted);
@@ -128,6 +157,24 @@ typedef struct KeysStored
 } KeysStored;
 
 extern List *keystore_keys_stored(void);
+
+/* consumers.c */
+extern void consumers_init(void);
+extern int32 keystore_consumer_id(const char *consumer, bool create);
+extern int32 keystore_consumer_id_ext(const char *consumer, bool create,
+									  bool *check_fingerprint);
+extern void keystore_check_consumer_id(int32 consumer_id);
+extern void keystore_check_every_consumer(const char *what);
+
+/* fingerprint.c */
+extern int32 fingerprint_of_message(const char *sql, ArrayType *params);
+extern int32 fingerprint_of_text(text *fingerprint);
+extern bool fingerprint_differs(int32 fingerprint, const RecordedKey *recorded);
+extern void fingerprint_refuse(const char *consumer, text *key, int32 fingerprint,
+							   const RecordedKey *recorded);
+extern ErrorData *fingerprint_refusal(const char *consumer, text *key,
+									  int32 fingerprint,
+									  const RecordedKey *recorded);
 
 /* retention.c */
 typedef enum PurgeProgress
@@ -184,6 +231,7 @@ typedef struct ConsumerCounters
 	int64		duplicates;
 	int64		failed;
 	int64		dead_lettered;
+	int64		key_reuse;		/* keys found recorded for another message */
 	TimestampTz last_applied_at;	/* 0 if never */
 	TimestampTz last_duplicate_at;	/* 0 if never */
 	int64		lag_last_us;
@@ -204,6 +252,7 @@ extern void stats_init(void);
 extern int	stats_call_begin(const char *consumer);
 extern void stats_call_end(int call, int applied, int duplicates,
 						   int dead_lettered, TimestampTz event_time);
+extern void stats_call_key_reuse(int call);
 extern List *stats_snapshot(void);
 extern void stats_count_effect(const char *consumer, EffectEvent event);
 
@@ -225,6 +274,7 @@ extern char *get_consumer_arg(FunctionCallInfo fcinfo, int argno);
 extern int32 get_count_arg(FunctionCallInfo fcinfo, int argno, const char *argname);
 extern char *get_sql_arg(FunctionCallInfo fcinfo, int argno);
 extern void check_event_time_arg(FunctionCallInfo fcinfo, int argno);
+extern text *get_fingerprint_arg(FunctionCallInfo fcinfo, int argno);
 
 /* dead_letter.c */
 extern void dead_letter_init(void);

@@ -2,8 +2,8 @@
  *
  * keystore.c
  *	  The key store: recording, probing and forgetting (consumer, key),
- *	  removing keys for retention, consumer ids, and the invariant that
- *	  keeps all of it exact under concurrency.
+ *	  removing keys for retention, and the invariant that keeps all of it
+ *	  exact under concurrency.  Consumers and their ids are consumers.c's.
  *
  * The key store is four files.  storage.c finds the tables and their
  * owner; keystore_sql.c holds the fixed statements and runs them as that
@@ -43,12 +43,7 @@
  * a range of heap blocks of a table and names the ones to remove by TID,
  * and keystore_remove_rows() removes them and keeps the invariant, moving
  * a collision into the place of every occupant it removed.
- *
- * Consumer ids are cached per backend, but only once the row that maps the
- * name is known to be committed by another transaction: an id created by
- * the current transaction would be a lie after a rollback, and a later
- * backend would create the same consumer under a second id.
- *
+ * *
  * The caller must be connected to SPI.
  *
  *-------------------------------------------------------------------------
@@ -61,109 +56,10 @@
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
-#include "utils/hsearch.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
 #include "keystore_internal.h"
-
-typedef struct ConsumerIdEntry
-{
-	char		name[IDEM_MAX_CONSUMER_BYTES + 1];	/* hash key */
-	int32		consumer_id;
-} ConsumerIdEntry;
-
-/* Consumer ids known to be committed, for the storage of ids_generation. */
-static HTAB *consumer_ids;
-static uint64 consumer_ids_generation;
-
-/*
- * Returns the cache of consumer ids, emptied if the storage was located
- * anew since it was filled.
- */
-static HTAB *
-consumer_id_cache(void)
-{
-	const StorageInfo *si = storage_ready();
-
-	if (consumer_ids != NULL && consumer_ids_generation != si->generation)
-	{
-		hash_destroy(consumer_ids);
-		consumer_ids = NULL;
-	}
-	if (consumer_ids == NULL)
-	{
-		HASHCTL		ctl;
-
-		ctl.keysize = sizeof(((ConsumerIdEntry *) NULL)->name);
-		ctl.entrysize = sizeof(ConsumerIdEntry);
-		ctl.hcxt = CacheMemoryContext;
-		consumer_ids = hash_create("idem_consumer consumer ids", 16, &ctl,
-								   HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
-		consumer_ids_generation = si->generation;
-	}
-	return consumer_ids;
-}
-
-
-/*
- * Returns the id of a consumer; with create, creates the consumer if it
- * does not exist yet, otherwise returns 0 for an unknown consumer.
- */
-int32
-keystore_consumer_id(const char *consumer, bool create)
-{
-	HTAB	   *cache;
-	ConsumerIdEntry *entry;
-	Datum		name_datum;
-	bool		isnull;
-	int32		consumer_id;
-
-	cache = consumer_id_cache();
-	entry = hash_search(cache, consumer, HASH_FIND, NULL);
-	if (entry != NULL)
-		return entry->consumer_id;
-
-	name_datum = CStringGetTextDatum(consumer);
-	for (;;)
-	{
-		keystore_exec(KS_FIND_CONSUMER, &name_datum, 1);
-		if (SPI_processed == 1)
-		{
-			TransactionId xmin;
-
-			consumer_id = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
-													  SPI_tuptable->tupdesc,
-													  1, &isnull));
-			xmin = DatumGetTransactionId(SPI_getbinval(SPI_tuptable->vals[0],
-													   SPI_tuptable->tupdesc,
-													   2, &isnull));
-			if (!TransactionIdIsCurrentTransactionId(xmin))
-			{
-				entry = hash_search(cache, consumer, HASH_ENTER, NULL);
-				entry->consumer_id = consumer_id;
-			}
-			return consumer_id;
-		}
-
-		if (!create)
-			return 0;
-
-		keystore_exec(KS_CREATE_CONSUMER, &name_datum, 1);
-		if (SPI_processed == 1)
-			return DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
-											   SPI_tuptable->tupdesc,
-											   1, &isnull));
-
-		/*
-		 * A concurrent transaction created the consumer and committed after
-		 * our lookup; under READ COMMITTED the next lookup sees it.  Under
-		 * REPEATABLE READ the insert has already raised a serialization
-		 * failure, so this loop runs at most twice.
-		 */
-		create = false;
-	}
-}
 
 /*
  * Converts the current transaction's start time to the integer seconds
@@ -196,43 +92,77 @@ result_column(int colno)
 
 
 /*
+ * Reads what KS_PROBE_KEY_FP found of a key recorded already.
+ */
+static void
+recorded_from_probe(RecordedKey *recorded)
+{
+	bool		isnull;
+	Datum		fingerprint;
+
+	fingerprint = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3, &isnull);
+	recorded->has_fingerprint = !isnull;
+	recorded->fingerprint = isnull ? 0 : DatumGetInt32(fingerprint);
+	recorded->processed_at = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
+														 SPI_tuptable->tupdesc,
+														 4, &isnull));
+}
+
+/*
  * Records a key with the SQL statements; returns false if the key was
- * already recorded.
+ * already recorded, and then fills *recorded (when not NULL).
  *
  * The first statement is one insert.  Its conflict means that the key's
  * hash is taken: by the key itself (a duplicate), or by another key, in
  * which case our key goes to key_collisions.  Each time a concurrent
  * transaction changed the occupant between two steps, we start over.
+ * Where the tables keep fingerprints (1.1), the statements carry one;
+ * NULL when the caller has none.
  */
 static bool
-record_key_sql(int32 consumer_id, int32 processed_at, text *key)
+record_key_sql(int32 consumer_id, int32 processed_at, text *key,
+			   const int32 *fingerprint, RecordedKey *recorded)
 {
+	bool		with_fp = storage_ready()->keys_have_fingerprints;
 	Datum		key_args[2];
-	Datum		row[3];
+	Datum		row[4];
+	char		row_nulls[4] = {' ', ' ', ' ', ' '};
 
 	key_args[0] = row[0] = Int32GetDatum(consumer_id);
 	row[1] = Int32GetDatum(processed_at);
 	key_args[1] = row[2] = PointerGetDatum(key);
+	row[3] = fingerprint != NULL ? Int32GetDatum(*fingerprint) : (Datum) 0;
+	row_nulls[3] = fingerprint != NULL ? ' ' : 'n';
 
 	for (;;)
 	{
 		CHECK_FOR_INTERRUPTS();
 
-		keystore_exec(KS_INSERT_KEY, row, 0);
+		keystore_execute(with_fp ? KS_INSERT_KEY_FP : KS_INSERT_KEY, row, row_nulls, 0);
 		if (SPI_processed == 1)
 			return true;
 
-		keystore_exec(KS_PROBE_KEY, key_args, 1);
+		keystore_exec(with_fp ? KS_PROBE_KEY_FP : KS_PROBE_KEY, key_args, 1);
 		if (SPI_processed == 0)
 			continue;			/* the occupant was deleted meanwhile */
 		if (DatumGetBool(result_column(1)) || DatumGetBool(result_column(2)))
+		{
+			if (recorded != NULL)
+			{
+				if (with_fp)
+					recorded_from_probe(recorded);
+				else
+					memset(recorded, 0, sizeof(RecordedKey));
+			}
 			return false;
+		}
 
 		keystore_exec(KS_CLAIM_OCCUPANT, key_args, 0);
 		if (SPI_processed == 0)
 			continue;			/* the occupant was deleted or replaced */
 
-		keystore_exec(KS_INSERT_COLLISION, row, 0);
+		keystore_execute(with_fp ? KS_INSERT_COLLISION_FP : KS_INSERT_COLLISION,
+						 row, row_nulls, 0);
 		return SPI_processed == 1;
 	}
 }
@@ -240,42 +170,60 @@ record_key_sql(int32 consumer_id, int32 processed_at, text *key)
 /*
  * Records a key through an open fast path, leaving to the SQL statements
  * what the fast path cannot decide; returns false if the key was already
- * recorded.
+ * recorded, and then fills *recorded (when not NULL).
  */
 static bool
 fastpath_record(FastPath *fp, int32 hash, int32 consumer_id,
-				int32 processed_at, text *key)
+				int32 processed_at, text *key, const int32 *fingerprint,
+				RecordedKey *recorded)
 {
-	switch (fastpath_probe(fp, hash, consumer_id, key))
+	switch (fastpath_probe(fp, hash, consumer_id, key, recorded))
 	{
 		case PROBE_KEY:
 			return false;
 		case PROBE_EMPTY:
-			if (fastpath_insert(fp, hash, consumer_id, processed_at, key))
+			if (fastpath_insert(fp, hash, consumer_id, processed_at, key,
+								fingerprint))
 				return true;
 			break;
 		case PROBE_OTHER:
 			break;
 	}
-	return record_key_sql(consumer_id, processed_at, key);
+	return record_key_sql(consumer_id, processed_at, key, fingerprint, recorded);
 }
 
 /*
- * Records a key; returns false if the key was already recorded.
+ * Records a key with the fingerprint of its message (NULL: none); returns
+ * false if the key was already recorded, and then fills *recorded (when
+ * not NULL) with what the storage holds of it.  In a database whose SQL is
+ * still 1.0 the fingerprint is not kept and none is ever found.
+ */
+bool
+keystore_record_key_fp(int32 consumer_id, text *key, const int32 *fingerprint,
+					   RecordedKey *recorded)
+{
+	FastPath	fp;
+	bool		isnew;
+
+	if (!fastpath_open(&fp, true))
+		return record_key_sql(consumer_id, processed_at_now(), key,
+							  fingerprint, recorded);
+
+	isnew = fastpath_record(&fp, key_hash_value(consumer_id, key),
+							consumer_id, processed_at_now(), key, fingerprint,
+							recorded);
+	fastpath_close(&fp);
+	return isnew;
+}
+
+/*
+ * Records a key without a fingerprint; returns false if the key was
+ * already recorded.
  */
 bool
 keystore_record_key(int32 consumer_id, text *key)
 {
-	FastPath	fp;
-	bool		recorded;
-
-	if (!fastpath_open(&fp, true))
-		return record_key_sql(consumer_id, processed_at_now(), key);
-
-	recorded = fastpath_record(&fp, key_hash_value(consumer_id, key),
-							   consumer_id, processed_at_now(), key);
-	fastpath_close(&fp);
-	return recorded;
+	return keystore_record_key_fp(consumer_id, key, NULL, NULL);
 }
 
 /* A key of a batch, sorted in the order of the unique index. */
@@ -320,23 +268,34 @@ batch_key_cmp(const void *a, const void *b)
 }
 
 /*
- * Records the keys of a batch through the fast path, one at a time in the
- * order of the unique index, which rules out deadlocks between batches
- * for the reason given at KS_INSERT_BATCH; a key the fast path cannot
- * decide takes the SQL statements at its place in that order.  Sets
- * isnew[i] when keys[i] was not recorded before and is the first
- * occurrence of its key in the batch.  Returns false, doing nothing, when
- * the fast path cannot be used.
+ * Records the keys of a batch one at a time in the order of the unique
+ * index, which rules out deadlocks between batches for the reason given at
+ * KS_INSERT_BATCH.  Sets isnew[i] when keys[i] was not recorded before and
+ * is the first occurrence of its key in the batch.
+ *
+ * fingerprints is NULL, or the fingerprint of each key's message
+ * (has_fingerprint[i] false: none).  recorded is NULL, or receives for
+ * each key that is not new what the storage holds of it; for a repeat in
+ * the batch, its first occurrence as this call recorded it.
+ *
+ * Keys go through the fast path; a key it cannot decide takes the SQL
+ * statements at its place in the order.  When the fast path cannot be
+ * used at all, with require_fastpath this returns false, doing nothing;
+ * otherwise every key takes the SQL statements.
  */
 bool
-keystore_record_keys(int32 consumer_id, text **keys, int nkeys, bool *isnew)
+keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
+					 const int32 *fingerprints, const bool *has_fingerprint,
+					 bool require_fastpath, bool *isnew, RecordedKey *recorded)
 {
 	FastPath	fp;
+	bool		fast;
 	BatchKey   *sorted;
 	int32		processed_at;
 	MemoryContext keycxt;
 
-	if (!fastpath_open(&fp, true))
+	fast = fastpath_open(&fp, true);
+	if (!fast && require_fastpath)
 		return false;
 
 	processed_at = processed_at_now();
@@ -355,22 +314,50 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys, bool *isnew)
 								   ALLOCSET_SMALL_SIZES);
 	for (int i = 0; i < nkeys; i++)
 	{
+		int			index = sorted[i].index;
+		const int32 *fingerprint = NULL;
+		RecordedKey *found = recorded != NULL ? &recorded[index] : NULL;
 		MemoryContext oldcxt;
 
 		CHECK_FOR_INTERRUPTS();
+		if (fingerprints != NULL && has_fingerprint[index])
+			fingerprint = &fingerprints[index];
+
 		if (i > 0 && batch_key_cmp_keys(&sorted[i - 1], &sorted[i]) == 0)
-			continue;			/* a repeat: one message */
+		{
+			/* a repeat: one message, as its first occurrence left it */
+			if (found != NULL)
+			{
+				int			first = sorted[i - 1].index;
+
+				if (isnew[first])
+				{
+					found->has_fingerprint = fingerprints != NULL && has_fingerprint[first];
+					found->fingerprint = found->has_fingerprint ? fingerprints[first] : 0;
+					found->processed_at = processed_at;
+				}
+				else
+					*found = recorded[first];
+			}
+			continue;
+		}
 
 		oldcxt = MemoryContextSwitchTo(keycxt);
-		isnew[sorted[i].index] = fastpath_record(&fp, sorted[i].hash, consumer_id,
-												 processed_at, sorted[i].key);
+		if (fast)
+			isnew[index] = fastpath_record(&fp, sorted[i].hash, consumer_id,
+										   processed_at, sorted[i].key,
+										   fingerprint, found);
+		else
+			isnew[index] = record_key_sql(consumer_id, processed_at,
+										  sorted[i].key, fingerprint, found);
 		MemoryContextSwitchTo(oldcxt);
 		MemoryContextReset(keycxt);
 	}
 	MemoryContextDelete(keycxt);
 	pfree(sorted);
 
-	fastpath_close(&fp);
+	if (fast)
+		fastpath_close(&fp);
 	return true;
 }
 
@@ -425,7 +412,7 @@ keystore_key_exists(int32 consumer_id, text *key)
 	if (fastpath_open(&fp, false))
 	{
 		KeyProbe	found = fastpath_probe(&fp, key_hash_value(consumer_id, key),
-										   consumer_id, key);
+										   consumer_id, key, NULL);
 
 		fastpath_close(&fp);
 		if (found != PROBE_OTHER)
@@ -449,11 +436,13 @@ static void
 promote_collision(int32 hash)
 {
 	Datum		hash_arg = Int32GetDatum(hash);
+	bool		with_fp = storage_ready()->keys_have_fingerprints;
 
 	for (;;)
 	{
 		Datum		collision_args[2];
-		Datum		row[3];
+		Datum		row[4];
+		char		row_nulls[4] = {' ', ' ', ' ', 'n'};
 
 		CHECK_FOR_INTERRUPTS();
 
@@ -463,12 +452,21 @@ promote_collision(int32 hash)
 		collision_args[0] = row[0] = result_column(1);
 		collision_args[1] = row[2] = PointerGetDatum(PG_DETOAST_DATUM_COPY(result_column(2)));
 
-		keystore_exec(KS_DELETE_COLLISION, collision_args, 0);
+		keystore_exec(with_fp ? KS_DELETE_COLLISION_FP : KS_DELETE_COLLISION,
+					  collision_args, 0);
 		if (SPI_processed == 0)
 			continue;			/* forgotten meanwhile: look again */
 		row[1] = result_column(1);
+		if (with_fp)
+		{
+			bool		isnull;
 
-		keystore_exec(KS_INSERT_KEY, row, 0);
+			row[3] = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
+								   2, &isnull);
+			row_nulls[3] = isnull ? 'n' : ' ';
+		}
+
+		keystore_execute(with_fp ? KS_INSERT_KEY_FP : KS_INSERT_KEY, row, row_nulls, 0);
 		if (SPI_processed != 1)
 			elog(ERROR, "could not move a hash collision of idem_consumer into processed_keys");
 		return;

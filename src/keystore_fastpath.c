@@ -104,12 +104,33 @@ fastpath_close(FastPath *fp)
 }
 
 /*
+ * Copies what the storage holds of a key from its row in processed_keys:
+ * its time, and its fingerprint where the table has one.
+ */
+static void
+recorded_from_slot(TupleTableSlot *slot, RecordedKey *recorded)
+{
+	bool		isnull;
+
+	recorded->processed_at = DatumGetInt32(slot_getattr(slot, 2, &isnull));
+	recorded->has_fingerprint = false;
+	if (slot->tts_tupleDescriptor->natts > 3)
+	{
+		Datum		fingerprint = slot_getattr(slot, 4, &isnull);
+
+		recorded->has_fingerprint = !isnull;
+		recorded->fingerprint = isnull ? 0 : DatumGetInt32(fingerprint);
+	}
+}
+
+/*
  * Looks up a key's hash in the unique index and reports what the snapshot
  * sees in its place; the unique index lets a snapshot see at most one row
  * of a hash.
  */
 KeyProbe
-fastpath_probe(FastPath *fp, int32 hash, int32 consumer_id, text *key)
+fastpath_probe(FastPath *fp, int32 hash, int32 consumer_id, text *key,
+			   RecordedKey *recorded)
 {
 	ScanKeyData skey;
 	KeyProbe	found = PROBE_EMPTY;
@@ -137,7 +158,11 @@ fastpath_probe(FastPath *fp, int32 hash, int32 consumer_id, text *key)
 			if (VARSIZE_ANY_EXHDR(occupant) == VARSIZE_ANY_EXHDR(key) &&
 				memcmp(VARDATA_ANY(occupant), VARDATA_ANY(key),
 					   VARSIZE_ANY_EXHDR(key)) == 0)
+			{
 				found = PROBE_KEY;
+				if (recorded != NULL)
+					recorded_from_slot(fp->slot, recorded);
+			}
 		}
 		ExecClearTuple(fp->slot);
 	}
@@ -155,7 +180,7 @@ fastpath_probe(FastPath *fp, int32 hash, int32 consumer_id, text *key)
  */
 bool
 fastpath_insert(FastPath *fp, int32 hash, int32 consumer_id,
-				int32 processed_at, text *key)
+				int32 processed_at, text *key, const int32 *fingerprint)
 {
 	TupleDesc	tupdesc = RelationGetDescr(fp->keys);
 	TupleTableSlot *slot;
@@ -170,6 +195,11 @@ fastpath_insert(FastPath *fp, int32 hash, int32 consumer_id,
 	slot->tts_values[1] = Int32GetDatum(processed_at);
 	slot->tts_values[2] = PointerGetDatum(key);
 	memset(slot->tts_isnull, 0, tupdesc->natts * sizeof(bool));
+	if (tupdesc->natts > 3)
+	{
+		slot->tts_values[3] = fingerprint != NULL ? Int32GetDatum(*fingerprint) : (Datum) 0;
+		slot->tts_isnull[3] = fingerprint == NULL;
+	}
 	ExecStoreVirtualTuple(slot);
 
 	if (fp->index_info == NULL)

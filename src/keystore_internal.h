@@ -34,7 +34,10 @@ typedef struct StorageInfo
 	Oid			consumers_relid;
 	Oid			hash_index;		/* InvalidOid: the fast path is off */
 	Oid			owner;
+	bool		consumers_have_owners;	/* the SQL is 1.1 or later */
+	bool		keys_have_fingerprints; /* the same */
 	uint64		generation;
+	uint64		consumers_version;	/* changes with every invalidation too */
 } StorageInfo;
 
 /* storage.c */
@@ -66,9 +69,10 @@ typedef struct FastPath
 extern bool fastpath_open(FastPath *fp, bool write);
 extern void fastpath_close(FastPath *fp);
 extern KeyProbe fastpath_probe(FastPath *fp, int32 hash, int32 consumer_id,
-							   text *key);
+							   text *key, RecordedKey *recorded);
 extern bool fastpath_insert(FastPath *fp, int32 hash, int32 consumer_id,
-							int32 processed_at, text *key);
+							int32 processed_at, text *key,
+							const int32 *fingerprint);
 
 /*
  * Runs one storage statement without null parameters as the owner of the

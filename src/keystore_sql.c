@@ -111,6 +111,69 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 		" ON CONFLICT (name) DO NOTHING RETURNING consumer_id",
 		1, {TEXTOID}
 	},
+	/* from 1.1 on, consumers have owners */
+	[KS_FIND_OWNED_CONSUMER] = {
+		"SELECT consumer_id, xmin, owner, check_fingerprint FROM " STORAGE_SCHEMA ".consumers"
+		" WHERE name OPERATOR(pg_catalog.=) $1",
+		1, {TEXTOID}
+	},
+	[KS_CREATE_OWNED_CONSUMER] = {
+		"INSERT INTO " STORAGE_SCHEMA ".consumers (name, owner) VALUES ($1, $2)"
+		" ON CONFLICT (name) DO NOTHING RETURNING consumer_id",
+		2, {TEXTOID, REGROLEOID}
+	},
+	[KS_SET_CONSUMER_OWNER] = {
+		"UPDATE " STORAGE_SCHEMA ".consumers SET owner = $2"
+		" WHERE consumer_id OPERATOR(pg_catalog.=) $1",
+		2, {INT4OID, REGROLEOID}
+	},
+	[KS_CONSUMER_BY_ID] = {
+		"SELECT name, owner FROM " STORAGE_SCHEMA ".consumers"
+		" WHERE consumer_id OPERATOR(pg_catalog.=) $1",
+		1, {INT4OID}
+	},
+	/* a consumer the role $1 may not act on, if there is one */
+	[KS_FOREIGN_CONSUMER] = {
+		"SELECT name, owner FROM " STORAGE_SCHEMA ".consumers"
+		" WHERE owner IS NOT NULL"
+		" AND NOT pg_catalog.pg_has_role($1, owner, 'MEMBER')"
+		" ORDER BY name LIMIT 1",
+		1, {OIDOID}
+	},
+	[KS_SET_CHECK_FINGERPRINT] = {
+		"UPDATE " STORAGE_SCHEMA ".consumers SET check_fingerprint = $2"
+		" WHERE consumer_id OPERATOR(pg_catalog.=) $1",
+		2, {INT4OID, BOOLOID}
+	},
+	/* from 1.1 on, keys keep the fingerprint of their message ($4, may be NULL) */
+	[KS_INSERT_KEY_FP] = {
+		"INSERT INTO " STORAGE_SCHEMA ".processed_keys (consumer_id, processed_at, key, fingerprint)"
+		" VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+		4, {INT4OID, INT4OID, TEXTOID, INT4OID}
+	},
+	/* KS_PROBE_KEY, and the fingerprint and time of the key where it is */
+	[KS_PROBE_KEY_FP] = {
+		"SELECT (" SAME_KEY_AS_ARGS "),"
+		" EXISTS (SELECT FROM " STORAGE_SCHEMA ".key_collisions WHERE " SAME_KEY_AS_ARGS "),"
+		" CASE WHEN (" SAME_KEY_AS_ARGS ") THEN fingerprint ELSE"
+		"  (SELECT c.fingerprint FROM " STORAGE_SCHEMA ".key_collisions AS c"
+		"   WHERE c.consumer_id OPERATOR(pg_catalog.=) $1 AND c.key OPERATOR(pg_catalog.=) $2) END,"
+		" CASE WHEN (" SAME_KEY_AS_ARGS ") THEN processed_at ELSE"
+		"  (SELECT c.processed_at FROM " STORAGE_SCHEMA ".key_collisions AS c"
+		"   WHERE c.consumer_id OPERATOR(pg_catalog.=) $1 AND c.key OPERATOR(pg_catalog.=) $2) END"
+		" FROM " STORAGE_SCHEMA ".processed_keys WHERE " SAME_HASH_AS_ARGS,
+		2, {INT4OID, TEXTOID}
+	},
+	[KS_INSERT_COLLISION_FP] = {
+		"INSERT INTO " STORAGE_SCHEMA ".key_collisions (consumer_id, processed_at, key, fingerprint)"
+		" VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+		4, {INT4OID, INT4OID, TEXTOID, INT4OID}
+	},
+	[KS_DELETE_COLLISION_FP] = {
+		"DELETE FROM " STORAGE_SCHEMA ".key_collisions WHERE " SAME_KEY_AS_ARGS
+		" RETURNING processed_at, fingerprint",
+		2, {INT4OID, TEXTOID}
+	},
 	[KS_INSERT_KEY] = {
 		"INSERT INTO " STORAGE_SCHEMA ".processed_keys (consumer_id, processed_at, key)"
 		" VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",

@@ -229,6 +229,9 @@ idem_metrics(PG_FUNCTION_ARGS)
 	append_counter(&buf, snapshot, "idem_dlq_enqueue_total",
 				   "Messages moved to the dead-letter queue, in committed transactions.",
 				   offsetof(ConsumerCounters, dead_lettered));
+	append_counter(&buf, snapshot, "idem_key_reuse_total",
+				   "Deliveries whose key was recorded for another message (IK001).",
+				   offsetof(ConsumerCounters, key_reuse));
 
 	append_effect_counters(&buf, snapshot);
 

@@ -737,6 +737,8 @@ idem_purge(PG_FUNCTION_ARGS)
 	SPI_connect();
 	if (!PG_ARGISNULL(0))
 		only_consumer = existing_consumer_id(get_consumer_arg(fcinfo, 0));
+	else
+		keystore_check_every_consumer("purge the keys");
 
 	purge_begin_batch(only_consumer, batch_size);
 	for (;;)

@@ -55,11 +55,11 @@
 #include "idem_consumer.h"
 
 #define STATS_FILE				PGSTAT_STAT_PERMANENT_DIRECTORY "/idem_consumer.stat"
-/* the second magic: ConsumerCounters gained the effect counters (1.1) */
-#define STATS_FILE_MAGIC		0x1de3c0a2
+/* the third magic: ConsumerCounters gained key_reuse and the effect counters (1.1) */
+#define STATS_FILE_MAGIC		0x1de3c0a3
 #define STATS_TRANCHE_NAME		"idem_consumer"
 #define IDEM_STATS_COLS			15
-#define IDEM_STATS_COLS_1_1		(IDEM_STATS_COLS + EFFECT_NUM_EVENTS)
+#define IDEM_STATS_COLS_1_1		(IDEM_STATS_COLS + EFFECT_NUM_EVENTS + 1)
 
 typedef struct ConsumerStatsEntry
 {
@@ -85,6 +85,7 @@ typedef struct PendingCall
 	int			applied;
 	int			duplicates;
 	int			dead_lettered;
+	int			key_reuse;		/* counted whether it commits or not */
 	instr_time	start;
 	int64		latency_us;
 	TimestampTz event_time;		/* DT_NOBEGIN if not given */
@@ -206,7 +207,8 @@ counters_are_empty(const ConsumerCounters *counters)
 		if (counters->effects[i] != 0)
 			return false;
 	return counters->applied == 0 && counters->duplicates == 0 &&
-		counters->failed == 0 && counters->dead_lettered == 0;
+		counters->failed == 0 && counters->dead_lettered == 0 &&
+		counters->key_reuse == 0;
 }
 
 /*
@@ -437,6 +439,15 @@ consumer_entry(const char *consumer)
 			entry->counters.stats_reset = GetCurrentTimestamp();
 		}
 		LWLockRelease(stats_state->lock);
+		if (entry == NULL)
+			ereport(WARNING,
+					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+					 errmsg("counters of consumer \"%s\" are not tracked", consumer),
+					 errdetail("idem_consumer.max_consumers consumers (%d) have counters already; "
+							   "the calls of this one count in idem_stats_info.untracked_calls only.",
+							   idem_max_consumers),
+					 errhint("Raise idem_consumer.max_consumers (it takes a restart), and keep roles "
+							 "from creating consumers with idem_consumer.create_consumers = off.")));
 	}
 
 	ref = hash_search(entry_refs, consumer, HASH_ENTER, NULL);
@@ -459,6 +470,7 @@ count_committed(void)
 		bool		failed = !call->finished;
 
 		SpinLockAcquire(&call->entry->mutex);
+		counters->key_reuse += call->key_reuse;
 		if (failed)
 			counters->failed++;
 		else
@@ -497,6 +509,7 @@ count_failed_from(int first)
 	{
 		SpinLockAcquire(&pending[i].entry->mutex);
 		pending[i].entry->counters.failed++;
+		pending[i].entry->counters.key_reuse += pending[i].key_reuse;
 		SpinLockRelease(&pending[i].entry->mutex);
 	}
 	npending = Min(npending, first);
@@ -604,6 +617,7 @@ stats_call_begin(const char *consumer)
 	call->nest_level = GetCurrentTransactionNestLevel();
 	call->finished = false;
 	call->applied = call->duplicates = call->dead_lettered = 0;
+	call->key_reuse = 0;
 	call->latency_us = 0;
 	call->event_time = DT_NOBEGIN;
 	INSTR_TIME_SET_CURRENT(call->start);
@@ -633,6 +647,18 @@ stats_call_end(int call_id, int applied, int duplicates, int dead_lettered,
 	call->dead_lettered = dead_lettered;
 	call->event_time = event_time;
 	call->finished = true;
+}
+
+/*
+
+ * Notes that a call found its key recorded for another message; counted
+ * when the transaction ends, whether the call then fails or parks it.
+ */
+void
+stats_call_key_reuse(int call_id)
+{
+	if (call_id >= 0 && call_id < npending)
+		pending[call_id].key_reuse++;
 }
 
 /*
@@ -764,6 +790,7 @@ stats_rows(FunctionCallInfo fcinfo, bool effects)
 		{
 			for (int e = 0; e < EFFECT_NUM_EVENTS; e++)
 				values[i++] = Int64GetDatum(c->effects[e]);
+			values[i++] = Int64GetDatum(c->key_reuse);
 			Assert(i == IDEM_STATS_COLS_1_1);
 		}
 
@@ -834,6 +861,13 @@ idem_stats_reset(PG_FUNCTION_ARGS)
 	ConsumerStatsEntry *entry;
 
 	stats_require_shmem();
+
+	SPI_connect();
+	if (consumer != NULL)
+		(void) keystore_consumer_id(consumer, false);
+	else
+		keystore_check_every_consumer("reset the counters");
+	SPI_finish();
 
 	LWLockAcquire(stats_state->lock, LW_SHARED);
 	hash_seq_init(&hash_seq, stats_hash);

@@ -180,7 +180,12 @@ storage_locate(void)
 
 	storage.info.owner = storage_table_owner(storage.info.keys_relid);
 	storage.info.hash_index = usable_hash_index(nspid);
+	storage.info.consumers_have_owners =
+		get_attnum(storage.info.consumers_relid, "owner") != InvalidAttrNumber;
+	storage.info.keys_have_fingerprints =
+		get_attnum(storage.info.keys_relid, "fingerprint") != InvalidAttrNumber;
 	storage.info.generation++;
+	storage.info.consumers_version++;
 	storage.located = true;
 	storage.recheck = false;
 }
@@ -205,6 +210,11 @@ storage_ready(void)
 			storage.info.owner = owner;
 			storage.info.hash_index =
 				usable_hash_index(get_rel_namespace(storage.info.keys_relid));
+			storage.info.consumers_have_owners =
+				get_attnum(storage.info.consumers_relid, "owner") != InvalidAttrNumber;
+			storage.info.keys_have_fingerprints =
+				get_attnum(storage.info.keys_relid, "fingerprint") != InvalidAttrNumber;
+			storage.info.consumers_version++;
 		}
 	}
 	if (!storage.located)

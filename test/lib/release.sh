@@ -194,6 +194,7 @@ idem_applied_total{consumer=\"smoke\"} 1
 idem_duplicate_detected_total{consumer=\"smoke\"} 1
 idem_failed_total{consumer=\"smoke\"} 0
 idem_dlq_enqueue_total{consumer=\"smoke\"} 0
+idem_key_reuse_total{consumer=\"smoke\"} 0
 idem_effect_executed_total{consumer=\"smoke\"} 0
 idem_effect_replayed_total{consumer=\"smoke\"} 0
 idem_effect_busy_total{consumer=\"smoke\"} 0

@@ -82,8 +82,11 @@ is($node->safe_psql('postgres', "SELECT idem_is_processed('k-1', 'load') OR idem
 	't', 'processed keys are not counters: they survive the crash');
 
 # beyond max_consumers, calls are counted as untracked
-$node->safe_psql('postgres',
+my ($many_rc, $many_out, $many_err) = $node->psql('postgres',
 	q{SELECT idem_apply('m', 'many-' || g, 'select 1') FROM generate_series(1, 20) g});
+is($many_rc, 0, 'calls beyond max_consumers are applied');
+like($many_err, qr/WARNING:  counters of consumer "many-20" are not tracked/,
+	'a consumer beyond max_consumers is told its counters are not tracked');
 is($node->safe_psql('postgres', 'SELECT consumers, max_consumers, untracked_calls FROM idem_stats_info'),
 	'16|16|4', 'consumers beyond max_consumers are untracked and counted');
 is($node->safe_psql('postgres', 'SELECT count(*) FROM idem_stats'), '16',

@@ -33,10 +33,17 @@ $node->command_ok([ 'pg_restore', '-d', $node->connstr('restored'), $dump ],
 is($node->safe_psql('restored', 'SELECT count(*) FROM idem_processed_keys'), '101',
 	'processed keys are restored');
 is($node->safe_psql('restored',
-	q{SELECT idem_apply('order-paid:7', 'payments', 'update orders set paid = paid + 1000 where id = 1')}),
+	q{SELECT idem_apply('order-paid:7', 'payments', 'update orders set paid = paid + $1 where id = 1', ARRAY['7'])}),
 	'f', 'a redelivery after the restore is a duplicate');
+my ($reuse_rc, $reuse_out, $reuse_err) = $node->psql('restored',
+	q{SELECT idem_apply('order-paid:7', 'payments', 'update orders set paid = paid + 1000 where id = 1')});
+like($reuse_err, qr/key "order-paid:7" of consumer "payments" was recorded for another message/,
+	'fingerprints are restored: another message under the key is refused');
 is($node->safe_psql('restored', 'SELECT paid FROM orders'), '5050',
 	'and changed nothing');
+is($node->safe_psql('restored',
+	q{SELECT owner::text = current_user FROM idem_consumers WHERE consumer = 'payments'}),
+	't', 'consumers keep their owner, dumped by name');
 is($node->safe_psql('restored', q{SELECT status FROM idem_dead_letters WHERE key = 'order-paid:bad'}),
 	'pending', 'dead letters are restored');
 is($node->safe_psql('restored', q{SELECT idem_apply('k', 'new-consumer', 'select 1')}),

@@ -237,6 +237,17 @@ $node->safe_psql('stays_1_0', $setup =~ s/'(payments|audit|shipping)'/'old-$1'/g
 is($node->safe_psql('upgraded', q{SELECT extversion FROM pg_extension WHERE extname = 'idem_consumer'}),
 	'1.0', 'the database starts at 1.0');
 
+# A team's role that uses a consumer under 1.0 through a plain grant.
+$node->safe_psql('upgraded', q{
+	CREATE ROLE legacy_app;
+	CREATE ROLE other_app;
+	GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz) TO legacy_app, other_app;
+	GRANT SELECT, UPDATE ON ledger TO legacy_app, other_app;
+	SET ROLE legacy_app;
+	SELECT idem_apply('legacy:1', 'legacy', 'update ledger set n = n + 0 where id = 1');
+	RESET ROLE;
+});
+
 my %state_queries = (
 	keys => q{SELECT consumer, count(*) FROM idem_processed_keys GROUP BY 1 ORDER BY 1},
 	dead_letters => q{SELECT consumer, key, status, sqlstate, attempts, discard_reason
@@ -277,6 +288,33 @@ is($node->safe_psql('upgraded', q{
 	  FROM generate_series(1, 200) g}),
 	'200', 'every key applied at 1.0 is a duplicate after the update');
 is($node->safe_psql('upgraded', 'SELECT n FROM ledger'), $before{ledger}, 'and changed nothing');
+
+# Consumers of 1.0 have no owner and keep working for their roles, through
+# the grants they had, until a superuser gives them an owner.
+is($node->safe_psql('upgraded', q{SELECT count(*) FROM idem_consumers WHERE owner IS NULL}),
+	'4', 'the consumers of 1.0 have no owner after the update');
+is($node->safe_psql('upgraded', q{
+	SET ROLE legacy_app;
+	SELECT idem_apply('legacy:1', 'legacy', 'update ledger set n = n + 0 where id = 1'),
+	       idem_apply('legacy:2', 'legacy', 'update ledger set n = n + 0 where id = 1')}),
+	'f|t', 'a role granted idem_apply under 1.0 still records keys of its consumer');
+is($node->safe_psql('upgraded', q{
+	SET ROLE other_app;
+	SELECT idem_apply('legacy:3', 'legacy', 'update ledger set n = n + 0 where id = 1')}),
+	't', 'and so does any role with EXECUTE, as under 1.0');
+$node->safe_psql('upgraded', q{SELECT idem_consumer_set_owner('legacy', 'legacy_app')});
+my ($own_rc, $own_out, $own_err) = $node->psql('upgraded', q{
+	SET ROLE other_app;
+	SELECT idem_apply('legacy:4', 'legacy', 'update ledger set n = n + 0 where id = 1')});
+like($own_err, qr/permission denied for consumer "legacy"/,
+	'once a superuser gives the consumer an owner, other roles are refused');
+is($node->safe_psql('upgraded', q{
+	SET ROLE legacy_app;
+	SELECT idem_apply('legacy:4', 'legacy', 'update ledger set n = n + 0 where id = 1')}),
+	't', 'and its owner goes on');
+# the grants are the test's, not the extension's: out of the catalog comparison
+$node->safe_psql('upgraded', q{
+	REVOKE EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz) FROM legacy_app, other_app});
 is($node->safe_psql('upgraded', q{
 	SELECT count(*) FROM idem_record_batch('audit',
 	    ARRAY(SELECT 'audit:' || g FROM generate_series(1, 51) g))}),

@@ -1,0 +1,500 @@
+/*-------------------------------------------------------------------------
+ *
+ * consumers.c
+ *	  Consumers: their names and ids, their owners, who may act on them,
+ *	  whether they check fingerprints, and the SQL functions
+ *	  idem_consumer_create(), idem_consumer_set_owner() and
+ *	  idem_set_fingerprint().
+ *
+ * Every function that acts on a consumer resolves its name here, and the
+ * resolution is the access check: the current role must be a member of
+ * the consumer's owner (is_member_of_role, so superusers pass), or the
+ * call fails with 42501 before anything is recorded or counted.  A
+ * consumer that does not exist yet is created owned by the current role,
+ * unless idem_consumer.create_consumers is off for it.  Consumers created
+ * under version 1.0 of the SQL have no owner and stay open to every role
+ * with EXECUTE on the API, as they were, until a superuser gives them one;
+ * in a database whose SQL is still 1.0 nobody has an owner.
+ *
+ * Ids and owners are cached per backend, but only once the row is known to
+ * be committed by another transaction: an id created by the current
+ * transaction would be a lie after a rollback, and a later backend would
+ * create the same consumer under a second id.  The cache is emptied when
+ * the storage is located anew and on every relcache invalidation of the
+ * storage tables; idem_consumer_set_owner() sends one, so that other
+ * backends see the new owner from their next transaction on.  Membership
+ * itself is not cached here: is_member_of_role() keeps its own cache,
+ * invalidated by GRANT and REVOKE.
+ *
+ * The caller of the C functions must be connected to SPI.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/transam.h"
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/hsearch.h"
+#include "utils/inval.h"
+#include "utils/memutils.h"
+
+#include "keystore_internal.h"
+
+/* A consumer as the storage knows it. */
+typedef struct ConsumerIdEntry
+{
+	char		name[IDEM_MAX_CONSUMER_BYTES + 1];	/* hash key */
+	int32		consumer_id;
+	Oid			owner;			/* InvalidOid: no owner, open to all */
+	bool		check_fingerprint;	/* compare fingerprints of redeliveries */
+} ConsumerIdEntry;
+
+/* Whether roles may create consumers (idem_consumer.create_consumers). */
+static bool create_consumers = true;
+
+/* Consumers known to be committed, valid for cache_version. */
+static HTAB *consumer_cache;
+static uint64 consumer_cache_generation;
+static uint64 consumer_cache_version;
+
+PG_FUNCTION_INFO_V1(idem_consumer_create);
+PG_FUNCTION_INFO_V1(idem_consumer_set_owner);
+PG_FUNCTION_INFO_V1(idem_set_fingerprint);
+
+/*
+ * Returns the cache of consumers, emptied if the storage was located anew
+ * or invalidated since it was filled.
+ */
+static HTAB *
+consumer_id_cache(void)
+{
+	const StorageInfo *si = storage_ready();
+
+	if (consumer_cache != NULL &&
+		(consumer_cache_generation != si->generation ||
+		 consumer_cache_version != si->consumers_version))
+	{
+		hash_destroy(consumer_cache);
+		consumer_cache = NULL;
+	}
+	if (consumer_cache == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(((ConsumerIdEntry *) NULL)->name);
+		ctl.entrysize = sizeof(ConsumerIdEntry);
+		ctl.hcxt = CacheMemoryContext;
+		consumer_cache = hash_create("idem_consumer consumers", 16, &ctl,
+									 HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+		consumer_cache_generation = si->generation;
+		consumer_cache_version = si->consumers_version;
+	}
+	return consumer_cache;
+}
+
+/*
+ * Returns the name of a role for a message, or its OID if it was dropped.
+ */
+static char *
+role_name_for_message(Oid roleid)
+{
+	char	   *name = GetUserNameFromId(roleid, true);
+
+	return name != NULL ? name : psprintf("%u", roleid);
+}
+
+/*
+ * Raises 42501 unless the current role may act on a consumer with this
+ * owner.
+ */
+static void
+check_consumer_access(const char *consumer, Oid owner)
+{
+	char	   *owner_name;
+
+	if (!OidIsValid(owner) || is_member_of_role(GetUserId(), owner))
+		return;
+
+	owner_name = role_name_for_message(owner);
+	ereport(ERROR,
+			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+			 errmsg("permission denied for consumer \"%s\"", consumer),
+			 errdetail("Consumer \"%s\" is owned by role \"%s\"; role \"%s\" is not a member of it.",
+					   consumer, owner_name,
+					   role_name_for_message(GetUserId())),
+			 errhint("Grant role \"%s\" to the role that acts on this consumer.",
+					 owner_name)));
+}
+
+/*
+ * Raises 42501 unless the current role may create consumers owned by
+ * owner.
+ */
+static void
+check_may_create(const char *consumer, Oid owner)
+{
+	if (!create_consumers && !superuser())
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to create consumer \"%s\"", consumer),
+				 errdetail("idem_consumer.create_consumers is off for role \"%s\".",
+						   role_name_for_message(GetUserId())),
+				 errhint("Ask an administrator to create the consumer with idem_consumer_create().")));
+	if (!is_member_of_role(GetUserId(), owner))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to create consumer \"%s\" owned by role \"%s\"",
+						consumer, role_name_for_message(owner)),
+				 errdetail("Only members of a role may create consumers it owns.")));
+}
+
+/*
+ * Finds a consumer in the storage; returns false if it does not exist.
+ * Caches what it found once the row is committed.
+ */
+static bool
+lookup_consumer(const char *consumer, ConsumerIdEntry *found)
+{
+	const StorageInfo *si = storage_ready();
+	HTAB	   *cache = consumer_id_cache();
+	ConsumerIdEntry *entry;
+	Datum		name_datum;
+	bool		isnull;
+	TransactionId xmin;
+
+	entry = hash_search(cache, consumer, HASH_FIND, NULL);
+	if (entry != NULL)
+	{
+		*found = *entry;
+		return true;
+	}
+
+	name_datum = CStringGetTextDatum(consumer);
+	keystore_exec(si->consumers_have_owners ? KS_FIND_OWNED_CONSUMER : KS_FIND_CONSUMER,
+				  &name_datum, 1);
+	if (SPI_processed == 0)
+		return false;
+
+	strlcpy(found->name, consumer, sizeof(found->name));
+	found->consumer_id = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
+													 SPI_tuptable->tupdesc,
+													 1, &isnull));
+	xmin = DatumGetTransactionId(SPI_getbinval(SPI_tuptable->vals[0],
+											   SPI_tuptable->tupdesc,
+											   2, &isnull));
+	found->owner = InvalidOid;
+	found->check_fingerprint = false;
+	if (si->consumers_have_owners)
+	{
+		Datum		owner = SPI_getbinval(SPI_tuptable->vals[0],
+										  SPI_tuptable->tupdesc, 3, &isnull);
+
+		if (!isnull)
+			found->owner = DatumGetObjectId(owner);
+		found->check_fingerprint =
+			DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+									   SPI_tuptable->tupdesc, 4, &isnull)) &&
+			si->keys_have_fingerprints;
+	}
+	if (!TransactionIdIsCurrentTransactionId(xmin))
+	{
+		entry = hash_search(cache, consumer, HASH_ENTER, NULL);
+		*entry = *found;
+	}
+	return true;
+}
+
+/*
+ * Inserts a consumer owned by owner; returns its id, or 0 if a concurrent
+ * transaction created it first.
+ */
+static int32
+insert_consumer(const char *consumer, Oid owner)
+{
+	const StorageInfo *si = storage_ready();
+	Datum		args[2];
+	bool		isnull;
+
+	args[0] = CStringGetTextDatum(consumer);
+	args[1] = ObjectIdGetDatum(owner);
+	keystore_exec(si->consumers_have_owners ? KS_CREATE_OWNED_CONSUMER : KS_CREATE_CONSUMER,
+				  args, 1);
+	if (SPI_processed == 0)
+		return 0;
+	return DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
+									   SPI_tuptable->tupdesc, 1, &isnull));
+}
+
+/*
+ * Returns the id of a consumer the current role may act on, raising 42501
+ * for one it may not; with create, creates the consumer, owned by the
+ * current role, if it does not exist yet, otherwise returns 0 for an
+ * unknown consumer.
+ */
+int32
+keystore_consumer_id(const char *consumer, bool create)
+{
+	return keystore_consumer_id_ext(consumer, create, NULL);
+}
+
+/*
+ * keystore_consumer_id(), also telling whether the consumer compares the
+ * fingerprints of redeliveries (when check_fingerprint is not NULL).
+ */
+int32
+keystore_consumer_id_ext(const char *consumer, bool create,
+						 bool *check_fingerprint)
+{
+	ConsumerIdEntry found;
+
+	for (;;)
+	{
+		int32		consumer_id;
+
+		if (lookup_consumer(consumer, &found))
+		{
+			check_consumer_access(consumer, found.owner);
+			if (check_fingerprint != NULL)
+				*check_fingerprint = found.check_fingerprint;
+			return found.consumer_id;
+		}
+		if (!create)
+			return 0;
+
+		check_may_create(consumer, GetUserId());
+		consumer_id = insert_consumer(consumer, GetUserId());
+		if (consumer_id != 0)
+		{
+			/* the column's default */
+			if (check_fingerprint != NULL)
+				*check_fingerprint = storage_ready()->keys_have_fingerprints &&
+					storage_ready()->consumers_have_owners;
+			return consumer_id;
+		}
+
+		/*
+		 * A concurrent transaction created the consumer and committed after
+		 * our lookup; under READ COMMITTED the next lookup sees it.  Under
+		 * REPEATABLE READ the insert has already raised a serialization
+		 * failure, so this loop runs at most twice.
+		 */
+		create = false;
+	}
+}
+
+/*
+ * Raises 42501 unless the current role may act on the consumer of this id;
+ * for the functions that name a consumer by one of its rows (a dead-letter
+ * entry).
+ */
+void
+keystore_check_consumer_id(int32 consumer_id)
+{
+	Datum		arg = Int32GetDatum(consumer_id);
+	bool		isnull;
+	Datum		owner;
+	char	   *name;
+
+	if (!storage_ready()->consumers_have_owners)
+		return;
+	keystore_exec(KS_CONSUMER_BY_ID, &arg, 1);
+	if (SPI_processed == 0)
+		return;
+	name = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+	owner = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
+	if (!isnull)
+		check_consumer_access(name, DatumGetObjectId(owner));
+}
+
+/*
+ * Raises 42501 unless the current role may act on every consumer; for the
+ * functions that act on all consumers at once.
+ */
+void
+keystore_check_every_consumer(const char *what)
+{
+	Datum		arg = ObjectIdGetDatum(GetUserId());
+	bool		isnull;
+	char	   *name;
+	Oid			owner;
+
+	if (superuser() || !storage_ready()->consumers_have_owners)
+		return;
+	keystore_exec(KS_FOREIGN_CONSUMER, &arg, 1);
+	if (SPI_processed == 0)
+		return;
+	name = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+	owner = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0],
+										   SPI_tuptable->tupdesc, 2, &isnull));
+	ereport(ERROR,
+			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+			 errmsg("permission denied to %s of every consumer", what),
+			 errdetail("Consumer \"%s\" is owned by role \"%s\", of which role \"%s\" is not a member.",
+					   name, role_name_for_message(owner),
+					   role_name_for_message(GetUserId())),
+			 errhint("Name the consumer, or act as a member of every owner.")));
+}
+
+/*
+ * Raises the error of a function that needs version 1.1 of the SQL.
+ */
+static void
+require_owners(const char *function)
+{
+	if (!storage_ready()->consumers_have_owners)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("%s needs version 1.1 of extension \"idem_consumer\"", function),
+				 errdetail("The consumers table of this database has no owner column."),
+				 errhint("ALTER EXTENSION idem_consumer UPDATE")));
+}
+
+/*
+ * Returns a role argument, the current role when NULL.
+ */
+static Oid
+get_role_arg(FunctionCallInfo fcinfo, int argno, bool null_is_current)
+{
+	if (PG_ARGISNULL(argno))
+	{
+		if (null_is_current)
+			return GetUserId();
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("owner must not be null")));
+	}
+	return PG_GETARG_OID(argno);
+}
+
+/*
+ * idem_consumer_create(consumer, owner): creates a consumer owned by owner
+ * (the current role when NULL).
+ */
+Datum
+idem_consumer_create(PG_FUNCTION_ARGS)
+{
+	char	   *consumer = get_consumer_arg(fcinfo, 0);
+	Oid			owner = get_role_arg(fcinfo, 1, true);
+	ConsumerIdEntry found;
+
+	SPI_connect();
+	require_owners("idem_consumer_create()");
+	if (!lookup_consumer(consumer, &found))
+	{
+		check_may_create(consumer, owner);
+		if (insert_consumer(consumer, owner) != 0)
+		{
+			SPI_finish();
+			PG_RETURN_VOID();
+		}
+		lookup_consumer(consumer, &found);
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_DUPLICATE_OBJECT),
+			 errmsg("consumer \"%s\" already exists", consumer),
+			 OidIsValid(found.owner) ?
+			 errdetail("It is owned by role \"%s\".", role_name_for_message(found.owner)) :
+			 errdetail("It was created under version 1.0 and has no owner."),
+			 errhint("Use idem_consumer_set_owner() to change the owner of an existing consumer.")));
+	PG_RETURN_VOID();
+}
+
+/*
+ * idem_consumer_set_owner(consumer, owner): gives a consumer to another
+ * owner.  Allowed to members of the present owner that are members of the
+ * new one too, as ALTER ... OWNER TO is; a consumer without an owner is
+ * given one by superusers only.
+ */
+Datum
+idem_consumer_set_owner(PG_FUNCTION_ARGS)
+{
+	char	   *consumer = get_consumer_arg(fcinfo, 0);
+	Oid			owner = get_role_arg(fcinfo, 1, false);
+	ConsumerIdEntry found;
+	Datum		args[2];
+
+	SPI_connect();
+	require_owners("idem_consumer_set_owner()");
+	if (!lookup_consumer(consumer, &found))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("consumer \"%s\" does not exist", consumer),
+				 errhint("The view idem_consumers lists the consumers.")));
+	if (!OidIsValid(found.owner) && !superuser())
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to give consumer \"%s\" an owner", consumer),
+				 errdetail("The consumer was created under version 1.0 and has no owner."),
+				 errhint("A superuser gives owners to such consumers.")));
+	check_consumer_access(consumer, found.owner);
+	if (!is_member_of_role(GetUserId(), owner))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to give consumer \"%s\" to role \"%s\"",
+						consumer, role_name_for_message(owner)),
+				 errdetail("Only members of a role may give it consumers.")));
+
+	args[0] = Int32GetDatum(found.consumer_id);
+	args[1] = ObjectIdGetDatum(owner);
+	keystore_exec(KS_SET_CONSUMER_OWNER, args, 0);
+	CacheInvalidateRelcacheByRelid(storage_ready()->consumers_relid);
+	SPI_finish();
+	PG_RETURN_VOID();
+}
+
+/*
+ * idem_set_fingerprint(consumer, enabled): turns the key-reuse check of a
+ * consumer on or off.  Keys recorded while it is off keep no fingerprint
+ * and are never compared.
+ */
+Datum
+idem_set_fingerprint(PG_FUNCTION_ARGS)
+{
+	char	   *consumer = get_consumer_arg(fcinfo, 0);
+	Datum		args[2];
+
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("enabled must not be null")));
+
+	SPI_connect();
+	require_owners("idem_set_fingerprint()");
+	args[0] = Int32GetDatum(keystore_consumer_id(consumer, false));
+	if (DatumGetInt32(args[0]) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("consumer \"%s\" does not exist", consumer),
+				 errhint("Create it with idem_consumer_create() first.")));
+	args[1] = PG_GETARG_DATUM(1);
+	keystore_exec(KS_SET_CHECK_FINGERPRINT, args, 0);
+	CacheInvalidateRelcacheByRelid(storage_ready()->consumers_relid);
+	SPI_finish();
+	PG_RETURN_VOID();
+}
+
+/*
+ * Defines idem_consumer.create_consumers; called once from _PG_init.
+ */
+void
+consumers_init(void)
+{
+	DefineCustomBoolVariable("idem_consumer.create_consumers",
+							 "Allows the role to create consumers.",
+							 "When off, idem_apply and the other functions refuse a consumer that does not "
+							 "exist yet, and idem_consumer_create() is refused, for roles other than superusers. "
+							 "Set it per role with ALTER ROLE ... SET.",
+							 &create_consumers,
+							 true,
+							 PGC_SUSET,
+							 0,
+							 NULL,
+							 NULL,
+							 NULL);
+}
