@@ -475,10 +475,8 @@ idem_effect_begin(PG_FUNCTION_ARGS)
 	consumer_id = keystore_consumer_id(consumer, true);
 	for (;;)
 	{
-		Datum		args[2] = {PointerGetDatum(request), us_interval(lease_us)};
-		char		argnulls[2] = {request == NULL ? 'n' : ' ', ' '};
-
-		if (effects_fetch(EF_INSERT_LEASED, consumer_id, key, args, argnulls, 2, &row))
+		if (effects_insert_leased(consumer_id, key, request,
+								  DatumGetIntervalP(us_interval(lease_us)), &row))
 		{
 			stats_count_effect(consumer, EFFECT_EXECUTED);
 			action = ACTION_EXECUTE;

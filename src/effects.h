@@ -100,6 +100,8 @@ extern bool effects_fetch(EffectStmt stmt, int32 consumer_id, text *key,
 						  Datum *args, const char *argnulls, int nargs,
 						  EffectRow *row);
 extern void effect_row_read(uint64 i, EffectRow *row);
+extern bool effects_insert_leased(int32 consumer_id, text *key, Jsonb *request,
+								  Interval *lease, EffectRow *row);
 extern const char *effect_state_name(EffectState state);
 extern bool effects_policy(int32 consumer_id, EffectPolicy *policy);
 extern int64 effects_park(int32 consumer_id, text *key, const char *message,
