@@ -583,14 +583,18 @@ idem_effect_complete(PG_FUNCTION_ARGS)
 				 errmsg("params given without sql")));
 
 	consumer_id = effect_consumer_id(consumer, key);
-	effects_fetch(EF_COMPLETE, consumer_id, key, args, argnulls, 2, NULL);
-	if (SPI_processed == 0)
+	/* the plain case without the executor; EF_COMPLETE decides the rest */
+	if (!effects_fast_complete(consumer_id, key, fence, result))
 	{
-		/* not the current lease: find out why, and say so */
-		lock_effect(consumer, consumer_id, key, &row);
-		check_fence(consumer, key, &row, fence);
-		elog(ERROR, "effect was in flight under fence %lld but could not be completed",
-			 (long long) fence);
+		effects_fetch(EF_COMPLETE, consumer_id, key, args, argnulls, 2, NULL);
+		if (SPI_processed == 0)
+		{
+			/* not the current lease: find out why, and say so */
+			lock_effect(consumer, consumer_id, key, &row);
+			check_fence(consumer, key, &row, fence);
+			elog(ERROR, "effect was in flight under fence %lld but could not be completed",
+				 (long long) fence);
+		}
 	}
 	if (bplan != NULL)
 		business_plan_execute(bplan, bound_params);

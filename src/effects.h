@@ -94,6 +94,7 @@ interval_to_us(const Interval *interval)
 }
 
 /* effects_store.c */
+extern Oid	effects_table_oid(void);
 extern int	effects_execute(EffectStmt stmt, Datum *values, const char *nulls,
 							long tcount);
 extern bool effects_fetch(EffectStmt stmt, int32 consumer_id, text *key,
@@ -106,5 +107,9 @@ extern const char *effect_state_name(EffectState state);
 extern bool effects_policy(int32 consumer_id, EffectPolicy *policy);
 extern int64 effects_park(int32 consumer_id, text *key, const char *message,
 						  const char *detail);
+
+/* effects_fastpath.c */
+extern bool effects_fast_complete(int32 consumer_id, text *key, int64 fence,
+								  Jsonb *result);
 
 #endif							/* IDEM_EFFECTS_H */

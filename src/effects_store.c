@@ -211,6 +211,15 @@ effects_relid(void)
 }
 
 /*
+ * Returns the OID of idem_consumer.effects, InvalidOid before version 1.1.
+ */
+Oid
+effects_table_oid(void)
+{
+	return effects_relid();
+}
+
+/*
  * Tells whether this database has the effect tables (version 1.1).
  */
 bool

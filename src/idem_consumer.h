@@ -32,6 +32,8 @@
  *	  effects.c			external effects: the state machine of leases,
  *						fences and retries, and its SQL functions
  *	  effects_store.c	the storage statements of external effects
+ *	  effects_fastpath.c	completing an effect's lease without the
+ *						executor, in the plain case
  *
  *-------------------------------------------------------------------------
  */

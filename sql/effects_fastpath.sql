@@ -1,0 +1,57 @@
+--
+-- idem_effect_complete's fast path (src/effects_fastpath.c): a completion
+-- that does not fit on its row's page (not a HOT update) gets its index
+-- entries, every row stays reachable through the primary key (amcheck),
+-- and a table changed by hand (here: a trigger) is left to the SQL
+-- statement.  The cases the statement decides (a superseded fence, a
+-- completed effect, a concurrent writer) are in effects.sql and the
+-- isolation specs effects_begin and effects_takeover.
+--
+CREATE EXTENSION IF NOT EXISTS amcheck;
+SET enable_seqscan = off;
+
+-- 40 leases, each completed with a result of 1,500 bytes that does not
+-- compress: pages with room for one or two of them must move the others
+SELECT count(*) FROM generate_series(1, 40) g,
+    LATERAL idem_effect_begin('fp-wide', 'wide:' || g) e WHERE e.action = 'execute';
+BEGIN;
+SELECT count(*) FROM generate_series(1, 40) g,
+    LATERAL idem_effect_complete('fp-wide', 'wide:' || g, 1,
+        jsonb_build_object('blob', (SELECT string_agg(md5(g::text || i::text), '') FROM generate_series(1, 47) i)));
+SELECT pg_stat_get_xact_tuples_updated('idem_consumer.effects'::regclass) AS updated,
+       pg_stat_get_xact_tuples_updated('idem_consumer.effects'::regclass)
+         - pg_stat_get_xact_tuples_hot_updated('idem_consumer.effects'::regclass) > 0 AS some_not_hot;
+COMMIT;
+
+-- every version the heap holds has its entries in both indexes
+SELECT bt_index_check('idem_consumer.effects_pkey', true);
+SELECT bt_index_check('idem_consumer.effects_outbox', true);
+-- each completion is found through the primary key, as stored
+SELECT count(*) AS completed, min(length(result->>'blob')) AS result_length,
+       bool_and(lease_until IS NULL AND completed_at = updated_at) AS columns_set
+  FROM idem_consumer.effects e JOIN idem_consumer.consumers c USING (consumer_id)
+ WHERE c.name = 'fp-wide' AND e.key = ANY (SELECT 'wide:' || g FROM generate_series(1, 40) g)
+   AND e.state = 'completed';
+SELECT action, fence, length(result->>'blob') FROM idem_effect_begin('fp-wide', 'wide:7');
+-- a completed lease cannot complete again, in the same transaction either
+SELECT fence FROM idem_effect_begin('fp-wide', 'twice') \gset
+BEGIN;
+SELECT idem_effect_complete('fp-wide', 'twice', :fence, '{"n": 1}');
+SELECT idem_effect_complete('fp-wide', 'twice', :fence, '{"n": 2}');
+ROLLBACK;
+SELECT state, result FROM idem_consumer.effects WHERE key = 'twice';
+
+-- a trigger on the table: the SQL statement runs it
+CREATE FUNCTION effects_seen() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+    RAISE NOTICE 'statement updated % to %', NEW.key, NEW.state;
+    RETURN NEW;
+END $f$;
+CREATE TRIGGER seen BEFORE UPDATE ON idem_consumer.effects
+    FOR EACH ROW EXECUTE FUNCTION effects_seen();
+SELECT fence FROM idem_effect_begin('fp-wide', 'watched') \gset
+SELECT idem_effect_complete('fp-wide', 'watched', :fence, '{"ok": true}');
+DROP TRIGGER seen ON idem_consumer.effects;
+DROP FUNCTION effects_seen();
+SELECT state, result FROM idem_consumer.effects WHERE key = 'watched';
+RESET enable_seqscan;
