@@ -361,23 +361,34 @@ bool
 effects_insert_leased(int32 consumer_id, text *key, Jsonb *request,
 					  Interval *lease, EffectRow *row)
 {
-	Datum		values[4];
-	char		nulls[4] = {' ', ' ', request == NULL ? 'n' : ' ', ' '};
-	MemoryContext oldcxt;
+	text	   *provider_key;
+	MemoryContext oldcxt = MemoryContextSwitchTo(row->cxt);
 
-	values[0] = Int32GetDatum(consumer_id);
-	values[1] = PointerGetDatum(key);
-	values[2] = PointerGetDatum(request);
-	values[3] = IntervalPGetDatum(lease);
-	effects_execute(EF_INSERT_LEASED, values, nulls, 0);
-	if (SPI_processed == 0)
-		return false;
+	/* the plain case without the executor; the statement decides the rest */
+	provider_key = effects_fast_insert_leased(consumer_id, key, request,
+											  interval_to_us(lease));
+	if (provider_key == NULL)
+	{
+		Datum		values[4];
+		char		nulls[4] = {' ', ' ', request == NULL ? 'n' : ' ', ' '};
 
-	oldcxt = MemoryContextSwitchTo(row->cxt);
+		values[0] = Int32GetDatum(consumer_id);
+		values[1] = PointerGetDatum(key);
+		values[2] = PointerGetDatum(request);
+		values[3] = IntervalPGetDatum(lease);
+		effects_execute(EF_INSERT_LEASED, values, nulls, 0);
+		if (SPI_processed == 0)
+		{
+			MemoryContextSwitchTo(oldcxt);
+			return false;
+		}
+		provider_key = (text *) column_copy(0, 1);
+	}
+
 	row->state = ES_IN_FLIGHT;
 	row->fence = 1;
 	row->attempts = 1;
-	row->provider_key = (text *) column_copy(0, 1);
+	row->provider_key = provider_key;
 	row->outcome_unknown = false;
 	row->lease_until = GetCurrentTransactionStartTimestamp() + interval_to_us(lease);
 	row->retry_at = 0;
