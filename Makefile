@@ -15,13 +15,15 @@ OBJS = \
 	src/metrics.o \
 	src/dead_letter.o \
 	src/retention.o \
-	src/purge_worker.o
+	src/purge_worker.o \
+	src/inflight.o \
+	src/replay_role.o
 
 EXTENSION = idem_consumer
 DATA = $(wildcard extension/idem_consumer--*.sql)
 PGFILEDESC = "idem_consumer - idempotent message consumption"
 
-REGRESS = apply bad_input plan_cache security collisions storage batch dead_letter stats retention retention_dead_letters retention_chunks
+REGRESS = apply bad_input plan_cache security collisions storage batch dead_letter stats retention retention_dead_letters retention_chunks dead_letter_roles dead_letter_expiry own_key fastpath_fallback
 REGRESS_OPTS = --load-extension=idem_consumer
 
 ISOLATION = apply_concurrency collision_concurrency batch_deadlock dlq_replay purge_concurrency

@@ -382,11 +382,12 @@ SET ROLE dlq_oncall;
 SELECT id AS p1 FROM idem_dead_letters WHERE key = 'p-1' \gset
 SELECT id AS p2 FROM idem_dead_letters WHERE key = 'p-2' \gset
 SELECT key, status, dead_lettered_by FROM idem_dead_letters WHERE consumer = 'inventory' ORDER BY key;
--- a replay runs as the replaying role, which has no privilege on inventory yet
+-- a replay runs the SQL as the role that parked it: an operator who is not
+-- a member of that role may not replay (sql/dead_letter_roles.sql has more)
 SELECT idem_dlq_replay(:p1);
 SELECT status, sqlstate, message, attempts FROM idem_dead_letters WHERE id = :p1;
 RESET ROLE;
--- operators get the consumer role's privileges through membership
+-- operators are members of the consumer role
 GRANT dlq_app TO dlq_oncall;
 SET ROLE dlq_oncall;
 SELECT idem_dlq_replay(:p1);

@@ -134,6 +134,27 @@ check_event_time_arg(FunctionCallInfo fcinfo, int argno)
 }
 
 /*
+ * Runs the business SQL of a key just recorded, holding the key against
+ * forgetting or recording by that SQL (inflight.c).
+ */
+static void
+execute_holding_key(int32 consumer_id, text *key, BusinessPlan *bplan,
+					ParamListInfo bound_params)
+{
+	int			depth = inflight_push(consumer_id, key);
+
+	PG_TRY();
+	{
+		business_plan_execute(bplan, bound_params);
+	}
+	PG_FINALLY();
+	{
+		inflight_pop(depth);
+	}
+	PG_END_TRY();
+}
+
+/*
  * idem_apply(key, consumer, sql, params, event_time): records (consumer,
  * key) and runs sql with params; returns false, running nothing, if the key
  * was already recorded.
@@ -161,9 +182,10 @@ idem_apply(PG_FUNCTION_ARGS)
 	bound_params = business_plan_bind(bplan, params);
 
 	consumer_id = keystore_consumer_id(consumer, true);
+	inflight_check_key(consumer_id, consumer, key, "record");
 	applied = keystore_record_key(consumer_id, key);
 	if (applied)
-		business_plan_execute(bplan, bound_params);
+		execute_holding_key(consumer_id, key, bplan, bound_params);
 
 	SPI_finish();
 	stats_call_end(call, applied ? 1 : 0, applied ? 0 : 1, 0, event_time);
@@ -210,6 +232,7 @@ idem_forget(PG_FUNCTION_ARGS)
 	consumer_id = keystore_consumer_id(consumer, false);
 	if (consumer_id != 0)
 	{
+		inflight_check_key(consumer_id, consumer, key, "forget");
 		dead_letter_forget_key(consumer_id, key);
 		removed = keystore_forget_key(consumer_id, key);
 	}

@@ -224,6 +224,7 @@ idem_record_batch(PG_FUNCTION_ARGS)
 	SPI_connect();
 
 	consumer_id = keystore_consumer_id(consumer, true);
+	inflight_check_keys(consumer_id, consumer, elems, nkeys, "record");
 	nnew = record_batch_fast(rsinfo, consumer_id, elems, nkeys);
 	if (nnew < 0)
 		nnew = record_batch_sql(rsinfo, consumer_id, keys, nkeys);

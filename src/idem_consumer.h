@@ -20,6 +20,10 @@
  *	  metrics.c			the Prometheus text exposition
  *	  retention.c		retention windows, latest activity and purge runs
  *	  purge_worker.c	the background worker that purges on a schedule
+ *	  inflight.c		the keys whose business SQL is running in this
+ *						backend, which that SQL must not forget or record
+ *	  replay_role.c		the role and schemas a dead-letter replay runs
+ *						its SQL with, and who may replay
  *
  *-------------------------------------------------------------------------
  */
@@ -62,6 +66,8 @@ typedef enum KeystoreStmt
 	KS_DELETE_COLLISION,
 	KS_FIND_COLLISION,
 	KS_DL_INSERT,
+	KS_DL_INSERT_ROLE,
+	KS_DL_ROLE,
 	KS_DL_KEY_STATUS,
 	KS_DL_LOCK,
 	KS_DL_LOCK_NEXT_PENDING,
@@ -87,7 +93,7 @@ typedef enum KeystoreStmt
 } KeystoreStmt;
 
 /* The most parameters a storage statement takes. */
-#define KS_MAX_ARGS 12
+#define KS_MAX_ARGS 13
 
 /* The tables that hold keys, in the order a purge walks them. */
 typedef enum KeystoreTable
@@ -200,6 +206,30 @@ extern char *get_consumer_arg(FunctionCallInfo fcinfo, int argno);
 extern int32 get_count_arg(FunctionCallInfo fcinfo, int argno, const char *argname);
 extern char *get_sql_arg(FunctionCallInfo fcinfo, int argno);
 extern void check_event_time_arg(FunctionCallInfo fcinfo, int argno);
+
+/* inflight.c */
+extern int	inflight_push(int32 consumer_id, text *key);
+extern void inflight_pop(int depth);
+extern void inflight_check_key(int32 consumer_id, const char *consumer, text *key,
+							   const char *action);
+extern void inflight_check_keys(int32 consumer_id, const char *consumer, Datum *keys,
+								int nkeys, const char *action);
+extern void inflight_check_none(const char *function_name);
+
+/* replay_role.c */
+typedef struct ReplayRoleState
+{
+	Oid			save_userid;
+	int			save_sec_context;
+} ReplayRoleState;
+
+extern bool replay_role_supported(void);
+extern void replay_role_require_supported(void);
+extern char *replay_role_search_path(void);
+extern Oid	replay_role_check(int64 entry_id, const char *consumer, Oid roleid,
+							  const char *parked_by_name);
+extern ReplayRoleState replay_role_begin(Oid roleid);
+extern void replay_role_end(ReplayRoleState state);
 
 /* dead_letter.c */
 extern void dead_letter_forget_key(int32 consumer_id, text *key);

@@ -72,6 +72,7 @@
 #include "catalog/namespace.h"
 #include "catalog/pg_am.h"
 #include "catalog/pg_class.h"
+#include "catalog/pg_collation.h"
 #include "catalog/pg_index.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
@@ -112,6 +113,39 @@ typedef struct KeystoreStmtDef
 #define DEAD_LETTER_COLUMNS \
 	"dead_letter_id, consumer_id, key, sql, params, settings, status," \
 	" resolved_by, discard_reason"
+
+#define DL_INSERT_COLUMNS \
+	"consumer_id, key, sql, params, event_time, settings, sqlstate, message," \
+	" detail, hint, context, dead_lettered_by"
+#define DL_INSERT_VALUES "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12"
+#define DL_INSERT_TYPES \
+	INT4OID, TEXTOID, TEXTOID, TEXTARRAYOID, TIMESTAMPTZOID, TEXTARRAYOID, \
+	TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID
+#define DL_INSERT_CONFLICT \
+	" ON CONFLICT (consumer_id, key) DO UPDATE SET sql = excluded.sql," \
+	" params = excluded.params, event_time = excluded.event_time," \
+	" settings = excluded.settings, sqlstate = excluded.sqlstate," \
+	" message = excluded.message, detail = excluded.detail, hint = excluded.hint," \
+	" context = excluded.context, first_failed_at = pg_catalog.now()," \
+	" last_failed_at = pg_catalog.now(), attempts = 1," \
+	" dead_lettered_by = excluded.dead_lettered_by, status = 'pending'," \
+	" resolved_at = NULL, resolved_by = NULL, discard_reason = NULL"
+#define DL_INSERT_UNLESS_PENDING \
+	" WHERE dead_letters.status OPERATOR(pg_catalog.<>) 'pending'"
+
+/*
+ * A resolved dead-letter entry (replayed or discarded) expires with its
+ * key: the statements that remove keys by TID remove the resolved entries
+ * of the removed keys in the same statement.  A redelivery after the
+ * purge is then a new message, as for any expired key, and no stale entry
+ * makes it look dead-lettered or blocks parking it again.  "removed" is
+ * the CTE of the removed rows.
+ */
+#define AND_RESOLVED_ENTRIES_EXPIRE \
+	", expired AS (DELETE FROM " STORAGE_SCHEMA ".dead_letters AS d USING removed AS r" \
+	" WHERE d.consumer_id OPERATOR(pg_catalog.=) r.consumer_id" \
+	" AND d.key OPERATOR(pg_catalog.=) r.key" \
+	" AND d.status OPERATOR(pg_catalog.<>) 'pending')"
 
 /*
  * Retention never removes the key of a message that waits in the
@@ -235,12 +269,32 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 	 * Dead letters.  The two locking reads return DEAD_LETTER_COLUMNS, in
 	 * the order dead_letter.c reads them.
 	 */
+	/*
+	 * A new entry, or a new failure in the place of a resolved entry that
+	 * outlived its key (the purge removes resolved entries with their
+	 * keys; a key removed by hand leaves its entry).  A pending entry
+	 * stays as it is.  The second form is for version 1.1 of the SQL
+	 * objects, which records the parking role.
+	 */
 	[KS_DL_INSERT] = {
-		"INSERT INTO " STORAGE_SCHEMA ".dead_letters (consumer_id, key, sql, params,"
-		" event_time, settings, sqlstate, message, detail, hint, context, dead_lettered_by)"
-		" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-		12, {INT4OID, TEXTOID, TEXTOID, TEXTARRAYOID, TIMESTAMPTZOID, TEXTARRAYOID,
-			TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID}
+		"INSERT INTO " STORAGE_SCHEMA ".dead_letters (" DL_INSERT_COLUMNS ")"
+		" VALUES (" DL_INSERT_VALUES ")" DL_INSERT_CONFLICT DL_INSERT_UNLESS_PENDING,
+		12, {DL_INSERT_TYPES}
+	},
+	[KS_DL_INSERT_ROLE] = {
+		"INSERT INTO " STORAGE_SCHEMA ".dead_letters (" DL_INSERT_COLUMNS ", dead_lettered_role)"
+		" VALUES (" DL_INSERT_VALUES ", $13)" DL_INSERT_CONFLICT
+		", dead_lettered_role = excluded.dead_lettered_role" DL_INSERT_UNLESS_PENDING,
+		13, {DL_INSERT_TYPES, REGROLEOID}
+	},
+	/* what a replay needs to know whose rights the entry's SQL runs with */
+	[KS_DL_ROLE] = {
+		"SELECT d.dead_lettered_role, c.name, d.dead_lettered_by"
+		" FROM " STORAGE_SCHEMA ".dead_letters AS d"
+		" JOIN " STORAGE_SCHEMA ".consumers AS c"
+		" ON c.consumer_id OPERATOR(pg_catalog.=) d.consumer_id"
+		" WHERE d.dead_letter_id OPERATOR(pg_catalog.=) $1",
+		1, {INT8OID}
 	},
 	[KS_DL_KEY_STATUS] = {
 		"SELECT status, dead_letter_id FROM " STORAGE_SCHEMA ".dead_letters"
@@ -335,23 +389,28 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 	 * deleted and vacuumed away, and its TID given to a new key.
 	 */
 	[KS_REMOVE_COLLISIONS] = {
-		"DELETE FROM " STORAGE_SCHEMA ".key_collisions AS k"
-		" USING ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS w (consumer_id, cutoff)"
-		" WHERE k.ctid OPERATOR(pg_catalog.=) ANY ($1)"
-		" AND k.consumer_id OPERATOR(pg_catalog.=) w.consumer_id"
-		" AND k.processed_at OPERATOR(pg_catalog.<) w.cutoff"
-		AND_NO_PENDING_DEAD_LETTER("k"),
-		3, {TIDARRAYOID, INT4ARRAYOID, INT4ARRAYOID}, CURSOR_OPT_GENERIC_PLAN
-	},
-	/* returns the hashes whose occupants it removed */
-	[KS_REMOVE_KEYS] = {
-		"DELETE FROM " STORAGE_SCHEMA ".processed_keys AS k"
+		"WITH removed AS (DELETE FROM " STORAGE_SCHEMA ".key_collisions AS k"
 		" USING ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS w (consumer_id, cutoff)"
 		" WHERE k.ctid OPERATOR(pg_catalog.=) ANY ($1)"
 		" AND k.consumer_id OPERATOR(pg_catalog.=) w.consumer_id"
 		" AND k.processed_at OPERATOR(pg_catalog.<) w.cutoff"
 		AND_NO_PENDING_DEAD_LETTER("k")
-		" RETURNING " STORAGE_SCHEMA ".key_hash(k.consumer_id, k.key)",
+		" RETURNING k.consumer_id, k.key)"
+		AND_RESOLVED_ENTRIES_EXPIRE
+		" SELECT FROM removed",
+		3, {TIDARRAYOID, INT4ARRAYOID, INT4ARRAYOID}, CURSOR_OPT_GENERIC_PLAN
+	},
+	/* returns the hashes whose occupants it removed */
+	[KS_REMOVE_KEYS] = {
+		"WITH removed AS (DELETE FROM " STORAGE_SCHEMA ".processed_keys AS k"
+		" USING ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS w (consumer_id, cutoff)"
+		" WHERE k.ctid OPERATOR(pg_catalog.=) ANY ($1)"
+		" AND k.consumer_id OPERATOR(pg_catalog.=) w.consumer_id"
+		" AND k.processed_at OPERATOR(pg_catalog.<) w.cutoff"
+		AND_NO_PENDING_DEAD_LETTER("k")
+		" RETURNING k.consumer_id, k.key)"
+		AND_RESOLVED_ENTRIES_EXPIRE
+		" SELECT " STORAGE_SCHEMA ".key_hash(consumer_id, key) FROM removed",
 		3, {TIDARRAYOID, INT4ARRAYOID, INT4ARRAYOID}, CURSOR_OPT_GENERIC_PLAN
 	},
 	/*
@@ -799,11 +858,39 @@ key_hash_value(int32 consumer_id, text *key)
 }
 
 /*
+ * Tells whether processed_keys has exactly the columns the extension
+ * creates, (consumer_id int4, processed_at int4, key text), and nothing
+ * else: the fast path forms its tuples from these three values alone, so
+ * an added column (even a dropped one, which still takes a slot) would get
+ * a garbage value instead of its default.
+ */
+static bool
+fastpath_columns_match(TupleDesc tupdesc)
+{
+	static const Oid column_types[] = {INT4OID, INT4OID, TEXTOID};
+
+	if (tupdesc->natts != lengthof(column_types) ||
+		(tupdesc->constr != NULL &&
+		 (tupdesc->constr->has_generated_stored || tupdesc->constr->num_defval > 0)))
+		return false;
+	for (int i = 0; i < lengthof(column_types); i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(tupdesc, i);
+
+		if (att->attisdropped || att->atttypid != column_types[i] ||
+			!att->attnotnull ||
+			(att->atttypid == TEXTOID && att->attcollation != C_COLLATION_OID))
+			return false;
+	}
+	return true;
+}
+
+/*
  * Opens processed_keys and its unique index for the fast path, to write
  * or only to read; returns false when the SQL statements must do the work:
- * the table has triggers, row security, check constraints or other indexes
- * than ours, or the transaction cannot write (the SQL path then raises the
- * usual error).
+ * the table has other columns than ours, triggers, row security, check
+ * constraints or other indexes than ours, or the transaction cannot write
+ * (the SQL path then raises the usual error).
  */
 static bool
 fastpath_open(FastPath *fp, bool write)
@@ -820,6 +907,7 @@ fastpath_open(FastPath *fp, bool write)
 	fp->keys = table_open(keystore.keys_relid, lockmode);
 	indexes = RelationGetIndexList(fp->keys);
 	usable = fp->keys->rd_rel->relkind == RELKIND_RELATION &&
+		fastpath_columns_match(RelationGetDescr(fp->keys)) &&
 		fp->keys->trigdesc == NULL &&
 		!fp->keys->rd_rel->relrowsecurity &&
 		(fp->keys->rd_att->constr == NULL ||
