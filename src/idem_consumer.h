@@ -75,7 +75,6 @@ typedef enum KeystoreStmt
 	KS_DL_REPLAYED,
 	KS_DL_DISCARDED,
 	KS_DL_DELETE_RESOLVED,
-	KS_KEYS_STORED,
 	KS_RETENTION_SETTINGS,
 	KS_SET_RETENTION,
 	KS_RESET_RETENTION,
@@ -119,14 +118,7 @@ extern Oid	keystore_keys_relid(void);
 extern void keystore_table_blocks(BlockNumber *blocks);
 extern uint64 keystore_remove_rows(KeystoreTable table, ItemPointer tids,
 								   int ntids, Datum consumer_ids, Datum cutoffs);
-
-typedef struct KeysStored
-{
-	char	   *consumer;
-	int64		keys;
-} KeysStored;
-
-extern List *keystore_keys_stored(void);
+extern double keystore_keys_estimate(void);
 
 /* retention.c */
 typedef enum PurgeProgress
@@ -187,7 +179,8 @@ extern void stats_init(void);
 extern int	stats_call_begin(const char *consumer);
 extern void stats_call_end(int call, int applied, int duplicates,
 						   int dead_lettered, TimestampTz event_time);
-extern List *stats_snapshot(void);
+extern void stats_foreach(void (*fn) (const ConsumerStatsCopy *copy, void *arg),
+						  void *arg);
 
 /* plan_cache.c */
 typedef struct BusinessPlan BusinessPlan;
