@@ -91,6 +91,29 @@ ROLLBACK TO SAVEPOINT ro;
 SELECT idem_is_processed('ro-1', 'fp') AS ro_processed;
 COMMIT;
 
+--
+-- idem_consumer.fast_path = off sends everything to the SQL statements
+-- (the isolation specs run both ways).  It shows in the index scans of a
+-- duplicate: the fast path's one probe, against the SQL path's INSERT ...
+-- ON CONFLICT that finds the key and its SELECT that tells a duplicate
+-- from a collision.
+--
+CREATE FUNCTION fp_scans() RETURNS bigint LANGUAGE sql AS $$
+    SELECT idx_scan FROM pg_stat_xact_all_tables
+     WHERE relid = 'idem_consumer.processed_keys'::regclass
+$$;
+BEGIN;
+SELECT idem_apply('warm', 'fp', 'select 1') AS applied;
+SELECT fp_scans() AS scans \gset
+SELECT idem_apply('warm', 'fp', 'select 1') AS applied;
+SELECT fp_scans() - :scans AS index_scans;
+SET LOCAL idem_consumer.fast_path = off;
+SELECT fp_scans() AS scans \gset
+SELECT idem_apply('warm', 'fp', 'select 1') AS applied;
+SELECT fp_scans() - :scans AS index_scans;
+COMMIT;
+DROP FUNCTION fp_scans();
+
 -- everything above was rolled back: only the first key is there
 SELECT key FROM idem_processed_keys WHERE consumer = 'fp' ORDER BY key;
 SELECT n FROM fp;

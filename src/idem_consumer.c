@@ -25,6 +25,8 @@ int			idem_plan_cache_size = 256;
 char	   *idem_transient_sqlstates = NULL;
 /* Default retention window, in seconds; -1 keeps keys forever. */
 int			idem_retention = 7 * SECS_PER_DAY;
+/* Whether keys may be recorded and probed in C instead of SQL (keystore.c). */
+bool		idem_fast_path = true;
 
 void		_PG_init(void);
 
@@ -73,6 +75,18 @@ _PG_init(void)
 							check_retention,
 							NULL,
 							NULL);
+
+	DefineCustomBoolVariable("idem_consumer.fast_path",
+							 "Records and looks up keys in C when the storage allows it.",
+							 "Off runs every statement on the storage as SQL, the reference path: "
+							 "for tests and for comparing the two.",
+							 &idem_fast_path,
+							 true,
+							 PGC_SUSET,
+							 0,
+							 NULL,
+							 NULL,
+							 NULL);
 
 	stats_init();
 	DefineCustomStringVariable("idem_consumer.transient_sqlstates",

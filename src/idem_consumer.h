@@ -49,6 +49,7 @@
 extern int	idem_plan_cache_size;
 extern char *idem_transient_sqlstates;
 extern int	idem_retention;
+extern bool idem_fast_path;
 
 /*
  * keystore.c: the statements on the storage tables.  Each runs as the owner

@@ -885,9 +885,10 @@ fastpath_columns_match(TupleDesc tupdesc)
 /*
  * Opens processed_keys and its unique index for the fast path, to write
  * or only to read; returns false when the SQL statements must do the work:
- * the table has other columns than ours, triggers, row security, check
- * constraints or other indexes than ours, or the transaction cannot write
- * (the SQL path then raises the usual error).
+ * idem_consumer.fast_path is off, the table has other columns than ours,
+ * triggers, row security, check constraints or other indexes than ours,
+ * or the transaction cannot write (the SQL path then raises the usual
+ * error).
  */
 static bool
 fastpath_open(FastPath *fp, bool write)
@@ -897,7 +898,7 @@ fastpath_open(FastPath *fp, bool write)
 	bool		usable;
 
 	keystore_ready();
-	if (!OidIsValid(keystore.hash_index) ||
+	if (!idem_fast_path || !OidIsValid(keystore.hash_index) ||
 		(write && (XactReadOnly || IsInParallelMode())))
 		return false;
 
