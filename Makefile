@@ -6,8 +6,12 @@
 MODULE_big = idem_consumer
 OBJS = \
 	src/idem_consumer.o \
+	src/storage.o \
+	src/keystore_sql.o \
+	src/keystore_fastpath.o \
 	src/keystore.o \
 	src/plan_cache.o \
+	src/args.o \
 	src/apply.o \
 	src/batch.o \
 	src/histogram.o \
@@ -16,6 +20,8 @@ OBJS = \
 	src/dead_letter.o \
 	src/retention.o \
 	src/purge_worker.o \
+	src/effects_store.o \
+	src/effects.o \
 	src/inflight.o \
 	src/replay_role.o
 
@@ -23,10 +29,10 @@ EXTENSION = idem_consumer
 DATA = $(wildcard extension/idem_consumer--*.sql)
 PGFILEDESC = "idem_consumer - idempotent message consumption"
 
-REGRESS = apply bad_input plan_cache security collisions storage batch dead_letter stats retention retention_dead_letters retention_chunks dead_letter_roles dead_letter_expiry own_key fastpath_fallback
+REGRESS = apply bad_input plan_cache security collisions storage batch dead_letter stats metrics_dead_letters retention retention_dead_letters retention_chunks effects dead_letter_roles dead_letter_expiry own_key fastpath_fallback
 REGRESS_OPTS = --load-extension=idem_consumer
 
-ISOLATION = apply_concurrency collision_concurrency batch_deadlock dlq_replay purge_concurrency dlq_replay_rr
+ISOLATION = apply_concurrency collision_concurrency batch_deadlock dlq_replay purge_concurrency effects_begin effects_takeover effects_claim dlq_replay_rr
 ISOLATION_OPTS = --inputdir=test/isolation --load-extension=idem_consumer
 
 TAP_TESTS = 1
@@ -40,3 +46,12 @@ PG_CFLAGS = -Wall -Wextra -Wno-unused-parameter -Wno-sign-compare
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+
+# PGXN distribution: make dist writes idem_consumer-<version>.zip of the
+# committed tree (HEAD), the version taken from META.json.
+DISTVERSION = $(shell perl -MJSON::PP -e 'local $$/; print decode_json(<STDIN>)->{version}' < META.json)
+
+.PHONY: dist
+dist:
+	git archive --format zip --prefix=$(EXTENSION)-$(DISTVERSION)/ \
+		--output $(EXTENSION)-$(DISTVERSION).zip HEAD

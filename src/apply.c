@@ -2,9 +2,8 @@
  *
  * apply.c
  *	  The SQL-callable API: idem_apply(), idem_is_processed() and
- *	  idem_forget().  Validates arguments and puts keystore and business
- *	  plans together.  The argument validators are shared with
- *	  dead_letter.c.
+ *	  idem_forget().  Puts the argument validators (args.c), the key
+ *	  store and business plans together.
  *
  * idem_apply() checks everything that can be checked before it records the
  * key (arguments, the SQL text, the parameter values), so that a bad call
@@ -27,111 +26,6 @@
 PG_FUNCTION_INFO_V1(idem_apply);
 PG_FUNCTION_INFO_V1(idem_is_processed);
 PG_FUNCTION_INFO_V1(idem_forget);
-
-/*
- * Returns a non-null, non-empty text argument no longer than max_bytes.
- */
-text *
-get_name_arg(FunctionCallInfo fcinfo, int argno, const char *argname,
-			 int max_bytes)
-{
-	text	   *value;
-	int			len;
-
-	if (PG_ARGISNULL(argno))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must not be null", argname)));
-
-	value = PG_GETARG_TEXT_PP(argno);
-	len = VARSIZE_ANY_EXHDR(value);
-	if (len == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s must not be empty", argname)));
-	if (len > max_bytes)
-		ereport(ERROR,
-				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
-				 errmsg("%s is too long", argname),
-				 errdetail("The %s is %d bytes long; the limit is %d bytes.",
-						   argname, len, max_bytes)));
-	return value;
-}
-
-/*
- * Returns a non-null integer argument of at least 1: a count or a size.
- */
-int32
-get_count_arg(FunctionCallInfo fcinfo, int argno, const char *argname)
-{
-	int32		value;
-
-	if (PG_ARGISNULL(argno))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must not be null", argname)));
-	value = PG_GETARG_INT32(argno);
-	if (value < 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s must be at least 1", argname),
-				 errdetail("The value given is %d.", value)));
-	return value;
-}
-
-/*
- * Returns the key argument.
- */
-text *
-get_key_arg(FunctionCallInfo fcinfo, int argno)
-{
-	return get_name_arg(fcinfo, argno, "key", IDEM_MAX_KEY_BYTES);
-}
-
-/*
- * Returns the consumer argument as a C string.
- */
-char *
-get_consumer_arg(FunctionCallInfo fcinfo, int argno)
-{
-	return text_to_cstring(get_name_arg(fcinfo, argno, "consumer",
-										 IDEM_MAX_CONSUMER_BYTES));
-}
-
-/*
- * Returns the sql argument as a C string.
- */
-char *
-get_sql_arg(FunctionCallInfo fcinfo, int argno)
-{
-	char	   *sql;
-
-	if (PG_ARGISNULL(argno))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("sql must not be null")));
-	sql = text_to_cstring(PG_GETARG_TEXT_PP(argno));
-	if (sql[0] == '\0')
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("sql must not be empty")));
-	return sql;
-}
-
-/*
- * Validates the optional event_time argument.
- */
-void
-check_event_time_arg(FunctionCallInfo fcinfo, int argno)
-{
-	if (PG_ARGISNULL(argno))
-		return;
-	if (TIMESTAMP_NOT_FINITE(PG_GETARG_TIMESTAMPTZ(argno)))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("event_time must be a finite timestamp"),
-				 errhint("Pass the time the message was produced, or NULL if it is unknown.")));
-}
 
 /*
  * Runs the business SQL of a key just recorded, holding the key against
@@ -218,7 +112,7 @@ idem_is_processed(PG_FUNCTION_ARGS)
  * idem_forget(key, consumer): removes (consumer, key) so that a redelivery
  * is processed again; returns whether the key was recorded.  A resolved
  * dead-letter entry of the key goes with it; a pending one makes it fail
- * (see dead_letter_forget_key).
+ * (see keystore_forget_key).
  */
 Datum
 idem_forget(PG_FUNCTION_ARGS)
@@ -233,7 +127,6 @@ idem_forget(PG_FUNCTION_ARGS)
 	if (consumer_id != 0)
 	{
 		inflight_check_key(consumer_id, consumer, key, "forget");
-		dead_letter_forget_key(consumer_id, key);
 		removed = keystore_forget_key(consumer_id, key);
 	}
 	SPI_finish();

@@ -114,6 +114,9 @@ typedef struct TransientSqlstates
 
 static TransientSqlstates *extra_transient = NULL;
 
+/* The idem_consumer.transient_sqlstates text; extra_transient is what it parses to. */
+static char *transient_sqlstates_setting = NULL;
+
 PG_FUNCTION_INFO_V1(idem_try_apply);
 PG_FUNCTION_INFO_V1(idem_dlq_replay);
 PG_FUNCTION_INFO_V1(idem_dlq_replay_consumer);
@@ -122,7 +125,7 @@ PG_FUNCTION_INFO_V1(idem_dlq_discard);
 /*
  * Parses idem_consumer.transient_sqlstates into a TransientSqlstates.
  */
-bool
+static bool
 check_transient_sqlstates(char **newval, void **extra, GucSource source)
 {
 	char	   *rawstring = pstrdup(*newval);
@@ -180,7 +183,7 @@ check_transient_sqlstates(char **newval, void **extra, GucSource source)
 /*
  * Installs the parsed value of idem_consumer.transient_sqlstates.
  */
-void
+static void
 assign_transient_sqlstates(const char *newval, void *extra)
 {
 	extra_transient = (TransientSqlstates *) extra;
@@ -577,7 +580,19 @@ replay_entry(const DeadLetterEntry *entry)
 	ErrorData  *edata;
 	Datum		values[KS_MAX_ARGS];
 	char		nulls[KS_MAX_ARGS];
-	Oid			run_as = replay_run_as(entry);
+	Oid			run_as;
+
+	/* the entry of a dead external effect: replaying it re-arms the effect */
+	if (effects_rearm(entry->id))
+	{
+		values[0] = Int64GetDatum(entry->id);
+		values[1] = current_user_datum();
+		keystore_execute(KS_DL_REPLAYED, values, NULL, 0);
+		return OUTCOME_APPLIED;
+	}
+
+	/* a message's SQL runs as the role that parked it, for its members */
+	run_as = replay_run_as(entry);
 
 	/*
 	 * The key was recorded when the entry was made and idem_forget() leaves
@@ -786,33 +801,20 @@ idem_dlq_discard(PG_FUNCTION_ARGS)
 }
 
 /*
- * Prepares idem_forget() of a key: removes the key's resolved dead-letter
- * entry, which would otherwise describe a processing the key no longer
- * records, and refuses while the entry is pending.  The broker has been
- * told the message is done, so a pending entry may be its only copy, and a
- * redelivery applied after the forget would make a later replay apply it
- * twice.
+ * Defines idem_consumer.transient_sqlstates; called once from _PG_init.
  */
 void
-dead_letter_forget_key(int32 consumer_id, text *key)
+dead_letter_init(void)
 {
-	Datum		args[2];
-	bool		isnull;
-
-	args[0] = Int32GetDatum(consumer_id);
-	args[1] = PointerGetDatum(key);
-	keystore_execute(KS_DL_DELETE_RESOLVED, args, NULL, 0);
-	if (SPI_processed > 0)
-		return;
-
-	keystore_execute(KS_DL_KEY_STATUS, args, NULL, 1);
-	if (SPI_processed > 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("cannot forget a key whose message is dead-lettered"),
-				 errdetail("Dead-letter entry %lld of the key is pending.",
-						   (long long) DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-																   SPI_tuptable->tupdesc,
-																   2, &isnull))),
-				 errhint("Replay the entry with idem_dlq_replay or discard it with idem_dlq_discard first.")));
+	DefineCustomStringVariable("idem_consumer.transient_sqlstates",
+							   "Adds SQLSTATEs that idem_try_apply re-raises instead of dead-lettering.",
+							   "A comma-separated list of five-character SQLSTATEs and two-character "
+							   "SQLSTATE classes, on top of the built-in transient ones.",
+							   &transient_sqlstates_setting,
+							   "",
+							   PGC_USERSET,
+							   GUC_LIST_INPUT,
+							   check_transient_sqlstates,
+							   assign_transient_sqlstates,
+							   NULL);
 }

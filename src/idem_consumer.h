@@ -4,13 +4,18 @@
  *	  Declarations shared by the modules of the idem_consumer extension.
  *
  * Module map:
- *	  idem_consumer.c	library entry point and GUCs
- *	  keystore.c		the extension's storage: consumers, processed keys
- *						and dead letters
+ *	  idem_consumer.c	library entry point: calls each module's init
+ *	  storage.c			where the storage tables are, their owner, and
+ *						whether the key index is the one created
+ *	  keystore_sql.c	the fixed statements on the storage, run as its owner
+ *	  keystore_fastpath.c	probing and inserting keys through the key
+ *						index in C
+ *	  keystore.c		the key store: keys, collisions, consumers, and
+ *						the argument that makes them exact
  *	  plan_cache.c		validation, type inference and cached plans of
  *						business SQL, and binding its parameters
- *	  apply.c			the SQL-callable idem_apply() family and the
- *						argument validators the API functions share
+ *	  args.c			the argument validators the API functions share
+ *	  apply.c			the SQL-callable idem_apply() family
  *	  batch.c			idem_record_batch(): recording a batch of keys
  *	  dead_letter.c		idem_try_apply(), the dead-letter queue and its
  *						replay and discard functions
@@ -24,6 +29,9 @@
  *						backend, which that SQL must not forget or record
  *	  replay_role.c		the role and schemas a dead-letter replay runs
  *						its SQL with, and who may replay
+ *	  effects.c			external effects: the state machine of leases,
+ *						fences and retries, and its SQL functions
+ *	  effects_store.c	the storage statements of external effects
  *
  *-------------------------------------------------------------------------
  */
@@ -45,15 +53,9 @@
 #define IDEM_MAX_KEY_BYTES			1024
 #define IDEM_MAX_CONSUMER_BYTES		128
 
-/* GUCs */
-extern int	idem_plan_cache_size;
-extern char *idem_transient_sqlstates;
-extern int	idem_retention;
-extern bool idem_fast_path;
-
 /*
- * keystore.c: the statements on the storage tables.  Each runs as the owner
- * of the tables; see keystore_stmt_defs for their text and parameters.
+ * keystore_sql.c: the statements on the storage tables.  Each runs as the
+ * owner of the tables; see keystore_stmt_defs for their text and parameters.
  */
 typedef enum KeystoreStmt
 {
@@ -76,6 +78,7 @@ typedef enum KeystoreStmt
 	KS_DL_REPLAYED,
 	KS_DL_DISCARDED,
 	KS_DL_DELETE_RESOLVED,
+	KS_DL_PENDING_SUMMARY,
 	KS_RETENTION_SETTINGS,
 	KS_SET_RETENTION,
 	KS_RESET_RETENTION,
@@ -103,7 +106,10 @@ typedef enum KeystoreTable
 	KS_NUM_TABLES
 } KeystoreTable;
 
-extern void keystore_init(void);
+extern void storage_init(void);
+extern int	storage_execute(SPIPlanPtr *plan, const char *sql, int nargs,
+							const Oid *argtypes, int cursor_options,
+							Datum *values, const char *nulls, long tcount);
 extern int	keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
 							 long tcount);
 extern int32 keystore_consumer_id(const char *consumer, bool create);
@@ -129,6 +135,7 @@ typedef enum PurgeProgress
 	PURGE_RUN_DONE				/* the run is complete */
 } PurgeProgress;
 
+extern void retention_init(void);
 extern void purge_begin_batch(int32 only_consumer, int64 batch_size);
 extern PurgeProgress purge_step(uint64 *removed);
 
@@ -155,6 +162,20 @@ extern double histogram_quantile_us(const IdemHistogram *hist, double q);
 extern uint64 histogram_count_below(const IdemHistogram *hist, int boundary);
 
 /* stats.c */
+
+/* What happened to external effects, counted per consumer (effects.c). */
+typedef enum EffectEvent
+{
+	EFFECT_EXECUTED,			/* a lease handed out to call the provider */
+	EFFECT_REPLAYED,			/* a stored result returned instead */
+	EFFECT_BUSY,				/* another worker held a live lease */
+	EFFECT_FENCED_OFF,			/* a stale fence refused */
+	EFFECT_REQUEST_MISMATCH,	/* a key reused with another request */
+	EFFECT_UNKNOWN_OUTCOME,		/* a lease taken over after it expired */
+	EFFECT_DEAD,				/* an effect moved to the dead-letter queue */
+	EFFECT_NUM_EVENTS
+} EffectEvent;
+
 typedef struct ConsumerCounters
 {
 	int64		applied;
@@ -168,6 +189,7 @@ typedef struct ConsumerCounters
 	IdemHistogram latency;		/* of applied calls */
 	IdemHistogram lag;			/* of applied calls that passed event_time */
 	TimestampTz stats_reset;
+	int64		effects[EFFECT_NUM_EVENTS];
 } ConsumerCounters;
 
 typedef struct ConsumerStatsCopy
@@ -182,17 +204,19 @@ extern void stats_call_end(int call, int applied, int duplicates,
 						   int dead_lettered, TimestampTz event_time);
 extern void stats_foreach(void (*fn) (const ConsumerStatsCopy *copy, void *arg),
 						  void *arg);
+extern void stats_count_effect(const char *consumer, EffectEvent event);
 
 /* plan_cache.c */
 typedef struct BusinessPlan BusinessPlan;
 
+extern void plan_cache_init(void);
 extern void business_sql_check(const char *sql);
 extern void business_params_check(ArrayType *params);
 extern BusinessPlan *business_plan_get(const char *sql);
 extern ParamListInfo business_plan_bind(BusinessPlan *bplan, ArrayType *params);
 extern void business_plan_execute(BusinessPlan *bplan, ParamListInfo params);
 
-/* apply.c */
+/* args.c */
 extern text *get_name_arg(FunctionCallInfo fcinfo, int argno, const char *argname,
 						  int max_bytes);
 extern text *get_key_arg(FunctionCallInfo fcinfo, int argno);
@@ -200,6 +224,9 @@ extern char *get_consumer_arg(FunctionCallInfo fcinfo, int argno);
 extern int32 get_count_arg(FunctionCallInfo fcinfo, int argno, const char *argname);
 extern char *get_sql_arg(FunctionCallInfo fcinfo, int argno);
 extern void check_event_time_arg(FunctionCallInfo fcinfo, int argno);
+
+/* keystore_fastpath.c */
+extern void fastpath_init(void);
 
 /* inflight.c */
 extern int	inflight_push(int32 consumer_id, text *key);
@@ -226,8 +253,12 @@ extern ReplayRoleState replay_role_begin(Oid roleid);
 extern void replay_role_end(ReplayRoleState state);
 
 /* dead_letter.c */
-extern void dead_letter_forget_key(int32 consumer_id, text *key);
-extern bool check_transient_sqlstates(char **newval, void **extra, GucSource source);
-extern void assign_transient_sqlstates(const char *newval, void *extra);
+extern void dead_letter_init(void);
+
+/* effects.c, effects_store.c */
+extern void effects_init(void);
+extern bool effects_storage_exists(void);
+extern bool effects_rearm(int64 dead_letter_id);
+extern uint64 effects_purge(int32 only_consumer, int default_retention_secs);
 
 #endif							/* IDEM_CONSUMER_H */

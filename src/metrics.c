@@ -8,9 +8,10 @@
  * histograms of histogram.c, so each cumulative bucket count is exact.
  *
  * A scrape is one pass over the counters in shared memory that copies one
- * consumer at a time (stats_foreach), and reads no stored key: its time
- * and memory are those of the text it returns, about 3.6 kB per consumer,
- * whatever the number of keys.
+ * consumer at a time (stats_foreach), and reads no stored key (the
+ * dead-letter gauges read the pending entries only, through their partial
+ * index): its time and memory are those of the text it returns, about
+ * 4 kB per consumer, whatever the number of keys.
  *
  *-------------------------------------------------------------------------
  */
@@ -18,6 +19,7 @@
 
 #include <math.h>
 
+#include "executor/spi.h"
 #include "lib/stringinfo.h"
 #include "utils/memutils.h"
 #include "utils/builtins.h"
@@ -87,7 +89,8 @@ typedef enum MetricFamily
 	FAMILY_DUPLICATES,
 	FAMILY_FAILED,
 	FAMILY_DLQ_ENQUEUE,
-	FAMILY_LATENCY,
+	FAMILY_EFFECTS,				/* EFFECT_NUM_EVENTS families, one per event */
+	FAMILY_LATENCY = FAMILY_EFFECTS + EFFECT_NUM_EVENTS,
 	FAMILY_LAG,
 	FAMILY_LAG_OBSERVED,
 	NUM_FAMILIES
@@ -109,6 +112,20 @@ static const MetricFamilyDef family_defs[NUM_FAMILIES] = {
 	"Calls that raised or whose transaction rolled back."},
 	[FAMILY_DLQ_ENQUEUE] = {"idem_dlq_enqueue_total", "counter",
 	"Messages moved to the dead-letter queue, in committed transactions."},
+	[FAMILY_EFFECTS + EFFECT_EXECUTED] = {"idem_effect_executed_total", "counter",
+	"Leases handed out to call the provider (begin returned execute, or a claim)."},
+	[FAMILY_EFFECTS + EFFECT_REPLAYED] = {"idem_effect_replayed_total", "counter",
+	"Begins of completed effects, answered with the stored result."},
+	[FAMILY_EFFECTS + EFFECT_BUSY] = {"idem_effect_busy_total", "counter",
+	"Begins refused because another worker held a live lease."},
+	[FAMILY_EFFECTS + EFFECT_FENCED_OFF] = {"idem_effect_fenced_off_total", "counter",
+	"Completions and failures refused because their fence was no longer current."},
+	[FAMILY_EFFECTS + EFFECT_REQUEST_MISMATCH] = {"idem_effect_request_mismatch_total", "counter",
+	"Calls that reused an effect key with a different request."},
+	[FAMILY_EFFECTS + EFFECT_UNKNOWN_OUTCOME] = {"idem_effect_unknown_outcome_total", "counter",
+	"Leases that expired in flight, leaving the provider's outcome unknown."},
+	[FAMILY_EFFECTS + EFFECT_DEAD] = {"idem_effect_dead_total", "counter",
+	"Effects moved to the dead-letter queue."},
 	[FAMILY_LATENCY] = {"idem_processing_latency_seconds", "histogram",
 	"Time spent in idem_apply for applied messages."},
 	[FAMILY_LAG] = {"idem_consumer_lag_seconds", "gauge",
@@ -175,6 +192,9 @@ append_consumer(const ConsumerStatsCopy *copy, void *arg)
 	append_counter(&families[FAMILY_FAILED], FAMILY_FAILED, copy->consumer, c->failed);
 	append_counter(&families[FAMILY_DLQ_ENQUEUE], FAMILY_DLQ_ENQUEUE, copy->consumer,
 				   c->dead_lettered);
+	for (int e = 0; e < EFFECT_NUM_EVENTS; e++)
+		append_counter(&families[FAMILY_EFFECTS + e], FAMILY_EFFECTS + e, copy->consumer,
+					   c->effects[e]);
 	append_histogram(&families[FAMILY_LATENCY], FAMILY_LATENCY, copy->consumer,
 					 &c->latency, LATENCY_FIRST_BOUNDARY, LATENCY_LAST_BOUNDARY);
 	if (c->has_lag)
@@ -185,6 +205,43 @@ append_consumer(const ConsumerStatsCopy *copy, void *arg)
 	}
 	append_histogram(&families[FAMILY_LAG_OBSERVED], FAMILY_LAG_OBSERVED, copy->consumer,
 					 &c->lag, LAG_FIRST_BOUNDARY, LAG_LAST_BOUNDARY);
+}
+
+/*
+ * Appends the depth of each consumer's dead-letter queue and the age of its
+ * oldest pending entry, read from the tables (the counters only know what
+ * was enqueued, not what is still waiting).  Needs an SPI connection.
+ */
+static void
+append_dead_letter_gauges(StringInfo buf)
+{
+	StringInfoData ages;
+
+	keystore_execute(KS_DL_PENDING_SUMMARY, NULL, NULL, 0);
+
+	initStringInfo(&ages);
+	append_family(buf, "idem_dlq_pending", "gauge",
+				  "Dead letters waiting for a replay or a discard, per consumer.");
+	append_family(&ages, "idem_dlq_oldest_pending_age_seconds", "gauge",
+				  "Time since the first failure of the oldest pending dead letter.");
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	row = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		char	   *consumer = SPI_getvalue(row, desc, 1);
+		bool		isnull;
+		Datum		age;
+
+		append_series_start(buf, "idem_dlq_pending", consumer);
+		appendStringInfo(buf, "} %s\n", SPI_getvalue(row, desc, 2));
+
+		age = SPI_getbinval(row, desc, 3, &isnull);
+		if (isnull)
+			continue;			/* nothing pending: no age */
+		append_series_start(&ages, "idem_dlq_oldest_pending_age_seconds", consumer);
+		appendStringInfo(&ages, "} %.3f\n", DatumGetFloat8(age));
+	}
+	appendBinaryStringInfo(buf, ages.data, ages.len);
 }
 
 /*
@@ -212,6 +269,9 @@ idem_metrics(PG_FUNCTION_ARGS)
 	append_family(&tail, "idem_keys_stored", "gauge",
 				  "Processed keys stored, all consumers, from the tables' statistics.");
 	appendStringInfo(&tail, "idem_keys_stored %.0f\n", keystore_keys_estimate());
+	SPI_connect();
+	append_dead_letter_gauges(&tail);
+	SPI_finish();
 
 	/* join the families into the result, freeing each as it is copied */
 	total = tail.len;

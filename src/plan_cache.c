@@ -45,6 +45,9 @@ struct BusinessPlan
 	dlist_node	lru_node;		/* most recently used first */
 };
 
+/* Number of distinct business SQL texts whose plans a backend keeps. */
+static int	plan_cache_size = 256;
+
 static HTAB *plan_cache = NULL;
 static MemoryContext plan_cache_cxt = NULL;
 static dlist_head plan_lru = DLIST_STATIC_INIT(plan_lru);
@@ -295,7 +298,7 @@ static void
 plan_cache_evict(void)
 {
 	while (executing_depth == 0 &&
-		   hash_get_num_entries(plan_cache) > idem_plan_cache_size)
+		   hash_get_num_entries(plan_cache) > plan_cache_size)
 	{
 		BusinessPlan *victim = dlist_container(BusinessPlan, lru_node,
 											   dlist_tail_node(&plan_lru));
@@ -468,4 +471,24 @@ business_plan_execute(BusinessPlan *bplan, ParamListInfo params)
 		executing_depth--;
 	}
 	PG_END_TRY();
+}
+
+/*
+ * Defines idem_consumer.plan_cache_size; called once from _PG_init.
+ */
+void
+plan_cache_init(void)
+{
+	DefineCustomIntVariable("idem_consumer.plan_cache_size",
+							"Sets how many business SQL texts a session keeps prepared plans for.",
+							"The least recently used plan is dropped when the limit is reached.",
+							&plan_cache_size,
+							256,
+							1,
+							65536,
+							PGC_USERSET,
+							0,
+							NULL,
+							NULL,
+							NULL);
 }

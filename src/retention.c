@@ -141,6 +141,9 @@ static struct
 	HTAB	   *windows;
 } run;
 
+/* Default retention window, in seconds; -1 keeps keys forever. */
+static int	default_retention = 7 * SECS_PER_DAY;
+
 static MemoryContext step_cxt = NULL;
 static bool callbacks_registered = false;
 
@@ -254,6 +257,8 @@ run_start(int32 only_consumer)
 	run.active = true;
 	run.keys_relid = keystore_keys_relid();
 	run.only_consumer = only_consumer;
+	/* completed external effects go in one statement of their own */
+	(void) effects_purge(only_consumer, default_retention);
 	enter_pass(PHASE_LATEST, KS_TABLE_COLLISIONS);
 }
 
@@ -320,9 +325,9 @@ set_windows(void)
 	{
 		w->cutoff = 0;
 		w->remaining = run.batch_size;
-		if (idem_retention > 0 &&
+		if (default_retention > 0 &&
 			(run.only_consumer == 0 || w->consumer_id == run.only_consumer))
-			w->cutoff = Min(w->latest, now_secs) - idem_retention;
+			w->cutoff = Min(w->latest, now_secs) - default_retention;
 	}
 
 	keystore_execute(KS_RETENTION_SETTINGS, NULL, NULL, 0);
@@ -759,10 +764,45 @@ idem_default_retention(PG_FUNCTION_ARGS)
 {
 	Interval   *result;
 
-	if (idem_retention < 0)
+	if (default_retention < 0)
 		PG_RETURN_NULL();
 	result = palloc0(sizeof(Interval));
-	result->day = idem_retention / SECS_PER_DAY;
-	result->time = (int64) (idem_retention % SECS_PER_DAY) * USECS_PER_SEC;
+	result->day = default_retention / SECS_PER_DAY;
+	result->time = (int64) (default_retention % SECS_PER_DAY) * USECS_PER_SEC;
 	PG_RETURN_INTERVAL_P(result);
+}
+
+/*
+ * Refuses a retention of 0, which would read as "keep nothing".
+ */
+static bool
+check_retention(int *newval, void **extra, GucSource source)
+{
+	if (*newval == 0)
+	{
+		GUC_check_errdetail("Use -1 to keep keys forever.");
+		return false;
+	}
+	return true;
+}
+
+/*
+ * Defines idem_consumer.retention; called once from _PG_init.
+ */
+void
+retention_init(void)
+{
+	DefineCustomIntVariable("idem_consumer.retention",
+							"Sets how long keys are kept, counted back from their consumer's latest activity.",
+							"A key is purged when it is this much older than the newest key of its consumer. "
+							"-1 keeps keys forever. idem_set_retention() overrides it per consumer.",
+							&default_retention,
+							7 * SECS_PER_DAY,
+							-1,
+							INT_MAX,
+							PGC_SUSET,
+							GUC_UNIT_S,
+							check_retention,
+							NULL,
+							NULL);
 }

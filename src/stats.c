@@ -22,6 +22,8 @@
  * subtransaction abort counts the calls made inside it as failed at once.
  * The calls of a transaction prepared for two-phase commit count as
  * untracked: its outcome is not known at PREPARE TRANSACTION.
+ * The events of external effects (effects.c) are counted when they happen,
+ * straight into the entry: the ones that matter most raise an error.
  *
  * Counters are written to pg_stat/idem_consumer.stat when the postmaster
  * exits and read back (and the file removed) at start-up only if pg_control
@@ -64,6 +66,14 @@
 #define STATS_FILE_HEADER		0x20261203
 #define STATS_TRANCHE_NAME		"idem_consumer"
 #define IDEM_STATS_COLS			15
+#define IDEM_STATS_COLS_1_1		(IDEM_STATS_COLS + EFFECT_NUM_EVENTS)
+
+/* What put_stats_row() needs: where the rows go, and which columns. */
+typedef struct StatsRowsArg
+{
+	ReturnSetInfo *rsinfo;
+	bool		effects;
+} StatsRowsArg;
 
 typedef struct ConsumerStatsEntry
 {
@@ -119,6 +129,7 @@ static int	maxpending = 0;
 static bool callbacks_registered = false;
 
 PG_FUNCTION_INFO_V1(idem_stats_internal);
+PG_FUNCTION_INFO_V1(idem_stats_internal_1_1);
 PG_FUNCTION_INFO_V1(idem_stats_info_internal);
 PG_FUNCTION_INFO_V1(idem_stats_reset);
 
@@ -206,6 +217,9 @@ error:
 static bool
 counters_are_empty(const ConsumerCounters *counters)
 {
+	for (int i = 0; i < EFFECT_NUM_EVENTS; i++)
+		if (counters->effects[i] != 0)
+			return false;
 	return counters->applied == 0 && counters->duplicates == 0 &&
 		counters->failed == 0 && counters->dead_lettered == 0;
 }
@@ -656,6 +670,31 @@ stats_call_end(int call_id, int applied, int duplicates, int dead_lettered,
 }
 
 /*
+ * Counts an event of an external effect at once: the events that matter
+ * most (a fenced-off completion, a request mismatch) raise an error, so
+ * their transaction never commits.
+ */
+void
+stats_count_effect(const char *consumer, EffectEvent event)
+{
+	ConsumerStatsEntry *entry;
+
+	if (stats_state == NULL || !idem_track)
+		return;
+	entry = consumer_entry(consumer);
+	if (entry == NULL)
+	{
+		SpinLockAcquire(&stats_state->mutex);
+		stats_state->untracked_calls++;
+		SpinLockRelease(&stats_state->mutex);
+		return;
+	}
+	SpinLockAcquire(&entry->mutex);
+	entry->counters.effects[event]++;
+	SpinLockRelease(&entry->mutex);
+}
+
+/*
  * Calls fn with a copy of each consumer's counters in turn, copied under
  * that consumer's spinlock into one buffer: the memory a pass takes does
  * not grow with the number of consumers.  The shared lock on the table is
@@ -706,16 +745,17 @@ timestamp_datum(TimestampTz ts, bool *isnull)
 }
 
 /*
- * Adds one consumer's row to idem_stats_internal()'s result; called by
+ * Adds one consumer's row to stats_rows()'s result: the columns of
+ * version 1.0, and with effects those of 1.1 after them; called by
  * stats_foreach() with the consumer's counters copied.
  */
 static void
 put_stats_row(const ConsumerStatsCopy *copy, void *arg)
 {
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) arg;
+	const StatsRowsArg *rows = (const StatsRowsArg *) arg;
 	const ConsumerCounters *c = &copy->counters;
-	Datum		values[IDEM_STATS_COLS];
-	bool		nulls[IDEM_STATS_COLS] = {0};
+	Datum		values[IDEM_STATS_COLS_1_1];
+	bool		nulls[IDEM_STATS_COLS_1_1] = {0};
 	int64		deliveries = c->applied + c->duplicates + c->dead_lettered;
 	int			i = 0;
 
@@ -745,20 +785,50 @@ put_stats_row(const ConsumerStatsCopy *copy, void *arg)
 	values[i] = timestamp_datum(c->stats_reset, &nulls[i]);
 	i++;
 	Assert(i == IDEM_STATS_COLS);
+	if (rows->effects)
+	{
+		for (int e = 0; e < EFFECT_NUM_EVENTS; e++)
+			values[i++] = Int64GetDatum(c->effects[e]);
+		Assert(i == IDEM_STATS_COLS_1_1);
+	}
 
-	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	tuplestore_putvalues(rows->rsinfo->setResult, rows->rsinfo->setDesc, values, nulls);
 }
 
 /*
- * idem_stats_internal(): one row per consumer, behind the idem_stats view.
+ * Returns one row per consumer: the columns of version 1.0, and with
+ * effects those of 1.1 after them.
+ */
+static void
+stats_rows(FunctionCallInfo fcinfo, bool effects)
+{
+	StatsRowsArg rows;
+
+	stats_require_shmem();
+	InitMaterializedSRF(fcinfo, 0);
+	rows.rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	rows.effects = effects;
+	stats_foreach(put_stats_row, &rows);
+}
+
+/*
+ * idem_stats_internal(): behind the idem_stats view of version 1.0.
  */
 Datum
 idem_stats_internal(PG_FUNCTION_ARGS)
 {
-	stats_require_shmem();
-	InitMaterializedSRF(fcinfo, 0);
-	stats_foreach(put_stats_row, fcinfo->resultinfo);
+	stats_rows(fcinfo, false);
+	return (Datum) 0;
+}
 
+/*
+ * idem_stats_internal_1_1(): behind the idem_stats view of version 1.1,
+ * which adds the counters of external effects.
+ */
+Datum
+idem_stats_internal_1_1(PG_FUNCTION_ARGS)
+{
+	stats_rows(fcinfo, true);
 	return (Datum) 0;
 }
 

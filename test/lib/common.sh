@@ -49,8 +49,18 @@ as_pg() { "${AS_PG[@]}" "$@"; }
 # promtool, which the TAP tests run on idem_metrics().)
 ensure_packages() {
     local pkgs="postgresql-15 postgresql-server-dev-15 libipc-run-perl clang-14 llvm-14 make gcc perl prometheus"
+    # PL/Proxy: test/t/020_plproxy.pl and test/bench/plproxy (docs/plproxy)
+    pkgs="$pkgs postgresql-15-plproxy"
     # node and npm run the client tests; the machines usually have them
     command -v node >/dev/null && command -v npm >/dev/null || pkgs="$pkgs nodejs npm"
+    # the broker test (test/broker/run) starts a RabbitMQ node of its own
+    pkgs="$pkgs rabbitmq-server"
+    # the Debian package build, its lint and the PGXN zip check (test/lib/release.sh)
+    pkgs="$pkgs postgresql-server-dev-all"
+    pkgs="$pkgs debhelper"
+    pkgs="$pkgs dpkg-dev"
+    pkgs="$pkgs lintian"
+    pkgs="$pkgs unzip"
     local missing="" p
     for p in $pkgs; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' \
@@ -64,6 +74,14 @@ ensure_packages() {
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
         --no-install-recommends $missing >/dev/null \
         || die "apt-get install$missing failed"
+}
+
+# node-postgres for the scripts that run Node.js consumers (the client
+# tests, test/effects): npm ci in test/client/node unless it is there.
+ensure_node_modules() {
+    [ -d "$REPO_ROOT/test/client/node/node_modules/pg" ] && return 0
+    (cd "$REPO_ROOT/test/client/node" && npm ci --silent --no-audit --no-fund) \
+        || die "npm ci in test/client/node failed"
 }
 
 # Warnings are errors.  (PostgreSQL 15's own headers are not clean for

@@ -1,0 +1,108 @@
+/*-------------------------------------------------------------------------
+ *
+ * effects.h
+ *	  Declarations shared by effects.c (the state machine and the SQL
+ *	  functions of external effects) and effects_store.c (their storage).
+ *	  What other modules call is declared in idem_consumer.h.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEM_EFFECTS_H
+#define IDEM_EFFECTS_H
+
+#include "postgres.h"
+
+#include "datatype/timestamp.h"
+#include "utils/jsonb.h"
+
+/*
+ * SQLSTATEs of class IE, implementation-defined: the caller's lease was
+ * taken over (fenced off), the request differs from the stored one, and
+ * the code of an effect's dead-letter entry.
+ */
+#define ERRCODE_EFFECT_FENCED_OFF		MAKE_SQLSTATE('I','E','0','0','1')
+#define ERRCODE_EFFECT_REQUEST_MISMATCH	MAKE_SQLSTATE('I','E','0','0','2')
+#define ERRCODE_EFFECT_FAILED			MAKE_SQLSTATE('I','E','0','0','3')
+
+/* The values of effects.state. */
+typedef enum EffectState
+{
+	ES_PENDING,
+	ES_IN_FLIGHT,
+	ES_WAITING,
+	ES_COMPLETED,
+	ES_DEAD
+} EffectState;
+
+/* One effect row, as EFFECT_COLUMNS return it. */
+typedef struct EffectRow
+{
+	MemoryContext cxt;			/* where the row's values are copied */
+	EffectState state;
+	int64		fence;
+	int32		attempts;
+	text	   *provider_key;
+	bool		outcome_unknown;
+	TimestampTz lease_until;
+	TimestampTz retry_at;
+	bool		has_retry_at;
+	text	   *last_error;		/* NULL if none */
+	Jsonb	   *result;			/* NULL if none */
+	Jsonb	   *request;		/* NULL if none */
+	text	   *key;
+	bool		lease_live;		/* in flight and the lease not expired */
+	bool		due;			/* retry_at has come */
+	int64		dead_letter_id; /* 0 if none */
+} EffectRow;
+
+typedef struct EffectPolicy
+{
+	int32		max_attempts;
+	int64		base_delay_us;
+	int64		max_delay_us;
+} EffectPolicy;
+
+typedef enum EffectStmt
+{
+	EF_INSERT_LEASED,
+	EF_ENQUEUE,
+	EF_READ,
+	EF_LOCK,
+	EF_LOCK_DUE,
+	EF_LEASE,
+	EF_COMPLETE,
+	EF_WAIT,
+	EF_DEAD,
+	EF_HEARTBEAT,
+	EF_PARK,
+	EF_REARM,
+	EF_POLICY,
+	EF_SET_POLICY,
+	EF_PURGE,
+	EF_NUM_STMTS
+} EffectStmt;
+
+/*
+ * Returns an interval as microseconds, a month counted as 30 days, as
+ * interval comparison does.
+ */
+static inline int64
+interval_to_us(const Interval *interval)
+{
+	return interval->time +
+		((int64) interval->month * DAYS_PER_MONTH + interval->day) * USECS_PER_DAY;
+}
+
+/* effects_store.c */
+extern int	effects_execute(EffectStmt stmt, Datum *values, const char *nulls,
+							long tcount);
+extern bool effects_fetch(EffectStmt stmt, int32 consumer_id, text *key,
+						  Datum *args, const char *argnulls, int nargs,
+						  EffectRow *row);
+extern void effect_row_read(uint64 i, EffectRow *row);
+extern const char *effect_state_name(EffectState state);
+extern bool effects_policy(int32 consumer_id, EffectPolicy *policy);
+extern int64 effects_park(int32 consumer_id, text *key, const char *message,
+						  const char *detail);
+
+#endif							/* IDEM_EFFECTS_H */

@@ -1,0 +1,250 @@
+/*-------------------------------------------------------------------------
+ *
+ * keystore_fastpath.c
+ *	  The fast path on the key index: probing a key's hash in the unique
+ *	  index of processed_keys and inserting a new key without the executor.
+ *
+ * It is used only when the storage is exactly as the extension creates it
+ * (storage.c recognises the index; fastpath_open checks the table), and it
+ * decides only the two plain cases: a visible row of the key itself is a
+ * duplicate (no transaction id, no WAL, no waiting), and a free hash takes
+ * the new key.  A new key is inserted the way INSERT ... ON CONFLICT does
+ * it, with a speculative insertion: heap tuple with a speculative token,
+ * index entry with a partial uniqueness check, then the tuple confirmed.
+ * Anything else (another key in the hash's place, a row not visible to the
+ * snapshot, a concurrent inserter) is left to the SQL statements, which
+ * wait and decide; keystore.c says why that is exact.
+ *
+ * This file touches processed_keys and its index only, never
+ * key_collisions or the other tables.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/stratnum.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "catalog/index.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_collation.h"
+#include "catalog/pg_type.h"
+#include "executor/executor.h"
+#include "storage/lmgr.h"
+#include "utils/fmgroids.h"
+#include "utils/guc.h"
+#include "utils/snapmgr.h"
+
+#include "keystore_internal.h"
+
+/* Whether keys may be recorded and probed in C (idem_consumer.fast_path). */
+bool		idem_fast_path = true;
+
+/*
+ * Defines idem_consumer.fast_path; called once from _PG_init.
+ */
+void
+fastpath_init(void)
+{
+	DefineCustomBoolVariable("idem_consumer.fast_path",
+							 "Records and looks up keys in C when the storage allows it.",
+							 "Off runs every statement on the storage as SQL, the reference path: "
+							 "for tests and for comparing the two.",
+							 &idem_fast_path,
+							 true,
+							 PGC_SUSET,
+							 0,
+							 NULL,
+							 NULL,
+							 NULL);
+}
+
+/*
+ * Tells whether processed_keys has exactly the columns the extension
+ * creates, (consumer_id int4, processed_at int4, key text COLLATE "C")
+ * and nothing else: the fast path forms its tuples from these three
+ * values alone, so an added column (even a dropped one, which still takes
+ * a slot) would get a garbage value instead of its default.
+ */
+static bool
+fastpath_columns_match(TupleDesc tupdesc)
+{
+	static const Oid column_types[] = {INT4OID, INT4OID, TEXTOID};
+
+	if (tupdesc->natts != lengthof(column_types) ||
+		(tupdesc->constr != NULL &&
+		 (tupdesc->constr->has_generated_stored || tupdesc->constr->num_defval > 0)))
+		return false;
+	for (int i = 0; i < lengthof(column_types); i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(tupdesc, i);
+
+		if (att->attisdropped || att->atttypid != column_types[i] ||
+			!att->attnotnull ||
+			(att->atttypid == TEXTOID && att->attcollation != C_COLLATION_OID))
+			return false;
+	}
+	return true;
+}
+
+/*
+ * Opens processed_keys and its unique index for the fast path, to write
+ * or only to read; returns false when the SQL statements must do the work:
+ * idem_consumer.fast_path is off, the table has other columns than ours,
+ * triggers, row security, check constraints or other indexes than ours,
+ * or the transaction cannot write (the SQL path then raises the usual
+ * error).
+ */
+bool
+fastpath_open(FastPath *fp, bool write)
+{
+	LOCKMODE	lockmode = write ? RowExclusiveLock : AccessShareLock;
+	const StorageInfo *si = storage_ready();
+	List	   *indexes;
+	bool		usable;
+
+	if (!idem_fast_path || !OidIsValid(si->hash_index) ||
+		(write && (XactReadOnly || IsInParallelMode())))
+		return false;
+
+	fp->keys = table_open(si->keys_relid, lockmode);
+	indexes = RelationGetIndexList(fp->keys);
+	usable = fp->keys->rd_rel->relkind == RELKIND_RELATION &&
+		fastpath_columns_match(RelationGetDescr(fp->keys)) &&
+		fp->keys->trigdesc == NULL &&
+		!fp->keys->rd_rel->relrowsecurity &&
+		(fp->keys->rd_att->constr == NULL ||
+		 fp->keys->rd_att->constr->num_check == 0) &&
+		list_length(indexes) == 1 &&
+		linitial_oid(indexes) == si->hash_index;
+	list_free(indexes);
+	if (!usable)
+	{
+		table_close(fp->keys, NoLock);
+		return false;
+	}
+
+	fp->hash_index = index_open(si->hash_index, lockmode);
+	fp->index_info = NULL;
+	fp->scan = NULL;
+	fp->slot = NULL;
+	fp->cxt = CurrentMemoryContext;
+
+	/*
+	 * The snapshot an SPI statement would take: it sees what this
+	 * transaction did so far, even earlier in the calling statement.
+	 */
+	CommandCounterIncrement();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	UpdateActiveSnapshotCommandId();
+	fp->snapshot = GetActiveSnapshot();
+	return true;
+}
+
+/*
+ * Ends the fast path; the locks are kept until the end of the transaction,
+ * as the executor keeps them.
+ */
+void
+fastpath_close(FastPath *fp)
+{
+	if (fp->scan != NULL)
+		index_endscan(fp->scan);
+	if (fp->slot != NULL)
+		ExecDropSingleTupleTableSlot(fp->slot);
+	PopActiveSnapshot();
+	index_close(fp->hash_index, NoLock);
+	table_close(fp->keys, NoLock);
+}
+
+/*
+ * Looks up a key's hash in the unique index and reports what the snapshot
+ * sees in its place; the unique index lets a snapshot see at most one row
+ * of a hash.
+ */
+KeyProbe
+fastpath_probe(FastPath *fp, int32 hash, int32 consumer_id, text *key)
+{
+	ScanKeyData skey;
+	KeyProbe	found = PROBE_EMPTY;
+	MemoryContext oldcxt;
+
+	/* the scan allocates as it goes and lives as long as fp */
+	oldcxt = MemoryContextSwitchTo(fp->cxt);
+	if (fp->scan == NULL)
+	{
+		fp->scan = index_beginscan(fp->keys, fp->hash_index, fp->snapshot, 1, 0);
+		fp->slot = table_slot_create(fp->keys, NULL);
+	}
+	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_INT4EQ, Int32GetDatum(hash));
+	index_rescan(fp->scan, &skey, 1, NULL, 0);
+
+	if (index_getnext_slot(fp->scan, ForwardScanDirection, fp->slot))
+	{
+		bool		isnull;
+		text	   *occupant;
+
+		found = PROBE_OTHER;
+		if (DatumGetInt32(slot_getattr(fp->slot, 1, &isnull)) == consumer_id)
+		{
+			occupant = DatumGetTextPP(slot_getattr(fp->slot, 3, &isnull));
+			if (VARSIZE_ANY_EXHDR(occupant) == VARSIZE_ANY_EXHDR(key) &&
+				memcmp(VARDATA_ANY(occupant), VARDATA_ANY(key),
+					   VARSIZE_ANY_EXHDR(key)) == 0)
+				found = PROBE_KEY;
+		}
+		ExecClearTuple(fp->slot);
+	}
+	MemoryContextSwitchTo(oldcxt);
+	return found;
+}
+
+/*
+ * Inserts a key whose hash the probe found free, as a speculative
+ * insertion; returns false, killing the speculative tuple, if the unique
+ * index already has an entry of that hash that may be live.  Such an entry
+ * comes from a transaction still running or committed after our snapshot,
+ * or from this one: the SQL path must wait for it, fail to serialize, or
+ * tell a duplicate from a collision.
+ */
+bool
+fastpath_insert(FastPath *fp, int32 hash, int32 consumer_id,
+				int32 processed_at, text *key)
+{
+	TupleDesc	tupdesc = RelationGetDescr(fp->keys);
+	TupleTableSlot *slot;
+	TransactionId xid = GetCurrentTransactionId();
+	uint32		token;
+	Datum		index_value = Int32GetDatum(hash);
+	bool		index_isnull = false;
+	bool		inserted;
+
+	slot = MakeSingleTupleTableSlot(tupdesc, &TTSOpsVirtual);
+	slot->tts_values[0] = Int32GetDatum(consumer_id);
+	slot->tts_values[1] = Int32GetDatum(processed_at);
+	slot->tts_values[2] = PointerGetDatum(key);
+	memset(slot->tts_isnull, 0, tupdesc->natts * sizeof(bool));
+	ExecStoreVirtualTuple(slot);
+
+	if (fp->index_info == NULL)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(fp->cxt);
+
+		fp->index_info = BuildIndexInfo(fp->hash_index);
+		MemoryContextSwitchTo(oldcxt);
+	}
+
+	/* as ExecInsert does for INSERT ... ON CONFLICT */
+	token = SpeculativeInsertionLockAcquire(xid);
+	table_tuple_insert_speculative(fp->keys, slot, GetCurrentCommandId(true),
+								   0, NULL, token);
+	inserted = index_insert(fp->hash_index, &index_value, &index_isnull,
+							&slot->tts_tid, fp->keys, UNIQUE_CHECK_PARTIAL,
+							false, fp->index_info);
+	table_tuple_complete_speculative(fp->keys, slot, token, inserted);
+	SpeculativeInsertionLockRelease(xid);
+
+	ExecDropSingleTupleTableSlot(slot);
+	return inserted;
+}

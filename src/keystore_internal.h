@@ -1,0 +1,83 @@
+/*-------------------------------------------------------------------------
+ *
+ * keystore_internal.h
+ *	  Declarations shared by the files of the key store only: where the
+ *	  storage is (storage.c), its fixed statements (keystore_sql.c) and the
+ *	  fast path on the key index (keystore_fastpath.c), which keystore.c
+ *	  puts together.  Nothing above the key store includes this file.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef KEYSTORE_INTERNAL_H
+#define KEYSTORE_INTERNAL_H
+
+#include "idem_consumer.h"
+
+#include "access/genam.h"
+#include "executor/tuptable.h"
+#include "nodes/execnodes.h"
+#include "utils/rel.h"
+#include "utils/snapshot.h"
+
+/* The schema of the storage tables, fixed by the install script. */
+#define STORAGE_SCHEMA "idem_consumer"
+
+/*
+ * The storage tables of this database as last located.  generation changes
+ * whenever they are located anew (after DROP and CREATE EXTENSION, say), so
+ * that whatever a backend cached about them (plans, consumer ids) can tell
+ * it belongs to tables that are gone.
+ */
+typedef struct StorageInfo
+{
+	Oid			keys_relid;
+	Oid			consumers_relid;
+	Oid			hash_index;		/* InvalidOid: the fast path is off */
+	Oid			owner;
+	uint64		generation;
+} StorageInfo;
+
+/* storage.c */
+extern const StorageInfo *storage_ready(void);
+extern int32 key_hash_value(int32 consumer_id, text *key);
+
+/* keystore_fastpath.c */
+
+/* What the fast path found in the place of a key's hash. */
+typedef enum KeyProbe
+{
+	PROBE_EMPTY,				/* no row visible to the snapshot */
+	PROBE_KEY,					/* the key itself: it is recorded */
+	PROBE_OTHER					/* another key: the key may be a collision */
+} KeyProbe;
+
+/* processed_keys and its unique index, opened for the fast path */
+typedef struct FastPath
+{
+	Relation	keys;
+	Relation	hash_index;
+	IndexInfo  *index_info;		/* built by the first insert */
+	Snapshot	snapshot;
+	IndexScanDesc scan;			/* set up by the first probe */
+	TupleTableSlot *slot;		/* the same */
+	MemoryContext cxt;			/* where these live */
+} FastPath;
+
+extern bool fastpath_open(FastPath *fp, bool write);
+extern void fastpath_close(FastPath *fp);
+extern KeyProbe fastpath_probe(FastPath *fp, int32 hash, int32 consumer_id,
+							   text *key);
+extern bool fastpath_insert(FastPath *fp, int32 hash, int32 consumer_id,
+							int32 processed_at, text *key);
+
+/*
+ * Runs one storage statement without null parameters as the owner of the
+ * storage tables.
+ */
+static inline int
+keystore_exec(KeystoreStmt stmt, Datum *values, long tcount)
+{
+	return keystore_execute(stmt, values, NULL, tcount);
+}
+
+#endif							/* KEYSTORE_INTERNAL_H */

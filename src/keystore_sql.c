@@ -1,0 +1,481 @@
+/*-------------------------------------------------------------------------
+ *
+ * keystore_sql.c
+ *	  The fixed SQL statements on the storage tables, and running them as
+ *	  the owner of those tables with plans kept per backend.
+ *
+ * Every statement runs as the owner of the tables, the way ri_triggers.c
+ * runs its checks as the owner of the referenced table: the caller needs
+ * EXECUTE on the API functions, not privileges on the storage.  Nothing
+ * the caller controls (business SQL, search_path) runs while the user id
+ * is switched: the statements are fixed, fully schema-qualified text, with
+ * every operator spelled OPERATOR(pg_catalog.x), and their parameters are
+ * values.
+ *
+ * What each statement means is the business of the file that runs it:
+ * keystore.c (keys, collisions, consumers), retention.c (the purge's
+ * reads) and dead_letter.c (the dead-letter queue).  The one condition
+ * that keeps the keys of pending dead letters out of every purge is here,
+ * at AND_NO_PENDING_DEAD_LETTER.
+ *
+ * The caller must be connected to SPI.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "miscadmin.h"
+
+#include "keystore_internal.h"
+
+typedef struct KeystoreStmtDef
+{
+	const char *sql;
+	int			nargs;
+	Oid			argtypes[KS_MAX_ARGS];
+	int			cursor_options; /* as for SPI_prepare_cursor */
+} KeystoreStmtDef;
+
+#define SAME_HASH_AS_ARGS \
+	STORAGE_SCHEMA ".key_hash(consumer_id, key) OPERATOR(pg_catalog.=) " \
+	STORAGE_SCHEMA ".key_hash($1, $2)"
+#define SAME_KEY_AS_ARGS \
+	"consumer_id OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2"
+#define DEAD_LETTER_COLUMNS \
+	"dead_letter_id, consumer_id, key, sql, params, settings, status," \
+	" resolved_by, discard_reason"
+
+#define DL_INSERT_COLUMNS \
+	"consumer_id, key, sql, params, event_time, settings, sqlstate, message," \
+	" detail, hint, context, dead_lettered_by"
+#define DL_INSERT_VALUES "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12"
+#define DL_INSERT_TYPES \
+	INT4OID, TEXTOID, TEXTOID, TEXTARRAYOID, TIMESTAMPTZOID, TEXTARRAYOID, \
+	TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID
+#define DL_INSERT_CONFLICT \
+	" ON CONFLICT (consumer_id, key) DO UPDATE SET sql = excluded.sql," \
+	" params = excluded.params, event_time = excluded.event_time," \
+	" settings = excluded.settings, sqlstate = excluded.sqlstate," \
+	" message = excluded.message, detail = excluded.detail, hint = excluded.hint," \
+	" context = excluded.context, first_failed_at = pg_catalog.now()," \
+	" last_failed_at = pg_catalog.now(), attempts = 1," \
+	" dead_lettered_by = excluded.dead_lettered_by, status = 'pending'," \
+	" resolved_at = NULL, resolved_by = NULL, discard_reason = NULL"
+#define DL_INSERT_UNLESS_PENDING \
+	" WHERE dead_letters.status OPERATOR(pg_catalog.<>) 'pending'"
+
+/*
+ * A resolved dead-letter entry (replayed or discarded) expires with its
+ * key: the statements that remove keys by TID remove the resolved entries
+ * of the removed keys in the same statement.  A redelivery after the
+ * purge is then a new message, as for any expired key, and no stale entry
+ * makes it look dead-lettered or blocks parking it again.  "removed" is
+ * the CTE of the removed rows.
+ */
+#define AND_RESOLVED_ENTRIES_EXPIRE \
+	", expired AS (DELETE FROM " STORAGE_SCHEMA ".dead_letters AS d USING removed AS r" \
+	" WHERE d.consumer_id OPERATOR(pg_catalog.=) r.consumer_id" \
+	" AND d.key OPERATOR(pg_catalog.=) r.key" \
+	" AND d.status OPERATOR(pg_catalog.<>) 'pending')"
+
+/*
+ * Retention never removes the key of a message that waits in the
+ * dead-letter queue: an operator may still replay it, and a redelivery
+ * applied after the key were gone would let that replay apply it twice.
+ * Written as a set membership so that the planner hashes the pending
+ * entries once per statement: as NOT EXISTS, with dead_letters empty or
+ * nearly so, it rescans that table for every candidate row, which cost a
+ * third of a purge.
+ */
+#define AND_NO_PENDING_DEAD_LETTER(row) \
+	" AND NOT (" row ".consumer_id, " row ".key) OPERATOR(pg_catalog.=) ANY" \
+	" (SELECT d.consumer_id, d.key FROM " STORAGE_SCHEMA ".dead_letters AS d" \
+	" WHERE d.status OPERATOR(pg_catalog.=) 'pending')"
+
+/* rows of a range of heap blocks: ctid from (first, 0) up to (end, 0) */
+#define IN_BLOCK_RANGE(ctid, lo, hi) \
+	ctid " OPERATOR(pg_catalog.>=) " lo " AND " ctid " OPERATOR(pg_catalog.<) " hi
+
+/*
+ * Per consumer, the newest processed_at, the number of rows and the oldest
+ * processed_at in a range of blocks of a table; $1 and $2 bound the range.
+ */
+#define LATEST_IN_BLOCKS(table) \
+	"SELECT consumer_id, pg_catalog.max(processed_at), pg_catalog.count(*)," \
+	" pg_catalog.min(processed_at)" \
+	" FROM " STORAGE_SCHEMA "." table \
+	" WHERE " IN_BLOCK_RANGE("ctid", "$1", "$2") \
+	" GROUP BY consumer_id"
+
+/*
+ * Per consumer, the TIDs of the rows of a range of blocks ($3, $4) that
+ * are older than the consumer's cutoff; $1 and $2 are parallel arrays of
+ * consumer ids and cutoffs.  Consumers not in $1 keep everything.  The
+ * TIDs come in no particular order: ordering them in the aggregate makes
+ * the planner sort the whole chunk, twice, which tripled the statement's
+ * time; the caller sorts a consumer's TIDs only when its quota cuts them.
+ */
+#define PURGEABLE_IN_BLOCKS(table) \
+	"SELECT k.consumer_id, pg_catalog.array_agg(k.ctid)" \
+	" FROM " STORAGE_SCHEMA "." table " AS k" \
+	" JOIN ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2))" \
+	" AS w (consumer_id, cutoff)" \
+	" ON k.consumer_id OPERATOR(pg_catalog.=) w.consumer_id" \
+	" WHERE " IN_BLOCK_RANGE("k.ctid", "$3", "$4") \
+	" AND k.processed_at OPERATOR(pg_catalog.<) w.cutoff" \
+	AND_NO_PENDING_DEAD_LETTER("k") \
+	" GROUP BY k.consumer_id"
+
+/*
+ * In every statement on keys, $1 is a consumer id and $2 a key, but for
+ * the inserts into processed_keys and key_collisions, whose columns are in
+ * table order.
+ */
+static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
+	[KS_FIND_CONSUMER] = {
+		"SELECT consumer_id, xmin FROM " STORAGE_SCHEMA ".consumers"
+		" WHERE name OPERATOR(pg_catalog.=) $1",
+		1, {TEXTOID}
+	},
+	[KS_CREATE_CONSUMER] = {
+		"INSERT INTO " STORAGE_SCHEMA ".consumers (name) VALUES ($1)"
+		" ON CONFLICT (name) DO NOTHING RETURNING consumer_id",
+		1, {TEXTOID}
+	},
+	[KS_INSERT_KEY] = {
+		"INSERT INTO " STORAGE_SCHEMA ".processed_keys (consumer_id, processed_at, key)"
+		" VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+		3, {INT4OID, INT4OID, TEXTOID}
+	},
+	/* the occupant of the key's hash: is it the key, or is the key a collision */
+	[KS_PROBE_KEY] = {
+		"SELECT (" SAME_KEY_AS_ARGS "),"
+		" EXISTS (SELECT FROM " STORAGE_SCHEMA ".key_collisions WHERE " SAME_KEY_AS_ARGS ")"
+		" FROM " STORAGE_SCHEMA ".processed_keys WHERE " SAME_HASH_AS_ARGS,
+		2, {INT4OID, TEXTOID}
+	},
+	/*
+	 * A no-op update of the occupant, before a collision is recorded: a
+	 * transaction deleting the occupant concurrently then waits for us and
+	 * sees our collision when it moves one into the occupant's place.
+	 */
+	[KS_CLAIM_OCCUPANT] = {
+		"UPDATE " STORAGE_SCHEMA ".processed_keys SET processed_at = processed_at"
+		" WHERE " SAME_HASH_AS_ARGS " AND NOT (" SAME_KEY_AS_ARGS ")",
+		2, {INT4OID, TEXTOID}
+	},
+	[KS_INSERT_COLLISION] = {
+		"INSERT INTO " STORAGE_SCHEMA ".key_collisions (consumer_id, processed_at, key)"
+		" VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+		3, {INT4OID, INT4OID, TEXTOID}
+	},
+	[KS_DELETE_KEY] = {
+		"DELETE FROM " STORAGE_SCHEMA ".processed_keys"
+		" WHERE " SAME_HASH_AS_ARGS " AND " SAME_KEY_AS_ARGS,
+		2, {INT4OID, TEXTOID}
+	},
+	[KS_DELETE_COLLISION] = {
+		"DELETE FROM " STORAGE_SCHEMA ".key_collisions WHERE " SAME_KEY_AS_ARGS
+		" RETURNING processed_at",
+		2, {INT4OID, TEXTOID}
+	},
+	/* any collision of any consumer whose hash is $1 */
+	[KS_FIND_COLLISION] = {
+		"SELECT consumer_id, key FROM " STORAGE_SCHEMA ".key_collisions"
+		" WHERE " STORAGE_SCHEMA ".key_hash(consumer_id, key) OPERATOR(pg_catalog.=) $1"
+		" LIMIT 1",
+		1, {INT4OID}
+	},
+
+	/*
+	 * Dead letters.  The two locking reads return DEAD_LETTER_COLUMNS, in
+	 * the order dead_letter.c reads them.
+	 */
+	/*
+	 * A new entry, or a new failure in the place of a resolved entry that
+	 * outlived its key (the purge removes resolved entries with their
+	 * keys; a key removed by hand leaves its entry).  A pending entry
+	 * stays as it is, and so does an external effect's entry.  The second
+	 * form is for version 1.1 of the SQL objects, which records the
+	 * parking role.
+	 */
+	[KS_DL_INSERT] = {
+		"INSERT INTO " STORAGE_SCHEMA ".dead_letters (" DL_INSERT_COLUMNS ")"
+		" VALUES (" DL_INSERT_VALUES ")" DL_INSERT_CONFLICT DL_INSERT_UNLESS_PENDING,
+		12, {DL_INSERT_TYPES}
+	},
+	[KS_DL_INSERT_ROLE] = {
+		"INSERT INTO " STORAGE_SCHEMA ".dead_letters (" DL_INSERT_COLUMNS ", dead_lettered_role)"
+		" VALUES (" DL_INSERT_VALUES ", $13)" DL_INSERT_CONFLICT
+		", dead_lettered_role = excluded.dead_lettered_role" DL_INSERT_UNLESS_PENDING
+		" AND dead_letters.kind OPERATOR(pg_catalog.=) 'message'",
+		13, {DL_INSERT_TYPES, REGROLEOID}
+	},
+	/* what a replay needs to know whose rights the entry's SQL runs with */
+	[KS_DL_ROLE] = {
+		"SELECT d.dead_lettered_role, c.name, d.dead_lettered_by"
+		" FROM " STORAGE_SCHEMA ".dead_letters AS d"
+		" JOIN " STORAGE_SCHEMA ".consumers AS c"
+		" ON c.consumer_id OPERATOR(pg_catalog.=) d.consumer_id"
+		" WHERE d.dead_letter_id OPERATOR(pg_catalog.=) $1",
+		1, {INT8OID}
+	},
+	[KS_DL_KEY_STATUS] = {
+		"SELECT status, dead_letter_id FROM " STORAGE_SCHEMA ".dead_letters"
+		" WHERE " SAME_KEY_AS_ARGS,
+		2, {INT4OID, TEXTOID}
+	},
+	[KS_DL_LOCK] = {
+		"SELECT " DEAD_LETTER_COLUMNS " FROM " STORAGE_SCHEMA ".dead_letters"
+		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1 FOR NO KEY UPDATE",
+		1, {INT8OID}
+	},
+	/* the oldest pending entry of a consumer after $2 that nobody is replaying */
+	[KS_DL_LOCK_NEXT_PENDING] = {
+		"SELECT " DEAD_LETTER_COLUMNS " FROM " STORAGE_SCHEMA ".dead_letters"
+		" WHERE consumer_id OPERATOR(pg_catalog.=) $1"
+		" AND status OPERATOR(pg_catalog.=) 'pending'"
+		" AND dead_letter_id OPERATOR(pg_catalog.>) $2"
+		" ORDER BY dead_letter_id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED",
+		2, {INT4OID, INT8OID}
+	},
+	[KS_DL_FAILED_AGAIN] = {
+		"UPDATE " STORAGE_SCHEMA ".dead_letters"
+		" SET attempts = attempts OPERATOR(pg_catalog.+) 1, last_failed_at = pg_catalog.now(),"
+		" sqlstate = $2, message = $3, detail = $4, hint = $5, context = $6"
+		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1",
+		6, {INT8OID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID}
+	},
+	[KS_DL_REPLAYED] = {
+		"UPDATE " STORAGE_SCHEMA ".dead_letters"
+		" SET status = 'replayed', attempts = attempts OPERATOR(pg_catalog.+) 1,"
+		" resolved_at = pg_catalog.now(), resolved_by = $2"
+		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1",
+		2, {INT8OID, TEXTOID}
+	},
+	[KS_DL_DISCARDED] = {
+		"UPDATE " STORAGE_SCHEMA ".dead_letters"
+		" SET status = 'discarded', resolved_at = pg_catalog.now(), resolved_by = $2,"
+		" discard_reason = $3"
+		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1",
+		3, {INT8OID, TEXTOID, TEXTOID}
+	},
+	[KS_DL_DELETE_RESOLVED] = {
+		"DELETE FROM " STORAGE_SCHEMA ".dead_letters WHERE " SAME_KEY_AS_ARGS
+		" AND status OPERATOR(pg_catalog.<>) 'pending'",
+		2, {INT4OID, TEXTOID}
+	},
+	/* per consumer: pending entries and age of the oldest (partial index) */
+	[KS_DL_PENDING_SUMMARY] = {
+		"SELECT c.name, COALESCE(d.pending, 0),"
+		" pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) d.oldest)"
+		" FROM " STORAGE_SCHEMA ".consumers AS c LEFT JOIN"
+		" (SELECT consumer_id, pg_catalog.count(*) AS pending,"
+		"  pg_catalog.min(first_failed_at) AS oldest"
+		"  FROM " STORAGE_SCHEMA ".dead_letters"
+		"  WHERE status OPERATOR(pg_catalog.=) 'pending' GROUP BY consumer_id) AS d"
+		" ON d.consumer_id OPERATOR(pg_catalog.=) c.consumer_id"
+		" ORDER BY c.name",
+		0, {InvalidOid}
+	},
+
+	/* retention settings and the purge (retention.c) */
+	[KS_RETENTION_SETTINGS] = {
+		"SELECT consumer_id, retention FROM " STORAGE_SCHEMA ".retention_settings",
+		0, {InvalidOid}
+	},
+	[KS_SET_RETENTION] = {
+		"INSERT INTO " STORAGE_SCHEMA ".retention_settings (consumer_id, retention)"
+		" VALUES ($1, $2) ON CONFLICT (consumer_id) DO UPDATE"
+		" SET retention = excluded.retention, updated_at = pg_catalog.now()",
+		2, {INT4OID, INTERVALOID}
+	},
+	[KS_RESET_RETENTION] = {
+		"DELETE FROM " STORAGE_SCHEMA ".retention_settings"
+		" WHERE consumer_id OPERATOR(pg_catalog.=) $1",
+		1, {INT4OID}
+	},
+	/* sizes in bytes, in the order of KeystoreTable */
+	[KS_TABLE_SIZES] = {
+		"SELECT pg_catalog.pg_relation_size('" STORAGE_SCHEMA ".key_collisions'::pg_catalog.regclass),"
+		" pg_catalog.pg_relation_size('" STORAGE_SCHEMA ".processed_keys'::pg_catalog.regclass)",
+		0, {InvalidOid}
+	},
+	[KS_LATEST_COLLISIONS] = {
+		LATEST_IN_BLOCKS("key_collisions"),
+		2, {TIDOID, TIDOID}
+	},
+	[KS_LATEST_KEYS] = {
+		LATEST_IN_BLOCKS("processed_keys"),
+		2, {TIDOID, TIDOID}
+	},
+	[KS_PURGEABLE_COLLISIONS] = {
+		PURGEABLE_IN_BLOCKS("key_collisions"),
+		4, {INT4ARRAYOID, INT4ARRAYOID, TIDOID, TIDOID}
+	},
+	[KS_PURGEABLE_KEYS] = {
+		PURGEABLE_IN_BLOCKS("processed_keys"),
+		4, {INT4ARRAYOID, INT4ARRAYOID, TIDOID, TIDOID}
+	},
+	/*
+	 * Removals by TID use a generic plan: a custom plan knows the thousands
+	 * of TIDs and, costing a random read for each, would rather read the
+	 * whole table, though they lie in the few blocks of one chunk.  They
+	 * check the rows again against the cutoffs ($2 and $3, as for
+	 * PURGEABLE_IN_BLOCKS): between the two statements a row may have been
+	 * deleted and vacuumed away, and its TID given to a new key.
+	 */
+	[KS_REMOVE_COLLISIONS] = {
+		"WITH removed AS (DELETE FROM " STORAGE_SCHEMA ".key_collisions AS k"
+		" USING ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS w (consumer_id, cutoff)"
+		" WHERE k.ctid OPERATOR(pg_catalog.=) ANY ($1)"
+		" AND k.consumer_id OPERATOR(pg_catalog.=) w.consumer_id"
+		" AND k.processed_at OPERATOR(pg_catalog.<) w.cutoff"
+		AND_NO_PENDING_DEAD_LETTER("k")
+		" RETURNING k.consumer_id, k.key)"
+		AND_RESOLVED_ENTRIES_EXPIRE
+		" SELECT FROM removed",
+		3, {TIDARRAYOID, INT4ARRAYOID, INT4ARRAYOID}, CURSOR_OPT_GENERIC_PLAN
+	},
+	/* returns the hashes whose occupants it removed */
+	[KS_REMOVE_KEYS] = {
+		"WITH removed AS (DELETE FROM " STORAGE_SCHEMA ".processed_keys AS k"
+		" USING ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS w (consumer_id, cutoff)"
+		" WHERE k.ctid OPERATOR(pg_catalog.=) ANY ($1)"
+		" AND k.consumer_id OPERATOR(pg_catalog.=) w.consumer_id"
+		" AND k.processed_at OPERATOR(pg_catalog.<) w.cutoff"
+		AND_NO_PENDING_DEAD_LETTER("k")
+		" RETURNING k.consumer_id, k.key)"
+		AND_RESOLVED_ENTRIES_EXPIRE
+		" SELECT " STORAGE_SCHEMA ".key_hash(consumer_id, key) FROM removed",
+		3, {TIDARRAYOID, INT4ARRAYOID, INT4ARRAYOID}, CURSOR_OPT_GENERIC_PLAN
+	},
+	/*
+	 * Which of the hashes in $1 have collisions.  Generic: planning a custom
+	 * plan for thousands of constants costs more than running it.  Written
+	 * as a join over unnest($1), so that each hash is looked up once, by the
+	 * index or in a hash table; "key_hash(...) = ANY ($1)" compared every
+	 * collision with every hash of the array, which took most of a purge's
+	 * time once the collisions numbered hundreds.
+	 */
+	[KS_COLLIDING_HASHES] = {
+		"SELECT DISTINCT h.hash FROM pg_catalog.unnest($1) AS h (hash)"
+		" WHERE EXISTS (SELECT FROM " STORAGE_SCHEMA ".key_collisions AS c"
+		" WHERE " STORAGE_SCHEMA ".key_hash(c.consumer_id, c.key) OPERATOR(pg_catalog.=) h.hash)",
+		1, {INT4ARRAYOID}, CURSOR_OPT_GENERIC_PLAN
+	},
+
+	/*
+	 * A batch of keys ($3) in one insert.  The rows go in in the order of
+	 * the unique index, (hash, then key for keys of one hash), so that all
+	 * batches wait for each other's keys in one global order.  A batch
+	 * waits for another transaction only at a hash that transaction has
+	 * inserted, and every transaction inserts its hashes in ascending
+	 * order: when B waits for A at hash h, A has passed h, and A can only
+	 * come to wait for B at a hash above h, which B has not reached.  So
+	 * two batches cannot wait for each other, whatever order their arrays
+	 * are in.  A key repeated in the batch conflicts with its own first
+	 * copy and is returned once.
+	 */
+	[KS_INSERT_BATCH] = {
+		"INSERT INTO " STORAGE_SCHEMA ".processed_keys (consumer_id, processed_at, key)"
+		" SELECT $1, $2, b.key FROM pg_catalog.unnest($3) AS b(key)"
+		" ORDER BY " STORAGE_SCHEMA ".key_hash($1, b.key), b.key COLLATE pg_catalog.\"C\""
+		" ON CONFLICT DO NOTHING RETURNING key",
+		3, {INT4OID, INT4OID, TEXTARRAYOID}
+	},
+
+	/*
+	 * The keys of batch $2 that were not inserted ($3 are those that were)
+	 * and are not recorded either: they collide with another key's hash,
+	 * or the occupant was deleted after the insert saw it.
+	 */
+	[KS_UNRESOLVED_BATCH] = {
+		"SELECT d.key FROM (SELECT b.key FROM pg_catalog.unnest($2) AS b(key)"
+		" EXCEPT SELECT i.key FROM pg_catalog.unnest($3) AS i(key)) AS d"
+		" WHERE NOT EXISTS (SELECT FROM " STORAGE_SCHEMA ".processed_keys AS p"
+		"  WHERE " STORAGE_SCHEMA ".key_hash(p.consumer_id, p.key) OPERATOR(pg_catalog.=) "
+		STORAGE_SCHEMA ".key_hash($1, d.key)"
+		"  AND p.consumer_id OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) d.key)"
+		" AND NOT EXISTS (SELECT FROM " STORAGE_SCHEMA ".key_collisions AS c"
+		"  WHERE c.consumer_id OPERATOR(pg_catalog.=) $1 AND c.key OPERATOR(pg_catalog.=) d.key)",
+		3, {INT4OID, TEXTARRAYOID, TEXTARRAYOID}
+	},
+};
+
+/* Prepared plans, valid for the storage of plans_generation. */
+static SPIPlanPtr plans[KS_NUM_STMTS];
+static uint64 plans_generation;
+
+/*
+ * Runs a fixed statement on the storage as the owner of the storage
+ * tables, preparing it into *plan, kept for the session, on first use;
+ * nulls is as for SPI_execute_plan.  The text must be fully qualified and
+ * take values only as parameters: nothing the caller controls may run as
+ * the owner.
+ */
+int
+storage_execute(SPIPlanPtr *plan, const char *sql, int nargs, const Oid *argtypes,
+				int cursor_options, Datum *values, const char *nulls, long tcount)
+{
+	const StorageInfo *si = storage_ready();
+	Oid			save_userid;
+	int			save_sec_context;
+	int			rc;
+
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(si->owner,
+						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_RESTRICTED_OPERATION);
+
+	if (*plan == NULL)
+	{
+		SPIPlanPtr	prepared;
+
+		prepared = SPI_prepare_cursor(sql, nargs, (Oid *) argtypes, cursor_options);
+		if (prepared == NULL)
+			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
+				 sql, SPI_result_code_string(SPI_result));
+		if (SPI_keepplan(prepared) != 0)
+			elog(ERROR, "SPI_keepplan failed");
+		*plan = prepared;
+	}
+
+	rc = SPI_execute_plan(*plan, values, nulls, false, tcount);
+	if (rc < 0)
+		elog(ERROR, "SPI_execute_plan failed for \"%s\": %s",
+			 sql, SPI_result_code_string(rc));
+
+	/* errors restore the user id through transaction abort */
+	SetUserIdAndSecContext(save_userid, save_sec_context);
+
+	return rc;
+}
+
+/*
+ * Runs one storage statement as the owner of the storage tables; nulls is
+ * as for SPI_execute_plan.
+ */
+int
+keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
+				 long tcount)
+{
+	const StorageInfo *si = storage_ready();
+	const KeystoreStmtDef *def = &keystore_stmt_defs[stmt];
+
+	if (plans_generation != si->generation)
+	{
+		for (int i = 0; i < KS_NUM_STMTS; i++)
+		{
+			if (plans[i] != NULL)
+				SPI_freeplan(plans[i]);
+			plans[i] = NULL;
+		}
+		plans_generation = si->generation;
+	}
+
+	return storage_execute(&plans[stmt], def->sql, def->nargs, def->argtypes,
+						   def->cursor_options, values, nulls, tcount);
+}

@@ -1,0 +1,440 @@
+# Upgrades: a database at 1.0 keeps its keys, dead letters, retention
+# settings and counters through ALTER EXTENSION idem_consumer UPDATE, and
+# ends with exactly the objects of a new install; the library keeps serving
+# a database still at 1.0.
+#
+# The released 1.0 script is pinned by its checksum: a new install runs it
+# and then idem_consumer--1.0--1.1.sql, so an edit of the 1.0 script would
+# change new installs and upgraded databases alike and no catalog comparison
+# could see it.
+use strict;
+use warnings;
+
+use Digest::SHA;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $released_1_0_sha256 = '86d8eaadc82b08450a4b8f566207dbdba4d78fcea8de617b10aefce0a4af1eee';
+
+# Every object of the extension and what a DBA or a client can see of it,
+# one line per fact, by name (never by OID): functions with their whole
+# definition, privileges and comments; tables and views with their columns,
+# types, defaults, constraints, indexes, triggers, policies and privileges;
+# types, sequences, schemas; initial privileges; the dumped configuration
+# tables.  Lines are whitespace-normalised and sorted.
+my $catalog_query = <<'SQL';
+WITH ext AS (
+    SELECT * FROM pg_catalog.pg_extension WHERE extname = 'idem_consumer'
+), members AS (
+    SELECT d.classid, d.objid,
+           pg_catalog.pg_describe_object(d.classid, d.objid, 0) AS obj
+      FROM pg_catalog.pg_depend d, ext
+     WHERE d.refclassid = 'pg_catalog.pg_extension'::regclass
+       AND d.refobjid = ext.oid AND d.deptype = 'e'
+), parts AS (
+    -- each member, and each column of a member relation, which comments
+    -- and initial privileges may be attached to
+    SELECT m.obj, m.classid, m.objid, 0 AS objsubid, '' AS part FROM members m
+    UNION ALL
+    SELECT m.obj, m.classid, m.objid, a.attnum, a.attname::text
+      FROM members m JOIN pg_catalog.pg_attribute a
+        ON m.classid = 'pg_catalog.pg_class'::regclass AND a.attrelid = m.objid
+       AND a.attnum > 0 AND NOT a.attisdropped
+), rels AS (
+    SELECT m.obj, c.*, c.oid AS relid
+      FROM members m JOIN pg_catalog.pg_class c
+        ON m.classid = 'pg_catalog.pg_class'::regclass AND c.oid = m.objid
+), facts(obj, fact) AS (
+    SELECT obj, 'member' FROM members
+    UNION ALL
+    SELECT 'extension', 'version ' || extversion || ' relocatable ' || extrelocatable
+           || ' schema ' || extnamespace::regnamespace::text FROM ext
+    UNION ALL
+    SELECT 'extension', 'dumps ' || c::regclass::text || ' where ' || coalesce(w, '')
+      FROM ext, unnest(extconfig, extcondition) AS u(c, w)
+    UNION ALL
+    SELECT p.obj, 'comment ' || p.part || ': ' || ds.description
+      FROM parts p JOIN pg_catalog.pg_description ds
+        ON (ds.classoid, ds.objoid, ds.objsubid) = (p.classid, p.objid, p.objsubid)
+    UNION ALL
+    SELECT p.obj, 'initial privileges ' || ip.privtype::text || ' ' || p.part || ': '
+           || ip.initprivs::text
+      FROM parts p JOIN pg_catalog.pg_init_privs ip
+        ON (ip.classoid, ip.objoid, ip.objsubid) = (p.classid, p.objid, p.objsubid)
+    UNION ALL
+    SELECT m.obj, 'definition ' || CASE WHEN p.prokind = 'a'
+               THEN 'aggregate ' || ag.aggtransfn::regprocedure::text || ' '
+                    || ag.aggtranstype::regtype::text || ' '
+                    || coalesce(ag.aggfinalfn::regprocedure::text, '') || ' '
+                    || coalesce(ag.agginitval, '')
+               ELSE pg_catalog.pg_get_functiondef(p.oid) END
+      FROM members m
+      JOIN pg_catalog.pg_proc p ON m.classid = 'pg_catalog.pg_proc'::regclass AND p.oid = m.objid
+      LEFT JOIN pg_catalog.pg_aggregate ag ON ag.aggfnoid = p.oid
+    UNION ALL
+    SELECT m.obj, 'owner ' || pg_catalog.pg_get_userbyid(p.proowner)
+           || ' acl ' || coalesce(p.proacl::text, 'default')
+      FROM members m
+      JOIN pg_catalog.pg_proc p ON m.classid = 'pg_catalog.pg_proc'::regclass AND p.oid = m.objid
+    UNION ALL
+    SELECT obj, 'relation kind ' || relkind::text || ' persistence ' || relpersistence::text
+           || ' options ' || coalesce(reloptions::text, '')
+           || ' row security ' || relrowsecurity || ' forced ' || relforcerowsecurity
+           || ' owner ' || pg_catalog.pg_get_userbyid(relowner)
+           || ' acl ' || coalesce(relacl::text, 'default')
+      FROM rels
+    UNION ALL
+    SELECT r.obj, 'column ' || (row_number() OVER (PARTITION BY r.relid ORDER BY a.attnum))
+           || ' ' || a.attname || ' ' || pg_catalog.format_type(a.atttypid, a.atttypmod)
+           || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
+           || ' identity ' || a.attidentity::text || ' generated ' || a.attgenerated::text
+           || ' collation ' || coalesce(co.collname::text, '')
+           || ' default ' || coalesce(pg_catalog.pg_get_expr(ad.adbin, ad.adrelid), '')
+           || ' storage ' || a.attstorage::text || ' statistics ' || a.attstattarget
+           || ' acl ' || coalesce(a.attacl::text, 'default')
+      FROM rels r
+      JOIN pg_catalog.pg_attribute a ON a.attrelid = r.relid AND a.attnum > 0 AND NOT a.attisdropped
+      LEFT JOIN pg_catalog.pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
+      LEFT JOIN pg_catalog.pg_collation co ON co.oid = a.attcollation
+    UNION ALL
+    SELECT r.obj, 'constraint ' || con.conname || ': ' || pg_catalog.pg_get_constraintdef(con.oid)
+           || CASE WHEN con.condeferrable THEN ' deferrable' ELSE '' END
+      FROM rels r JOIN pg_catalog.pg_constraint con ON con.conrelid = r.relid
+    UNION ALL
+    SELECT r.obj, 'index: ' || pg_catalog.pg_get_indexdef(i.indexrelid)
+           || CASE WHEN i.indisclustered THEN ' clustered' ELSE '' END
+           || ' comment ' || coalesce(pg_catalog.obj_description(i.indexrelid, 'pg_class'), '')
+      FROM rels r JOIN pg_catalog.pg_index i ON i.indrelid = r.relid
+    UNION ALL
+    SELECT r.obj, 'trigger: ' || pg_catalog.pg_get_triggerdef(t.oid)
+           || ' enabled ' || t.tgenabled::text
+      FROM rels r JOIN pg_catalog.pg_trigger t ON t.tgrelid = r.relid AND NOT t.tgisinternal
+    UNION ALL
+    SELECT r.obj, 'policy ' || po.polname || ' ' || po.polcmd::text || ' permissive ' || po.polpermissive
+           || ' roles ' || po.polroles::regrole[]::text
+           || ' using ' || coalesce(pg_catalog.pg_get_expr(po.polqual, po.polrelid), '')
+           || ' check ' || coalesce(pg_catalog.pg_get_expr(po.polwithcheck, po.polrelid), '')
+      FROM rels r JOIN pg_catalog.pg_policy po ON po.polrelid = r.relid
+    UNION ALL
+    SELECT r.obj, 'rule ' || ru.rulename || ': ' || pg_catalog.pg_get_ruledef(ru.oid)
+      FROM rels r JOIN pg_catalog.pg_rewrite ru ON ru.ev_class = r.relid
+     WHERE ru.rulename <> '_RETURN'
+    UNION ALL
+    SELECT obj, 'view: ' || pg_catalog.pg_get_viewdef(relid) FROM rels WHERE relkind IN ('v', 'm')
+    UNION ALL
+    SELECT r.obj, 'sequence ' || s.seqtypid::regtype::text || ' start ' || s.seqstart
+           || ' increment ' || s.seqincrement || ' min ' || s.seqmin || ' max ' || s.seqmax
+           || ' cache ' || s.seqcache || ' cycle ' || s.seqcycle
+      FROM rels r JOIN pg_catalog.pg_sequence s ON s.seqrelid = r.relid
+    UNION ALL
+    SELECT m.obj, 'type ' || t.typtype::text || ' owner ' || pg_catalog.pg_get_userbyid(t.typowner)
+           || ' acl ' || coalesce(t.typacl::text, 'default')
+           || ' base ' || CASE WHEN t.typbasetype <> 0
+                               THEN pg_catalog.format_type(t.typbasetype, t.typtypmod) ELSE '' END
+           || ' not null ' || t.typnotnull || ' default ' || coalesce(t.typdefault, '')
+           || ' labels ' || coalesce((SELECT string_agg(e.enumlabel, ',' ORDER BY e.enumsortorder)
+                                        FROM pg_catalog.pg_enum e WHERE e.enumtypid = t.oid), '')
+           || ' attributes ' || coalesce((SELECT string_agg(a.attname || ' '
+                                                 || pg_catalog.format_type(a.atttypid, a.atttypmod),
+                                                 ', ' ORDER BY a.attnum)
+                                            FROM pg_catalog.pg_attribute a
+                                           WHERE a.attrelid = t.typrelid AND a.attnum > 0
+                                             AND NOT a.attisdropped), '')
+      FROM members m
+      JOIN pg_catalog.pg_type t ON m.classid = 'pg_catalog.pg_type'::regclass AND t.oid = m.objid
+    UNION ALL
+    SELECT m.obj, 'domain constraint ' || con.conname || ': ' || pg_catalog.pg_get_constraintdef(con.oid)
+      FROM members m
+      JOIN pg_catalog.pg_constraint con
+        ON m.classid = 'pg_catalog.pg_type'::regclass AND con.contypid = m.objid
+    UNION ALL
+    SELECT m.obj, 'schema owner ' || pg_catalog.pg_get_userbyid(n.nspowner)
+           || ' acl ' || coalesce(n.nspacl::text, 'default')
+      FROM members m
+      JOIN pg_catalog.pg_namespace n
+        ON m.classid = 'pg_catalog.pg_namespace'::regclass AND n.oid = m.objid
+    UNION ALL
+    SELECT m.obj, 'operator ' || o.oprcode::regprocedure::text
+      FROM members m
+      JOIN pg_catalog.pg_operator o ON m.classid = 'pg_catalog.pg_operator'::regclass AND o.oid = m.objid
+    UNION ALL
+    SELECT m.obj, 'cast ' || c.castcontext::text || ' ' || c.castmethod::text || ' '
+           || coalesce(c.castfunc::regprocedure::text, '')
+      FROM members m
+      JOIN pg_catalog.pg_cast c ON m.classid = 'pg_catalog.pg_cast'::regclass AND c.oid = m.objid
+)
+SELECT regexp_replace(obj || ' | ' || fact, '\s+', ' ', 'g') AS line
+  FROM facts ORDER BY 1
+SQL
+
+# catalog_lines(node, db): the catalog description of the extension in db.
+sub catalog_lines
+{
+	my ($node, $db) = @_;
+	return [ split /\n/, $node->safe_psql($db, $catalog_query) ];
+}
+
+# difference(a, b): the lines of a missing from b, and those of b missing
+# from a, each prefixed with "-" or "+".
+sub difference
+{
+	my ($a, $b) = @_;
+	my %in_a = map { $_ => 1 } @$a;
+	my %in_b = map { $_ => 1 } @$b;
+	return [ (map { "- $_" } grep { !$in_b{$_} } @$a),
+			 (map { "+ $_" } grep { !$in_a{$_} } @$b) ];
+}
+
+my $node = PostgreSQL::Test::Cluster->new('upgrade');
+$node->init;
+$node->append_conf('postgresql.conf', "shared_preload_libraries = 'idem_consumer'\n");
+$node->start;
+
+# The scripts PostgreSQL installs from are the ones under test.
+my $sharedir = $node->config_data('--sharedir') . '/extension';
+is(Digest::SHA->new(256)->addfile("$sharedir/idem_consumer--1.0.sql")->hexdigest,
+	$released_1_0_sha256, 'idem_consumer--1.0.sql is the released 1.0 script, unchanged');
+ok(!-e "$sharedir/idem_consumer--1.1.sql",
+	'no idem_consumer--1.1.sql: a new install is 1.0 plus the update script');
+
+$node->safe_psql('postgres', q{
+	CREATE DATABASE upgraded;
+	CREATE DATABASE fresh;
+	CREATE DATABASE stays_1_0;
+	CREATE DATABASE tampered;
+});
+
+#
+# A 1.0 database with history: applied keys of two consumers, a batch,
+# dead letters (one discarded), retention settings and counters.
+#
+my $setup = q{
+	CREATE EXTENSION idem_consumer VERSION '1.0';
+	CREATE TABLE ledger (id int PRIMARY KEY, n bigint NOT NULL DEFAULT 0);
+	INSERT INTO ledger VALUES (1);
+	CREATE TABLE shipments (order_id int PRIMARY KEY);
+	SELECT count(*) FROM (
+		SELECT idem_apply('paid:' || g, 'payments',
+		                  'update ledger set n = n + $1 where id = 1', ARRAY[g::text])
+		  FROM generate_series(1, 200) g) s;
+	SELECT count(*) FROM idem_record_batch('audit', ARRAY(SELECT 'audit:' || g FROM generate_series(1, 50) g));
+	-- shipments of orders the shipping table does not accept yet
+	ALTER TABLE shipments ADD CONSTRAINT not_yet CHECK (order_id < 0);
+	SELECT idem_try_apply('ship:' || g, 'shipping',
+	                      'insert into shipments values ($1)', ARRAY[g::text])
+	  FROM generate_series(1, 5) g;
+	SELECT idem_dlq_discard(id, 'duplicate order')
+	  FROM idem_dead_letters WHERE consumer = 'shipping' AND key = 'ship:5';
+	SELECT idem_set_retention('payments', '30 days');
+	SELECT idem_set_retention('audit', NULL);
+};
+# The counters are per consumer name across the cluster: the database that
+# stays at 1.0 gets consumers of its own.
+$node->safe_psql('upgraded', $setup);
+$node->safe_psql('stays_1_0', $setup =~ s/'(payments|audit|shipping)'/'old-$1'/gr);
+
+is($node->safe_psql('upgraded', q{SELECT extversion FROM pg_extension WHERE extname = 'idem_consumer'}),
+	'1.0', 'the database starts at 1.0');
+
+my %state_queries = (
+	keys => q{SELECT consumer, count(*) FROM idem_processed_keys GROUP BY 1 ORDER BY 1},
+	dead_letters => q{SELECT consumer, key, status, sqlstate, attempts, discard_reason
+	                    FROM idem_dead_letters ORDER BY 1, 2},
+	retention => q{SELECT consumer, retention, is_default FROM idem_retention ORDER BY 1},
+	counters => q{SELECT consumer, applied, duplicates, failed, dead_lettered,
+	                     latency_p50_ms, latency_max_ms, stats_reset
+	                FROM idem_stats WHERE consumer IN ('payments', 'audit', 'shipping') ORDER BY 1},
+	ledger => q{SELECT n FROM ledger},
+);
+my %before = map { $_ => $node->safe_psql('upgraded', $state_queries{$_}) } keys %state_queries;
+like($before{dead_letters}, qr/shipping\|ship:4\|pending\|23514/,
+	'the 1.0 database has pending dead letters');
+like($before{counters}, qr/^payments\|200\|0\|0\|0\|/m, 'and counters');
+like($before{retention}, qr/^audit\|\|f\n.*^payments\|30 days\|f$/ms, 'and retention settings');
+
+#
+# The update.
+#
+$node->safe_psql('upgraded', 'ALTER EXTENSION idem_consumer UPDATE');
+is($node->safe_psql('upgraded', q{SELECT extversion FROM pg_extension WHERE extname = 'idem_consumer'}),
+	'1.1', 'ALTER EXTENSION idem_consumer UPDATE brings it to 1.1');
+is($node->safe_psql('fresh', q{
+	CREATE EXTENSION idem_consumer;
+	SELECT extversion FROM pg_extension WHERE extname = 'idem_consumer'}),
+	'1.1', 'a new install is 1.1');
+
+for my $what (sort keys %state_queries)
+{
+	is($node->safe_psql('upgraded', $state_queries{$what}), $before{$what},
+		"$what are unchanged by the update");
+}
+
+# every key recorded before the update is still a duplicate
+is($node->safe_psql('upgraded', q{
+	SELECT count(*) FILTER (WHERE NOT idem_apply('paid:' || g, 'payments',
+	                                             'update ledger set n = n + 1000000 where id = 1'))
+	  FROM generate_series(1, 200) g}),
+	'200', 'every key applied at 1.0 is a duplicate after the update');
+is($node->safe_psql('upgraded', 'SELECT n FROM ledger'), $before{ledger}, 'and changed nothing');
+is($node->safe_psql('upgraded', q{
+	SELECT count(*) FROM idem_record_batch('audit',
+	    ARRAY(SELECT 'audit:' || g FROM generate_series(1, 51) g))}),
+	'1', 'a batch after the update applies only its new key');
+is($node->safe_psql('upgraded', q{
+	SELECT string_agg(idem_try_apply('ship:' || g, 'shipping', 'insert into shipments values (0)')::text, ',')
+	  FROM generate_series(1, 5) g}),
+	'dead_lettered,dead_lettered,dead_lettered,dead_lettered,dead_lettered',
+	'redeliveries of dead letters run nothing after the update');
+
+# every pending dead letter replays once its cause is fixed
+is($node->safe_psql('upgraded', q{
+	ALTER TABLE shipments DROP CONSTRAINT not_yet;
+	SELECT string_agg(r.outcome::text || ' ' || d.key, ',' ORDER BY d.key)
+	  FROM idem_dlq_replay('shipping') AS r JOIN idem_dead_letters AS d USING (id)}),
+	'applied ship:1,applied ship:2,applied ship:3,applied ship:4',
+	'every pending dead letter of 1.0 replays after the update');
+is($node->safe_psql('upgraded', 'SELECT string_agg(order_id::text, \',\' ORDER BY 1) FROM shipments'),
+	'1,2,3,4', 'and the replays ran the business SQL');
+
+# the counters go on from where they were
+like($node->safe_psql('upgraded', q{SELECT applied, duplicates FROM idem_stats WHERE consumer = 'payments'}),
+	qr/^200\|200$/, 'counters continue after the update');
+
+#
+# Same objects: an upgraded 1.0 and a new 1.1 install.
+#
+my $fresh = catalog_lines($node, 'fresh');
+my $upgraded = catalog_lines($node, 'upgraded');
+cmp_ok(scalar(@$fresh), '>', 100, 'the catalog description covers the extension\'s objects')
+  or diag(join("\n", @$fresh));
+my $drift = difference($upgraded, $fresh);
+is(scalar(@$drift), 0, 'an upgraded 1.0 database and a new install have the same objects')
+  or diag("only in the upgraded database (-) or the new install (+):\n" . join("\n", @$drift));
+
+# The comparison sees what an incomplete update script would leave out.
+$node->safe_psql('tampered', q{
+	CREATE EXTENSION idem_consumer;
+	COMMENT ON FUNCTION idem_forget(text, text) IS 'tampered';
+	COMMENT ON COLUMN idem_consumer.dead_letters.key IS 'tampered';
+	GRANT EXECUTE ON FUNCTION idem_forget(text, text) TO pg_monitor;
+	ALTER TABLE idem_consumer.dead_letters ALTER COLUMN attempts SET DEFAULT 2;
+	ALTER TABLE idem_consumer.retention_settings ADD CONSTRAINT short CHECK (retention < '1 year');
+	DROP INDEX idem_consumer.dead_letters_pending;
+	ALTER TYPE idem_outcome ADD VALUE 'tampered';
+	CREATE FUNCTION idem_extra(x int) RETURNS int LANGUAGE sql AS 'select x';
+	ALTER EXTENSION idem_consumer ADD FUNCTION idem_extra(int);
+	CREATE OR REPLACE VIEW idem_retention AS SELECT * FROM idem_retention WHERE true;
+});
+my $tampered = difference(catalog_lines($node, 'tampered'), $fresh);
+for my $change (
+	[ qr/^- function idem_forget\(text,text\) \| comment : tampered/, 'a new comment' ],
+	[ qr/^- table idem_consumer\.dead_letters \| comment key: tampered/, 'a new column comment' ],
+	[ qr/^- function idem_forget\(text,text\) \| owner \S+ acl .*pg_monitor=X/, 'a new grant' ],
+	[ qr/^- table idem_consumer\.dead_letters \| column \d+ attempts .* default 2 /, 'another column default' ],
+	[ qr/^- table idem_consumer\.retention_settings \| constraint short:/, 'a new constraint' ],
+	[ qr/^\+ table idem_consumer\.dead_letters \| index: .*dead_letters_pending/, 'a dropped index' ],
+	[ qr/^- type idem_outcome \| .*labels applied,duplicate,dead_lettered,tampered/, 'a new enum label' ],
+	[ qr/^- function idem_extra\(integer\) \| member/, 'a new member function' ],
+	[ qr/^- view idem_retention \| view: .*WHERE true/, 'another view definition' ])
+{
+	ok((grep { $_ =~ $change->[0] } @$tampered),
+		"the catalog comparison sees $change->[1]")
+	  or diag(join("\n", @$tampered));
+}
+
+#
+# The library serves a database still at 1.0.
+#
+my $old = 'stays_1_0';
+is($node->safe_psql($old, q{SELECT extversion FROM pg_extension WHERE extname = 'idem_consumer'}),
+	'1.0', 'a second database stays at 1.0');
+is($node->safe_psql($old, q{
+	SELECT idem_apply('paid:201', 'old-payments', 'update ledger set n = n + 1 where id = 1'),
+	       idem_apply('paid:1', 'old-payments', 'update ledger set n = n + 1 where id = 1'),
+	       idem_is_processed('paid:201', 'old-payments')}),
+	't|f|t', 'at 1.0: idem_apply applies and detects duplicates');
+is($node->safe_psql($old, q{
+	SELECT idem_try_apply('ship:6', 'old-shipping', 'insert into shipments values (6)'),
+	       idem_try_apply('ship:1', 'old-shipping', 'insert into shipments values (1)')}),
+	'dead_lettered|dead_lettered', 'at 1.0: idem_try_apply parks failing messages');
+is($node->safe_psql($old, q{
+	ALTER TABLE shipments DROP CONSTRAINT not_yet;
+	SELECT count(*) FILTER (WHERE outcome = 'applied') FROM idem_dlq_replay('old-shipping')}),
+	'5', 'at 1.0: idem_dlq_replay applies the pending dead letters');
+is($node->safe_psql($old, q{
+	SELECT applied, duplicates, dead_lettered FROM idem_stats WHERE consumer = 'old-payments'}),
+	'201|1|0', 'at 1.0: idem_stats counts');
+like($node->safe_psql($old, 'SELECT idem_metrics()'),
+	qr/^idem_applied_total\{consumer="old-payments"\} 201\n.*^idem_dlq_pending\{consumer="old-shipping"\} 0$/ms,
+	'at 1.0: idem_metrics() exports the counters and the dead-letter gauges');
+$node->safe_psql($old, q{
+	SELECT idem_set_retention('old-payments', '1 hour');
+	UPDATE idem_consumer.processed_keys SET processed_at = processed_at - 7200
+	 WHERE key LIKE 'paid:1_';
+});
+is($node->safe_psql($old, q{SELECT idem_purge('old-payments')}), '10',
+	'at 1.0: idem_purge removes expired keys');
+is($node->safe_psql($old, q{SELECT idem_is_processed('paid:12', 'old-payments'), idem_is_processed('paid:2', 'old-payments')}),
+	'f|t', 'only those');
+
+#
+# The functions 1.1 adds exist after the update and can be called: each is
+# called with NULL arguments in a transaction that rolls back.  Returning, or
+# refusing the arguments with an ordinary error, both show a working
+# function; a missing symbol, an internal error or a crash do not.
+#
+my $added = $node->safe_psql('fresh', q{
+	SELECT pg_catalog.string_agg(p.oid::regprocedure::text, E'\n' ORDER BY 1)
+	  FROM pg_catalog.pg_depend d
+	  JOIN pg_catalog.pg_proc p ON d.classid = 'pg_catalog.pg_proc'::regclass AND p.oid = d.objid
+	  JOIN pg_catalog.pg_extension e ON d.refclassid = 'pg_catalog.pg_extension'::regclass
+	   AND d.refobjid = e.oid AND d.deptype = 'e'
+	 WHERE e.extname = 'idem_consumer' AND p.prokind IN ('f', 'p')
+	   AND p.prorettype <> ALL ('{trigger,event_trigger,internal}'::regtype[])});
+my %in_1_0 = map { $_ => 1 } split /\n/, $node->safe_psql('stays_1_0', q{
+	SELECT pg_catalog.string_agg(p.oid::regprocedure::text, E'\n')
+	  FROM pg_catalog.pg_depend d
+	  JOIN pg_catalog.pg_proc p ON d.classid = 'pg_catalog.pg_proc'::regclass AND p.oid = d.objid
+	  JOIN pg_catalog.pg_extension e ON d.refclassid = 'pg_catalog.pg_extension'::regclass
+	   AND d.refobjid = e.oid AND d.deptype = 'e'
+	 WHERE e.extname = 'idem_consumer'});
+my @new_functions = grep { !$in_1_0{$_} } split /\n/, $added;
+note('functions 1.1 adds: ' . (@new_functions ? join(', ', @new_functions) : 'none yet'));
+$node->safe_psql('upgraded', q{
+	CREATE SCHEMA upgrade_test;
+	CREATE FUNCTION upgrade_test.call_with_nulls(fn regprocedure) RETURNS text
+	LANGUAGE plpgsql AS $$
+	DECLARE
+	    p pg_catalog.pg_proc;
+	    args text;
+	    state text;
+	BEGIN
+	    SELECT * INTO p FROM pg_catalog.pg_proc WHERE oid = fn;
+	    SELECT string_agg(CASE WHEN p.provariadic <> 0 AND i = p.pronargs THEN 'VARIADIC ' ELSE '' END
+	                      || 'NULL::' || p.proargtypes[i - 1]::regtype::text, ', ' ORDER BY i)
+	      INTO args FROM generate_series(1, p.pronargs) i;
+	    EXECUTE CASE WHEN p.prokind = 'p' THEN 'CALL ' ELSE 'SELECT ' END
+	            || fn::oid::regproc::text || '(' || coalesce(args, '') || ')';
+	    RAISE EXCEPTION USING ERRCODE = 'UT000', MESSAGE = 'returned';
+	EXCEPTION WHEN OTHERS THEN
+	    GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE;
+	    RETURN CASE WHEN state = 'UT000' THEN 'returned' ELSE state END;
+	END
+	$$;
+});
+# the harness itself: a function that returns, one that refuses NULLs
+is($node->safe_psql('upgraded', q{
+	SELECT upgrade_test.call_with_nulls('idem_consumer.key_hash(integer, text)'),
+	       upgrade_test.call_with_nulls('idem_dlq_replay(bigint)')}),
+	'returned|22004', 'calling with NULL arguments tells a function that runs');
+for my $fn (@new_functions)
+{
+	my ($rc, $out, $err) = $node->psql('upgraded',
+		"SELECT upgrade_test.call_with_nulls('$fn'::regprocedure)");
+	ok($rc == 0 && $out ne '' && $out !~ /^(XX...|58P01|42883|0A000)$/,
+		"1.1 function $fn exists after the update and runs (got " . ($out || $err) . ')');
+}
+
+$node->stop;
+done_testing();
