@@ -29,11 +29,11 @@
  * cost of these one-row statements.  Serializable transactions get the
  * same predicate locks, taken by the index and table access methods.
  *
- * They are used only when the table is exactly as the 1.1 script creates
- * it (columns and their defaults, the primary key and the outbox's index
- * and no other, no triggers, no row security, no check constraints), so
- * that nothing but built-in code runs; otherwise the statements do the
- * work.
+ * They are used only when idem_consumer.fast_path is on and the table is
+ * exactly as the 1.1 script creates it (columns, NOT NULL and defaults,
+ * the primary key and the outbox's index and no other, no triggers, no
+ * row security, no check constraints), so that nothing but built-in code
+ * runs; otherwise the statements do the work.
  *
  *-------------------------------------------------------------------------
  */
@@ -80,6 +80,12 @@
 #define ATT_UPDATED_AT		16
 #define ATT_COMPLETED_AT	17
 #define EFFECTS_NATTS		17
+
+/* The columns created NOT NULL, as bits 1 << attnum. */
+#define NOT_NULL_COLUMNS \
+	((1 << ATT_CONSUMER_ID) | (1 << ATT_KEY) | (1 << ATT_DEFERRED) | (1 << ATT_STATE) | \
+	 (1 << ATT_FENCE) | (1 << ATT_ATTEMPTS) | (1 << ATT_PROVIDER_KEY) | \
+	 (1 << ATT_OUTCOME_UNKNOWN) | (1 << ATT_CREATED_AT) | (1 << ATT_UPDATED_AT))
 
 /* btree's datetime_ops (pg_opfamily.dat), which has no macro of its own */
 #define DATETIME_BTREE_FAM_OID	434
@@ -141,9 +147,13 @@ table_is_plain(Relation rel)
 		(tupdesc->constr != NULL &&
 		 (tupdesc->constr->num_check > 0 || tupdesc->constr->has_generated_stored)))
 		return false;
+	/* the executor checks NOT NULL, the fast paths only form the tuple */
 	for (int i = 0; i < EFFECTS_NATTS; i++)
-		if (TupleDescAttr(tupdesc, i)->attisdropped)
+		if (TupleDescAttr(tupdesc, i)->attisdropped ||
+			TupleDescAttr(tupdesc, i)->attnotnull != ((NOT_NULL_COLUMNS >> (i + 1)) & 1))
 			return false;
+	if (TupleDescAttr(tupdesc, ATT_KEY - 1)->attcollation != C_COLLATION_OID)
+		return false;
 	for (int i = 0; i < lengthof(expected_columns); i++)
 	{
 		Form_pg_attribute att = TupleDescAttr(tupdesc, expected_columns[i].attnum - 1);
@@ -296,7 +306,7 @@ open_effects(Relation *relp, Relation *pkp, bool insert)
 	ListCell   *lc;
 	bool		plain;
 
-	if (!OidIsValid(relid) || XactReadOnly || IsInParallelMode())
+	if (!idem_fast_path || !OidIsValid(relid) || XactReadOnly || IsInParallelMode())
 		return false;
 
 	rel = table_open(relid, RowExclusiveLock);
