@@ -387,3 +387,19 @@ GRANT SELECT ON idem_stats TO PUBLIC;
 
 SELECT pg_catalog.pg_extension_config_dump('idem_consumer.effects', '');
 SELECT pg_catalog.pg_extension_config_dump('idem_consumer.effect_policies', '');
+
+--
+-- Dead-letter replays run the stored SQL as the role that parked it
+-- (src/replay_role.c), so each entry records that role.  Entries parked
+-- before this version get the role their dead_lettered_by names, if it
+-- still exists; a replay of an entry without a role is refused.  regrole
+-- is dumped as the role's name, so a restored database maps it to the
+-- role of that name.
+--
+ALTER TABLE idem_consumer.dead_letters ADD COLUMN dead_lettered_role regrole;
+UPDATE idem_consumer.dead_letters AS d
+   SET dead_lettered_role = r.oid
+  FROM pg_catalog.pg_roles AS r
+ WHERE r.rolname OPERATOR(pg_catalog.=) d.dead_lettered_by;
+COMMENT ON COLUMN idem_consumer.dead_letters.dead_lettered_role IS
+    'role that ran idem_try_apply; a replay runs sql as this role, for members of it only';

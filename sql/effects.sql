@@ -303,8 +303,10 @@ DROP FUNCTION eb(text, text, jsonb, interval);
 DROP FUNCTION eff(text);
 DROP FUNCTION effect_error(text);
 
--- a database at version 1.0: the same library serves it, its replay and
--- purge do not need the effect tables; updating brings the effects
+-- a database at version 1.0: the same library serves it, its purge does
+-- not need the effect tables, and its replay is refused until the update
+-- (a replay runs as the parking role, which 1.1 records); updating brings
+-- the effects
 DROP EXTENSION idem_consumer;
 CREATE EXTENSION idem_consumer VERSION '1.0';
 SELECT idem_try_apply('m-1', 'old', 'select 1 / 0');
@@ -313,6 +315,7 @@ SELECT idem_purge() >= 0;
 SELECT count(*) >= 1 FROM idem_stats;
 SELECT count(*) FROM pg_proc WHERE proname LIKE 'idem_effect%';
 ALTER EXTENSION idem_consumer UPDATE;
+SELECT idem_dlq_replay(id) FROM idem_dead_letters WHERE key = 'm-1';
 SELECT action, fence FROM idem_effect_begin('old', 'e-1');
 SELECT kind FROM idem_dead_letters WHERE key = 'm-1';
 SELECT idem_effect_complete('old', 'e-1', 1, '{}');

@@ -28,6 +28,27 @@ PG_FUNCTION_INFO_V1(idem_is_processed);
 PG_FUNCTION_INFO_V1(idem_forget);
 
 /*
+ * Runs the business SQL of a key just recorded, holding the key against
+ * forgetting or recording by that SQL (inflight.c).
+ */
+static void
+execute_holding_key(int32 consumer_id, text *key, BusinessPlan *bplan,
+					ParamListInfo bound_params)
+{
+	int			depth = inflight_push(consumer_id, key);
+
+	PG_TRY();
+	{
+		business_plan_execute(bplan, bound_params);
+	}
+	PG_FINALLY();
+	{
+		inflight_pop(depth);
+	}
+	PG_END_TRY();
+}
+
+/*
  * idem_apply(key, consumer, sql, params, event_time, fingerprint): records
  * (consumer, key) and runs sql with params; returns false, running
  * nothing, if the key was already recorded for the same message, and
@@ -68,11 +89,12 @@ idem_apply(PG_FUNCTION_ARGS)
 		fingerprint = explicit_fingerprint != NULL ?
 			fingerprint_of_text(explicit_fingerprint) :
 			fingerprint_of_message(sql, params);
+	inflight_check_key(consumer_id, consumer, key, "record");
 	applied = keystore_record_key_fp(consumer_id, key,
 									 check_fingerprint ? &fingerprint : NULL,
 									 &recorded);
 	if (applied)
-		business_plan_execute(bplan, bound_params);
+		execute_holding_key(consumer_id, key, bplan, bound_params);
 	else if (check_fingerprint && fingerprint_differs(fingerprint, &recorded))
 	{
 		stats_call_key_reuse(call);
@@ -123,7 +145,10 @@ idem_forget(PG_FUNCTION_ARGS)
 	SPI_connect();
 	consumer_id = keystore_consumer_id(consumer, false);
 	if (consumer_id != 0)
+	{
+		inflight_check_key(consumer_id, consumer, key, "forget");
 		removed = keystore_forget_key(consumer_id, key);
+	}
 	SPI_finish();
 
 	PG_RETURN_BOOL(removed);

@@ -224,6 +224,7 @@ idem_record_batch(PG_FUNCTION_ARGS)
 
 	SPI_connect();
 	consumer_id = keystore_consumer_id(consumer, true);
+	inflight_check_keys(consumer_id, consumer, elems, nkeys, "record");
 	call = stats_call_begin(consumer);
 
 	nnew = record_batch_fast(rsinfo, consumer_id, elems, nkeys);
@@ -321,6 +322,7 @@ idem_record_batch_fingerprinted(PG_FUNCTION_ARGS)
 
 	SPI_connect();
 	consumer_id = keystore_consumer_id_ext(consumer, true, &check_fingerprint);
+	inflight_check_keys(consumer_id, consumer, elems, nkeys, "record");
 	call = stats_call_begin(consumer);
 	if (!check_fingerprint)
 		memset(has_fingerprint, 0, nkeys * sizeof(bool));

@@ -33,11 +33,13 @@
  *
  * Replays lock their entry FOR NO KEY UPDATE before running it, so no two
  * sessions replay one entry; a batch replay skips the entries others hold.
- * Business SQL, first runs and replays alike, runs as the current user;
- * only the statements on the storage run as its owner (keystore.c).  A
- * replay restores the settings that change how the stored text and params
- * are read (search_path, TimeZone, DateStyle, IntervalStyle) as they were
- * when the message was dead-lettered, for the business SQL only.
+ * A first run's business SQL runs as the current user; a replay's runs as
+ * the role that dead-lettered the entry, and only for a caller who is a
+ * member of that role (replay_role.c).  Only the statements on the storage
+ * run as its owner (keystore.c).  A replay restores the settings that
+ * change how the stored text and params are read (search_path, captured
+ * as the schemas it resolved to, TimeZone, DateStyle, IntervalStyle) as
+ * they were when the message was dead-lettered, for the business SQL only.
  *
  *-------------------------------------------------------------------------
  */
@@ -286,9 +288,13 @@ capture_settings(void)
 
 	for (int i = 0; i < lengthof(replay_settings); i++)
 	{
+		/* the schemas, so that "$user" cannot resolve to the replaying role */
+		bool		is_path = strcmp(replay_settings[i], "search_path") == 0;
+
 		elems[2 * i] = CStringGetTextDatum(replay_settings[i]);
 		elems[2 * i + 1] =
-			CStringGetTextDatum(GetConfigOptionByName(replay_settings[i], NULL, false));
+			CStringGetTextDatum(is_path ? replay_role_search_path() :
+								GetConfigOptionByName(replay_settings[i], NULL, false));
 	}
 	return construct_md_array(elems, NULL, 2, dims, lbs,
 							  TEXTOID, -1, false, TYPALIGN_INT);
@@ -318,20 +324,23 @@ apply_settings(ArrayType *settings)
 }
 
 /*
- * Runs business SQL as the current user in a subtransaction, with settings
- * if not NULL.  Returns NULL if it succeeded.  If it failed, its effects
- * are rolled back; a permanent error is returned, allocated in the
- * caller's memory context, and a transient one is re-raised.
+ * Runs the business SQL of (consumer_id, key) in a subtransaction: as the
+ * current user, or as run_as with settings when replaying (run_as valid).
+ * Returns NULL if it succeeded.  If it failed, its effects are rolled
+ * back; a permanent error is returned, allocated in the caller's memory
+ * context, and a transient one is re-raised.
  *
  * The caller's SPI connection stays usable either way: SPI cleans up what
  * the subtransaction left, as for PL/pgSQL exception blocks.
  */
 static ErrorData *
-run_business_sql(const char *sql, ArrayType *params, ArrayType *settings)
+run_business_sql(int32 consumer_id, text *key, const char *sql,
+				 ArrayType *params, ArrayType *settings, Oid run_as)
 {
 	MemoryContext oldcontext = CurrentMemoryContext;
 	ResourceOwner oldowner = CurrentResourceOwner;
 	ErrorData  *volatile edata = NULL;
+	int			depth = inflight_push(consumer_id, key);
 
 	BeginInternalSubTransaction(NULL);
 	/* allocate in the caller's context, not the subtransaction's */
@@ -340,22 +349,30 @@ run_business_sql(const char *sql, ArrayType *params, ArrayType *settings)
 	PG_TRY();
 	{
 		int			save_nestlevel = 0;
+		ReplayRoleState role_state = {InvalidOid, 0};
 		BusinessPlan *bplan;
 		ParamListInfo bound_params;
 
-		if (settings != NULL)
+		if (OidIsValid(run_as))
 		{
+			role_state = replay_role_begin(run_as);
 			save_nestlevel = NewGUCNestLevel();
-			apply_settings(settings);
+			if (settings != NULL)
+				apply_settings(settings);
 		}
 
 		bplan = business_plan_get(sql);
 		bound_params = business_plan_bind(bplan, params);
 		business_plan_execute(bplan, bound_params);
 
-		if (settings != NULL)
-			AtEOXact_GUC(true, save_nestlevel);
+		if (OidIsValid(run_as))
+		{
+			/* undo whatever the stored SQL set, as maintenance commands do */
+			AtEOXact_GUC(false, save_nestlevel);
+			replay_role_end(role_state);
+		}
 
+		inflight_pop(depth);
 		ReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(oldcontext);
 		CurrentResourceOwner = oldowner;
@@ -366,6 +383,8 @@ run_business_sql(const char *sql, ArrayType *params, ArrayType *settings)
 		edata = CopyErrorData();
 		FlushErrorState();
 
+		/* the abort restores the user id and the settings */
+		inflight_pop(depth);
 		RollbackAndReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(oldcontext);
 		CurrentResourceOwner = oldowner;
@@ -421,8 +440,11 @@ dead_letter_insert(int32 consumer_id, text *key, const char *sql,
 	values[5] = PointerGetDatum(capture_settings());
 	error_values(edata, &values[6], &nulls[6]);
 	values[11] = current_user_datum();
+	values[12] = ObjectIdGetDatum(GetUserId());
 
-	keystore_execute(KS_DL_INSERT, values, nulls, 0);
+	/* a database still at version 1.0 has no column for the role */
+	keystore_execute(replay_role_supported() ? KS_DL_INSERT_ROLE : KS_DL_INSERT,
+					 values, nulls, 0);
 }
 
 /*
@@ -540,9 +562,32 @@ check_pending(const DeadLetterEntry *entry)
 }
 
 /*
- * Runs a locked pending entry again under its key and records the result:
- * replayed on success, the new error and one more attempt on a permanent
- * failure.  A transient error is raised and changes nothing.
+ * Returns the role a locked entry's SQL runs as, after checking that the
+ * caller may act for it.
+ */
+static Oid
+replay_run_as(const DeadLetterEntry *entry)
+{
+	Datum		arg = Int64GetDatum(entry->id);
+	bool		isnull;
+	Datum		roleid;
+	char	   *consumer;
+	char	   *parked_by;
+
+	keystore_execute(KS_DL_ROLE, &arg, NULL, 1);
+	roleid = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	consumer = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
+	parked_by = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3);
+	return replay_role_check(entry->id, consumer,
+							 isnull ? InvalidOid : DatumGetObjectId(roleid),
+							 parked_by);
+}
+
+/*
+ * Runs a locked pending entry again under its key, as the role that
+ * dead-lettered it, and records the result: replayed on success, the new
+ * error and one more attempt on a permanent failure.  A transient error is
+ * raised and changes nothing.
  */
 static Outcome
 replay_entry(const DeadLetterEntry *entry)
@@ -550,6 +595,7 @@ replay_entry(const DeadLetterEntry *entry)
 	ErrorData  *edata;
 	Datum		values[KS_MAX_ARGS];
 	char		nulls[KS_MAX_ARGS];
+	Oid			run_as;
 
 	/* the entry of a dead external effect: replaying it re-arms the effect */
 	if (effects_rearm(entry->id))
@@ -560,6 +606,9 @@ replay_entry(const DeadLetterEntry *entry)
 		return OUTCOME_APPLIED;
 	}
 
+	/* a message's SQL runs as the role that parked it, for its members */
+	run_as = replay_run_as(entry);
+
 	/*
 	 * The key was recorded when the entry was made and idem_forget() leaves
 	 * keys of pending entries alone; should it have been removed from the
@@ -568,7 +617,8 @@ replay_entry(const DeadLetterEntry *entry)
 	 */
 	(void) keystore_record_key(entry->consumer_id, entry->key);
 
-	edata = run_business_sql(entry->sql, entry->params, entry->settings);
+	edata = run_business_sql(entry->consumer_id, entry->key, entry->sql,
+							 entry->params, entry->settings, run_as);
 
 	values[0] = Int64GetDatum(entry->id);
 	nulls[0] = ' ';
@@ -634,6 +684,7 @@ idem_try_apply(PG_FUNCTION_ARGS)
 		fingerprint = explicit_fingerprint != NULL ?
 			fingerprint_of_text(explicit_fingerprint) :
 			fingerprint_of_message(sql, params);
+	inflight_check_key(consumer_id, consumer, key, "record");
 	redelivered = !keystore_record_key_fp(consumer_id, key,
 										  check_fingerprint ? &fingerprint : NULL,
 										  &recorded);
@@ -665,7 +716,8 @@ idem_try_apply(PG_FUNCTION_ARGS)
 		outcome = redelivery_outcome(consumer_id, key);
 	else
 	{
-		ErrorData  *edata = run_business_sql(sql, params, NULL);
+		ErrorData  *edata = run_business_sql(consumer_id, key, sql, params,
+											 NULL, InvalidOid);
 
 		if (edata == NULL)
 			outcome = OUTCOME_APPLIED;
@@ -699,6 +751,7 @@ idem_dlq_replay(PG_FUNCTION_ARGS)
 	DeadLetterEntry entry;
 	Outcome		outcome;
 
+	replay_role_require_supported();
 	SPI_connect();
 	lock_entry(id, &entry);
 	check_pending(&entry);
@@ -724,6 +777,7 @@ idem_dlq_replay_consumer(PG_FUNCTION_ARGS)
 	Oid		   *oids;
 
 	max_count = get_count_arg(fcinfo, 1, "max_count");
+	replay_role_require_supported();
 
 	InitMaterializedSRF(fcinfo, 0);
 	oids = outcome_label_oids(fcinfo->flinfo,

@@ -27,6 +27,7 @@ _PG_init(void)
 {
 	plan_cache_init();
 	consumers_init();
+	fastpath_init();
 	retention_init();
 	stats_init();
 	dead_letter_init();

@@ -29,6 +29,10 @@
  *	  metrics.c			the Prometheus text exposition
  *	  retention.c		retention windows, latest activity and purge runs
  *	  purge_worker.c	the background worker that purges on a schedule
+ *	  inflight.c		the keys whose business SQL is running in this
+ *						backend, which that SQL must not forget or record
+ *	  replay_role.c		the role and schemas a dead-letter replay runs
+ *						its SQL with, and who may replay
  *	  effects.c			external effects: the state machine of leases,
  *						fences and retries, and its SQL functions
  *	  effects_store.c	the storage statements of external effects
@@ -79,6 +83,8 @@ typedef enum KeystoreStmt
 	KS_DELETE_COLLISION,
 	KS_FIND_COLLISION,
 	KS_DL_INSERT,
+	KS_DL_INSERT_ROLE,
+	KS_DL_ROLE,
 	KS_DL_KEY_STATUS,
 	KS_DL_LOCK,
 	KS_DL_LOCK_NEXT_PENDING,
@@ -87,7 +93,6 @@ typedef enum KeystoreStmt
 	KS_DL_DISCARDED,
 	KS_DL_DELETE_RESOLVED,
 	KS_DL_PENDING_SUMMARY,
-	KS_KEYS_STORED,
 	KS_RETENTION_SETTINGS,
 	KS_SET_RETENTION,
 	KS_RESET_RETENTION,
@@ -105,7 +110,7 @@ typedef enum KeystoreStmt
 } KeystoreStmt;
 
 /* The most parameters a storage statement takes. */
-#define KS_MAX_ARGS 12
+#define KS_MAX_ARGS 13
 
 /* The tables that hold keys, in the order a purge walks them. */
 typedef enum KeystoreTable
@@ -149,14 +154,7 @@ extern Oid	keystore_keys_relid(void);
 extern void keystore_table_blocks(BlockNumber *blocks);
 extern uint64 keystore_remove_rows(KeystoreTable table, ItemPointer tids,
 								   int ntids, Datum consumer_ids, Datum cutoffs);
-
-typedef struct KeysStored
-{
-	char	   *consumer;
-	int64		keys;
-} KeysStored;
-
-extern List *keystore_keys_stored(void);
+extern double keystore_keys_estimate(void);
 
 /* consumers.c */
 extern void consumers_init(void);
@@ -253,7 +251,8 @@ extern int	stats_call_begin(const char *consumer);
 extern void stats_call_end(int call, int applied, int duplicates,
 						   int dead_lettered, TimestampTz event_time);
 extern void stats_call_key_reuse(int call);
-extern List *stats_snapshot(void);
+extern void stats_foreach(void (*fn) (const ConsumerStatsCopy *copy, void *arg),
+						  void *arg);
 extern void stats_count_effect(const char *consumer, EffectEvent event);
 
 /* plan_cache.c */
@@ -275,6 +274,33 @@ extern int32 get_count_arg(FunctionCallInfo fcinfo, int argno, const char *argna
 extern char *get_sql_arg(FunctionCallInfo fcinfo, int argno);
 extern void check_event_time_arg(FunctionCallInfo fcinfo, int argno);
 extern text *get_fingerprint_arg(FunctionCallInfo fcinfo, int argno);
+
+/* keystore_fastpath.c */
+extern void fastpath_init(void);
+
+/* inflight.c */
+extern int	inflight_push(int32 consumer_id, text *key);
+extern void inflight_pop(int depth);
+extern void inflight_check_key(int32 consumer_id, const char *consumer, text *key,
+							   const char *action);
+extern void inflight_check_keys(int32 consumer_id, const char *consumer, Datum *keys,
+								int nkeys, const char *action);
+extern void inflight_check_none(const char *function_name);
+
+/* replay_role.c */
+typedef struct ReplayRoleState
+{
+	Oid			save_userid;
+	int			save_sec_context;
+} ReplayRoleState;
+
+extern bool replay_role_supported(void);
+extern void replay_role_require_supported(void);
+extern char *replay_role_search_path(void);
+extern Oid	replay_role_check(int64 entry_id, const char *consumer, Oid roleid,
+							  const char *parked_by_name);
+extern ReplayRoleState replay_role_begin(Oid roleid);
+extern void replay_role_end(ReplayRoleState state);
 
 /* dead_letter.c */
 extern void dead_letter_init(void);

@@ -50,12 +50,21 @@
  */
 #include "postgres.h"
 
+#include <math.h>
+
+#include "access/htup_details.h"
+#include "access/table.h"
 #include "access/transam.h"
 #include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
+#include "optimizer/plancat.h"
+#include "pgstat.h"
+#include "storage/bufmgr.h"
+#include "storage/bufpage.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
@@ -628,24 +637,52 @@ keystore_remove_rows(KeystoreTable table, ItemPointer tids, int ntids,
 }
 
 /*
- * Returns how many keys each consumer has stored, as a List of KeysStored
- * allocated in the SPI procedure context.
+ * Returns the number of keys stored, all consumers together, without
+ * reading a row: the live rows the cumulative statistics keep for each
+ * table (counted up and down by every committed insert and delete, set
+ * exactly by VACUUM and ANALYZE).  A table the statistics do not know
+ * (after a crash, say) is estimated from its pages instead, at the
+ * density its last VACUUM or ANALYZE counted, or at rows of average width
+ * if never counted.
  */
-List *
-keystore_keys_stored(void)
+double
+keystore_keys_estimate(void)
 {
-	List	   *result = NIL;
+	const StorageInfo *si = storage_ready();
+	Oid			relids[2];
+	double		total = 0;
 
-	keystore_exec(KS_KEYS_STORED, NULL, 0);
-	for (uint64 i = 0; i < SPI_processed; i++)
+	relids[0] = si->keys_relid;
+	relids[1] = get_relname_relid("key_collisions", get_rel_namespace(si->keys_relid));
+	for (int i = 0; i < lengthof(relids); i++)
 	{
-		KeysStored *ks = palloc(sizeof(KeysStored));
-		bool		isnull;
+		PgStat_StatTabEntry *tabentry;
+		Relation	rel;
+		BlockNumber pages;
 
-		ks->consumer = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
-		ks->keys = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
-											   SPI_tuptable->tupdesc, 2, &isnull));
-		result = lappend(result, ks);
+		if (!OidIsValid(relids[i]))
+			continue;
+		tabentry = pgstat_fetch_stat_tabentry(relids[i]);
+		if (tabentry != NULL)
+		{
+			total += Max(tabentry->n_live_tuples, 0);
+			continue;
+		}
+
+		rel = table_open(relids[i], AccessShareLock);
+		pages = RelationGetNumberOfBlocks(rel);
+		if (pages == 0)
+			;
+		else if (rel->rd_rel->reltuples >= 0 && rel->rd_rel->relpages > 0)
+			total += rint(rel->rd_rel->reltuples / rel->rd_rel->relpages * pages);
+		else
+		{
+			int32		width = get_rel_data_width(rel, NULL) +
+				MAXALIGN(SizeofHeapTupleHeader) + sizeof(ItemIdData);
+
+			total += floor((double) (BLCKSZ - SizeOfPageHeaderData) / width) * pages;
+		}
+		table_close(rel, AccessShareLock);
 	}
-	return result;
+	return total;
 }

@@ -28,19 +28,77 @@
 #include "access/xact.h"
 #include "catalog/index.h"
 #include "catalog/pg_class.h"
+#include "catalog/pg_collation.h"
+#include "catalog/pg_type.h"
 #include "executor/executor.h"
 #include "storage/lmgr.h"
 #include "utils/fmgroids.h"
+#include "utils/guc.h"
 #include "utils/snapmgr.h"
 
 #include "keystore_internal.h"
 
+/* Whether keys may be recorded and probed in C (idem_consumer.fast_path). */
+bool		idem_fast_path = true;
+
+/*
+ * Defines idem_consumer.fast_path; called once from _PG_init.
+ */
+void
+fastpath_init(void)
+{
+	DefineCustomBoolVariable("idem_consumer.fast_path",
+							 "Records and looks up keys in C when the storage allows it.",
+							 "Off runs every statement on the storage as SQL, the reference path: "
+							 "for tests and for comparing the two.",
+							 &idem_fast_path,
+							 true,
+							 PGC_SUSET,
+							 0,
+							 NULL,
+							 NULL,
+							 NULL);
+}
+
+/*
+ * Tells whether processed_keys has exactly the columns the extension
+ * creates: (consumer_id int4, processed_at int4, key text COLLATE "C"),
+ * all NOT NULL, and from version 1.1 on a fourth, fingerprint int4,
+ * nullable, without a default; and nothing else.  The fast path forms its
+ * tuples from these values alone, so any other column (even a dropped one,
+ * which still takes a slot) would get a garbage value instead of its
+ * default.
+ */
+static bool
+fastpath_columns_match(TupleDesc tupdesc)
+{
+	static const Oid column_types[] = {INT4OID, INT4OID, TEXTOID, INT4OID};
+	int			ncolumns = tupdesc->natts;
+
+	if ((ncolumns != 3 && ncolumns != 4) ||
+		(tupdesc->constr != NULL &&
+		 (tupdesc->constr->has_generated_stored || tupdesc->constr->num_defval > 0)))
+		return false;
+	for (int i = 0; i < ncolumns; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(tupdesc, i);
+
+		if (att->attisdropped || att->atttypid != column_types[i] ||
+			att->attnotnull != (i < 3) ||
+			(att->atttypid == TEXTOID && att->attcollation != C_COLLATION_OID))
+			return false;
+	}
+	return ncolumns == 3 ||
+		strcmp(NameStr(TupleDescAttr(tupdesc, 3)->attname), "fingerprint") == 0;
+}
+
 /*
  * Opens processed_keys and its unique index for the fast path, to write
  * or only to read; returns false when the SQL statements must do the work:
- * the table has triggers, row security, check constraints or other indexes
- * than ours, or the transaction cannot write (the SQL path then raises the
- * usual error).
+ * idem_consumer.fast_path is off, the table has other columns than ours,
+ * triggers, row security, check constraints or other indexes than ours,
+ * or the transaction cannot write (the SQL path then raises the usual
+ * error).
  */
 bool
 fastpath_open(FastPath *fp, bool write)
@@ -50,13 +108,14 @@ fastpath_open(FastPath *fp, bool write)
 	List	   *indexes;
 	bool		usable;
 
-	if (!OidIsValid(si->hash_index) ||
+	if (!idem_fast_path || !OidIsValid(si->hash_index) ||
 		(write && (XactReadOnly || IsInParallelMode())))
 		return false;
 
 	fp->keys = table_open(si->keys_relid, lockmode);
 	indexes = RelationGetIndexList(fp->keys);
 	usable = fp->keys->rd_rel->relkind == RELKIND_RELATION &&
+		fastpath_columns_match(RelationGetDescr(fp->keys)) &&
 		fp->keys->trigdesc == NULL &&
 		!fp->keys->rd_rel->relrowsecurity &&
 		(fp->keys->rd_att->constr == NULL ||

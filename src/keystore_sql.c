@@ -47,6 +47,39 @@ typedef struct KeystoreStmtDef
 	"dead_letter_id, consumer_id, key, sql, params, settings, status," \
 	" resolved_by, discard_reason"
 
+#define DL_INSERT_COLUMNS \
+	"consumer_id, key, sql, params, event_time, settings, sqlstate, message," \
+	" detail, hint, context, dead_lettered_by"
+#define DL_INSERT_VALUES "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12"
+#define DL_INSERT_TYPES \
+	INT4OID, TEXTOID, TEXTOID, TEXTARRAYOID, TIMESTAMPTZOID, TEXTARRAYOID, \
+	TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID
+#define DL_INSERT_CONFLICT \
+	" ON CONFLICT (consumer_id, key) DO UPDATE SET sql = excluded.sql," \
+	" params = excluded.params, event_time = excluded.event_time," \
+	" settings = excluded.settings, sqlstate = excluded.sqlstate," \
+	" message = excluded.message, detail = excluded.detail, hint = excluded.hint," \
+	" context = excluded.context, first_failed_at = pg_catalog.now()," \
+	" last_failed_at = pg_catalog.now(), attempts = 1," \
+	" dead_lettered_by = excluded.dead_lettered_by, status = 'pending'," \
+	" resolved_at = NULL, resolved_by = NULL, discard_reason = NULL"
+#define DL_INSERT_UNLESS_PENDING \
+	" WHERE dead_letters.status OPERATOR(pg_catalog.<>) 'pending'"
+
+/*
+ * A resolved dead-letter entry (replayed or discarded) expires with its
+ * key: the statements that remove keys by TID remove the resolved entries
+ * of the removed keys in the same statement.  A redelivery after the
+ * purge is then a new message, as for any expired key, and no stale entry
+ * makes it look dead-lettered or blocks parking it again.  "removed" is
+ * the CTE of the removed rows.
+ */
+#define AND_RESOLVED_ENTRIES_EXPIRE \
+	", expired AS (DELETE FROM " STORAGE_SCHEMA ".dead_letters AS d USING removed AS r" \
+	" WHERE d.consumer_id OPERATOR(pg_catalog.=) r.consumer_id" \
+	" AND d.key OPERATOR(pg_catalog.=) r.key" \
+	" AND d.status OPERATOR(pg_catalog.<>) 'pending')"
+
 /*
  * Retention never removes the key of a message that waits in the
  * dead-letter queue: an operator may still replay it, and a redelivery
@@ -218,26 +251,39 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 		" LIMIT 1",
 		1, {INT4OID}
 	},
-	[KS_KEYS_STORED] = {
-		"SELECT c.name, pg_catalog.count(k.consumer_id)"
-		" FROM " STORAGE_SCHEMA ".consumers AS c LEFT JOIN"
-		" (SELECT consumer_id FROM " STORAGE_SCHEMA ".processed_keys"
-		"  UNION ALL SELECT consumer_id FROM " STORAGE_SCHEMA ".key_collisions) AS k"
-		" ON k.consumer_id OPERATOR(pg_catalog.=) c.consumer_id"
-		" GROUP BY c.name ORDER BY c.name",
-		0, {InvalidOid}
-	},
 
 	/*
 	 * Dead letters.  The two locking reads return DEAD_LETTER_COLUMNS, in
 	 * the order dead_letter.c reads them.
 	 */
+	/*
+	 * A new entry, or a new failure in the place of a resolved entry that
+	 * outlived its key (the purge removes resolved entries with their
+	 * keys; a key removed by hand leaves its entry).  A pending entry
+	 * stays as it is, and so does an external effect's entry.  The second
+	 * form is for version 1.1 of the SQL objects, which records the
+	 * parking role.
+	 */
 	[KS_DL_INSERT] = {
-		"INSERT INTO " STORAGE_SCHEMA ".dead_letters (consumer_id, key, sql, params,"
-		" event_time, settings, sqlstate, message, detail, hint, context, dead_lettered_by)"
-		" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-		12, {INT4OID, TEXTOID, TEXTOID, TEXTARRAYOID, TIMESTAMPTZOID, TEXTARRAYOID,
-			TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID}
+		"INSERT INTO " STORAGE_SCHEMA ".dead_letters (" DL_INSERT_COLUMNS ")"
+		" VALUES (" DL_INSERT_VALUES ")" DL_INSERT_CONFLICT DL_INSERT_UNLESS_PENDING,
+		12, {DL_INSERT_TYPES}
+	},
+	[KS_DL_INSERT_ROLE] = {
+		"INSERT INTO " STORAGE_SCHEMA ".dead_letters (" DL_INSERT_COLUMNS ", dead_lettered_role)"
+		" VALUES (" DL_INSERT_VALUES ", $13)" DL_INSERT_CONFLICT
+		", dead_lettered_role = excluded.dead_lettered_role" DL_INSERT_UNLESS_PENDING
+		" AND dead_letters.kind OPERATOR(pg_catalog.=) 'message'",
+		13, {DL_INSERT_TYPES, REGROLEOID}
+	},
+	/* what a replay needs to know whose rights the entry's SQL runs with */
+	[KS_DL_ROLE] = {
+		"SELECT d.dead_lettered_role, c.name, d.dead_lettered_by"
+		" FROM " STORAGE_SCHEMA ".dead_letters AS d"
+		" JOIN " STORAGE_SCHEMA ".consumers AS c"
+		" ON c.consumer_id OPERATOR(pg_catalog.=) d.consumer_id"
+		" WHERE d.dead_letter_id OPERATOR(pg_catalog.=) $1",
+		1, {INT8OID}
 	},
 	[KS_DL_KEY_STATUS] = {
 		"SELECT status, dead_letter_id FROM " STORAGE_SCHEMA ".dead_letters"
@@ -345,23 +391,28 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 	 * deleted and vacuumed away, and its TID given to a new key.
 	 */
 	[KS_REMOVE_COLLISIONS] = {
-		"DELETE FROM " STORAGE_SCHEMA ".key_collisions AS k"
-		" USING ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS w (consumer_id, cutoff)"
-		" WHERE k.ctid OPERATOR(pg_catalog.=) ANY ($1)"
-		" AND k.consumer_id OPERATOR(pg_catalog.=) w.consumer_id"
-		" AND k.processed_at OPERATOR(pg_catalog.<) w.cutoff"
-		AND_NO_PENDING_DEAD_LETTER("k"),
-		3, {TIDARRAYOID, INT4ARRAYOID, INT4ARRAYOID}, CURSOR_OPT_GENERIC_PLAN
-	},
-	/* returns the hashes whose occupants it removed */
-	[KS_REMOVE_KEYS] = {
-		"DELETE FROM " STORAGE_SCHEMA ".processed_keys AS k"
+		"WITH removed AS (DELETE FROM " STORAGE_SCHEMA ".key_collisions AS k"
 		" USING ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS w (consumer_id, cutoff)"
 		" WHERE k.ctid OPERATOR(pg_catalog.=) ANY ($1)"
 		" AND k.consumer_id OPERATOR(pg_catalog.=) w.consumer_id"
 		" AND k.processed_at OPERATOR(pg_catalog.<) w.cutoff"
 		AND_NO_PENDING_DEAD_LETTER("k")
-		" RETURNING " STORAGE_SCHEMA ".key_hash(k.consumer_id, k.key)",
+		" RETURNING k.consumer_id, k.key)"
+		AND_RESOLVED_ENTRIES_EXPIRE
+		" SELECT FROM removed",
+		3, {TIDARRAYOID, INT4ARRAYOID, INT4ARRAYOID}, CURSOR_OPT_GENERIC_PLAN
+	},
+	/* returns the hashes whose occupants it removed */
+	[KS_REMOVE_KEYS] = {
+		"WITH removed AS (DELETE FROM " STORAGE_SCHEMA ".processed_keys AS k"
+		" USING ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS w (consumer_id, cutoff)"
+		" WHERE k.ctid OPERATOR(pg_catalog.=) ANY ($1)"
+		" AND k.consumer_id OPERATOR(pg_catalog.=) w.consumer_id"
+		" AND k.processed_at OPERATOR(pg_catalog.<) w.cutoff"
+		AND_NO_PENDING_DEAD_LETTER("k")
+		" RETURNING k.consumer_id, k.key)"
+		AND_RESOLVED_ENTRIES_EXPIRE
+		" SELECT " STORAGE_SCHEMA ".key_hash(consumer_id, key) FROM removed",
 		3, {TIDARRAYOID, INT4ARRAYOID, INT4ARRAYOID}, CURSOR_OPT_GENERIC_PLAN
 	},
 	/*

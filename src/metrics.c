@@ -6,8 +6,12 @@
  *
  * Histogram buckets are the half-decade boundaries of the log-scale
  * histograms of histogram.c, so each cumulative bucket count is exact.
- * The gauges of stored keys and pending dead letters are read from the
- * tables at each scrape.
+ *
+ * A scrape is one pass over the counters in shared memory that copies one
+ * consumer at a time (stats_foreach), and reads no stored key (the
+ * dead-letter gauges read the pending entries only, through their partial
+ * index): its time and memory are those of the text it returns, about
+ * 4 kB per consumer, whatever the number of keys.
  *
  *-------------------------------------------------------------------------
  */
@@ -17,6 +21,7 @@
 
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
+#include "utils/memutils.h"
 #include "utils/builtins.h"
 
 #include "idem_consumer.h"
@@ -77,94 +82,134 @@ append_family(StringInfo buf, const char *name, const char *type, const char *he
 	appendStringInfo(buf, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* The families with one or more samples per consumer, in output order. */
+typedef enum MetricFamily
+{
+	FAMILY_APPLIED,
+	FAMILY_DUPLICATES,
+	FAMILY_FAILED,
+	FAMILY_DLQ_ENQUEUE,
+	FAMILY_KEY_REUSE,
+	FAMILY_EFFECTS,				/* EFFECT_NUM_EVENTS families, one per event */
+	FAMILY_LATENCY = FAMILY_EFFECTS + EFFECT_NUM_EVENTS,
+	FAMILY_LAG,
+	FAMILY_LAG_OBSERVED,
+	NUM_FAMILIES
+} MetricFamily;
+
+typedef struct MetricFamilyDef
+{
+	const char *name;
+	const char *type;
+	const char *help;
+} MetricFamilyDef;
+
+static const MetricFamilyDef family_defs[NUM_FAMILIES] = {
+	[FAMILY_APPLIED] = {"idem_applied_total", "counter",
+	"Messages whose business SQL ran and committed."},
+	[FAMILY_DUPLICATES] = {"idem_duplicate_detected_total", "counter",
+	"Redelivered messages skipped, in committed transactions."},
+	[FAMILY_FAILED] = {"idem_failed_total", "counter",
+	"Calls that raised or whose transaction rolled back."},
+	[FAMILY_DLQ_ENQUEUE] = {"idem_dlq_enqueue_total", "counter",
+	"Messages moved to the dead-letter queue, in committed transactions."},
+	[FAMILY_KEY_REUSE] = {"idem_key_reuse_total", "counter",
+	"Deliveries whose key was recorded for another message (IK001)."},
+	[FAMILY_EFFECTS + EFFECT_EXECUTED] = {"idem_effect_executed_total", "counter",
+	"Leases handed out to call the provider (begin returned execute, or a claim)."},
+	[FAMILY_EFFECTS + EFFECT_REPLAYED] = {"idem_effect_replayed_total", "counter",
+	"Begins of completed effects, answered with the stored result."},
+	[FAMILY_EFFECTS + EFFECT_BUSY] = {"idem_effect_busy_total", "counter",
+	"Begins refused because another worker held a live lease."},
+	[FAMILY_EFFECTS + EFFECT_FENCED_OFF] = {"idem_effect_fenced_off_total", "counter",
+	"Completions and failures refused because their fence was no longer current."},
+	[FAMILY_EFFECTS + EFFECT_REQUEST_MISMATCH] = {"idem_effect_request_mismatch_total", "counter",
+	"Calls that reused an effect key with a different request."},
+	[FAMILY_EFFECTS + EFFECT_UNKNOWN_OUTCOME] = {"idem_effect_unknown_outcome_total", "counter",
+	"Leases that expired in flight, leaving the provider's outcome unknown."},
+	[FAMILY_EFFECTS + EFFECT_DEAD] = {"idem_effect_dead_total", "counter",
+	"Effects moved to the dead-letter queue."},
+	[FAMILY_LATENCY] = {"idem_processing_latency_seconds", "histogram",
+	"Time spent in idem_apply for applied messages."},
+	[FAMILY_LAG] = {"idem_consumer_lag_seconds", "gauge",
+	"Commit time minus event_time of the last applied message that had one."},
+	[FAMILY_LAG_OBSERVED] = {"idem_consumer_lag_observed_seconds", "histogram",
+	"Commit time minus event_time of applied messages that had one."},
+};
+
 /*
- * Appends one counter family.
+ * Appends one counter sample.
  */
 static void
-append_counter(StringInfo buf, List *snapshot, const char *name, const char *help,
-			   size_t offset)
+append_counter(StringInfo buf, MetricFamily family, const char *consumer,
+			   int64 value)
 {
-	ListCell   *lc;
-
-	append_family(buf, name, "counter", help);
-	foreach(lc, snapshot)
-	{
-		ConsumerStatsCopy *copy = lfirst(lc);
-		int64		value = *(int64 *) ((char *) &copy->counters + offset);
-
-		append_series_start(buf, name, copy->consumer);
-		appendStringInfo(buf, "} " INT64_FORMAT "\n", value);
-	}
+	append_series_start(buf, family_defs[family].name, consumer);
+	appendStringInfo(buf, "} " INT64_FORMAT "\n", value);
 }
 
 /*
- * Appends one histogram family, from durations in microseconds.
+ * Appends the samples of one histogram, from durations in microseconds.
  */
 static void
-append_histogram(StringInfo buf, List *snapshot, const char *name, const char *help,
-				 size_t offset, int first_boundary, int last_boundary)
+append_histogram(StringInfo buf, MetricFamily family, const char *consumer,
+				 const IdemHistogram *hist, int first_boundary, int last_boundary)
 {
-	ListCell   *lc;
+	const char *name = family_defs[family].name;
+	char		series[NAMEDATALEN];
 
-	append_family(buf, name, "histogram", help);
-	foreach(lc, snapshot)
+	snprintf(series, sizeof(series), "%s_bucket", name);
+	for (int b = first_boundary; b <= last_boundary; b += BOUNDARY_STEP)
 	{
-		ConsumerStatsCopy *copy = lfirst(lc);
-		IdemHistogram *hist = (IdemHistogram *) ((char *) &copy->counters + offset);
-		char		bucket_name[NAMEDATALEN];
+		double		le_seconds = pow(10.0, (double) b / HIST_BUCKETS_PER_DECADE - 6.0);
 
-		snprintf(bucket_name, sizeof(bucket_name), "%s_bucket", name);
-		for (int b = first_boundary; b <= last_boundary; b += BOUNDARY_STEP)
-		{
-			double		le_seconds = pow(10.0, (double) b / HIST_BUCKETS_PER_DECADE - 6.0);
-
-			append_series_start(buf, bucket_name, copy->consumer);
-			appendStringInfo(buf, ",le=\"%.6g\"} " UINT64_FORMAT "\n",
-							 le_seconds, histogram_count_below(hist, b));
-		}
-		append_series_start(buf, bucket_name, copy->consumer);
-		appendStringInfo(buf, ",le=\"+Inf\"} " UINT64_FORMAT "\n", hist->total);
-
-		snprintf(bucket_name, sizeof(bucket_name), "%s_sum", name);
-		append_series_start(buf, bucket_name, copy->consumer);
-		appendStringInfo(buf, "} %.9g\n", hist->sum_us / 1e6);
-
-		snprintf(bucket_name, sizeof(bucket_name), "%s_count", name);
-		append_series_start(buf, bucket_name, copy->consumer);
-		appendStringInfo(buf, "} " UINT64_FORMAT "\n", hist->total);
+		append_series_start(buf, series, consumer);
+		appendStringInfo(buf, ",le=\"%.6g\"} " UINT64_FORMAT "\n",
+						 le_seconds, histogram_count_below(hist, b));
 	}
+	append_series_start(buf, series, consumer);
+	appendStringInfo(buf, ",le=\"+Inf\"} " UINT64_FORMAT "\n", hist->total);
+
+	snprintf(series, sizeof(series), "%s_sum", name);
+	append_series_start(buf, series, consumer);
+	appendStringInfo(buf, "} %.9g\n", hist->sum_us / 1e6);
+
+	snprintf(series, sizeof(series), "%s_count", name);
+	append_series_start(buf, series, consumer);
+	appendStringInfo(buf, "} " UINT64_FORMAT "\n", hist->total);
 }
 
 /*
- * Appends the counter families of external effects, one per EffectEvent.
+ * Appends one consumer's samples to the buffer of each family; called by
+ * stats_foreach() with the consumer's counters copied.
  */
 static void
-append_effect_counters(StringInfo buf, List *snapshot)
+append_consumer(const ConsumerStatsCopy *copy, void *arg)
 {
-	static const struct
-	{
-		const char *name;
-		const char *help;
-	}			families[EFFECT_NUM_EVENTS] = {
-		[EFFECT_EXECUTED] = {"idem_effect_executed_total",
-		"Leases handed out to call the provider (begin returned execute, or a claim)."},
-		[EFFECT_REPLAYED] = {"idem_effect_replayed_total",
-		"Begins of completed effects, answered with the stored result."},
-		[EFFECT_BUSY] = {"idem_effect_busy_total",
-		"Begins refused because another worker held a live lease."},
-		[EFFECT_FENCED_OFF] = {"idem_effect_fenced_off_total",
-		"Completions and failures refused because their fence was no longer current."},
-		[EFFECT_REQUEST_MISMATCH] = {"idem_effect_request_mismatch_total",
-		"Calls that reused an effect key with a different request."},
-		[EFFECT_UNKNOWN_OUTCOME] = {"idem_effect_unknown_outcome_total",
-		"Leases that expired in flight, leaving the provider's outcome unknown."},
-		[EFFECT_DEAD] = {"idem_effect_dead_total",
-		"Effects moved to the dead-letter queue."},
-	};
+	StringInfo	families = (StringInfo) arg;
+	const ConsumerCounters *c = &copy->counters;
 
+	append_counter(&families[FAMILY_APPLIED], FAMILY_APPLIED, copy->consumer, c->applied);
+	append_counter(&families[FAMILY_DUPLICATES], FAMILY_DUPLICATES, copy->consumer,
+				   c->duplicates);
+	append_counter(&families[FAMILY_FAILED], FAMILY_FAILED, copy->consumer, c->failed);
+	append_counter(&families[FAMILY_DLQ_ENQUEUE], FAMILY_DLQ_ENQUEUE, copy->consumer,
+				   c->dead_lettered);
+	append_counter(&families[FAMILY_KEY_REUSE], FAMILY_KEY_REUSE, copy->consumer,
+				   c->key_reuse);
 	for (int e = 0; e < EFFECT_NUM_EVENTS; e++)
-		append_counter(buf, snapshot, families[e].name, families[e].help,
-					   offsetof(ConsumerCounters, effects) + e * sizeof(int64));
+		append_counter(&families[FAMILY_EFFECTS + e], FAMILY_EFFECTS + e, copy->consumer,
+					   c->effects[e]);
+	append_histogram(&families[FAMILY_LATENCY], FAMILY_LATENCY, copy->consumer,
+					 &c->latency, LATENCY_FIRST_BOUNDARY, LATENCY_LAST_BOUNDARY);
+	if (c->has_lag)
+	{
+		append_series_start(&families[FAMILY_LAG], family_defs[FAMILY_LAG].name,
+							copy->consumer);
+		appendStringInfo(&families[FAMILY_LAG], "} %.6f\n", c->lag_last_us / 1e6);
+	}
+	append_histogram(&families[FAMILY_LAG_OBSERVED], FAMILY_LAG_OBSERVED, copy->consumer,
+					 &c->lag, LAG_FIRST_BOUNDARY, LAG_LAST_BOUNDARY);
 }
 
 /*
@@ -205,71 +250,54 @@ append_dead_letter_gauges(StringInfo buf)
 }
 
 /*
- * idem_metrics(): every family as one text, ready for a scraper.
+ * idem_metrics(): every family as one text, ready for a scraper.  Each
+ * consumer's samples go to a buffer per family, which are then joined.
  */
 Datum
 idem_metrics(PG_FUNCTION_ARGS)
 {
-	List	   *snapshot = stats_snapshot();
-	StringInfoData buf;
-	ListCell   *lc;
-	List	   *keys_stored;
+	StringInfoData families[NUM_FAMILIES];
+	StringInfoData tail;
+	Size		total;
+	text	   *result;
+	char	   *out;
 
-	initStringInfo(&buf);
-
-	append_counter(&buf, snapshot, "idem_applied_total",
-				   "Messages whose business SQL ran and committed.",
-				   offsetof(ConsumerCounters, applied));
-	append_counter(&buf, snapshot, "idem_duplicate_detected_total",
-				   "Redelivered messages skipped, in committed transactions.",
-				   offsetof(ConsumerCounters, duplicates));
-	append_counter(&buf, snapshot, "idem_failed_total",
-				   "Calls that raised or whose transaction rolled back.",
-				   offsetof(ConsumerCounters, failed));
-	append_counter(&buf, snapshot, "idem_dlq_enqueue_total",
-				   "Messages moved to the dead-letter queue, in committed transactions.",
-				   offsetof(ConsumerCounters, dead_lettered));
-	append_counter(&buf, snapshot, "idem_key_reuse_total",
-				   "Deliveries whose key was recorded for another message (IK001).",
-				   offsetof(ConsumerCounters, key_reuse));
-
-	append_effect_counters(&buf, snapshot);
-
-	append_histogram(&buf, snapshot, "idem_processing_latency_seconds",
-					 "Time spent in idem_apply for applied messages.",
-					 offsetof(ConsumerCounters, latency),
-					 LATENCY_FIRST_BOUNDARY, LATENCY_LAST_BOUNDARY);
-
-	append_family(&buf, "idem_consumer_lag_seconds", "gauge",
-				  "Commit time minus event_time of the last applied message that had one.");
-	foreach(lc, snapshot)
+	for (int f = 0; f < NUM_FAMILIES; f++)
 	{
-		ConsumerStatsCopy *copy = lfirst(lc);
-
-		if (!copy->counters.has_lag)
-			continue;
-		append_series_start(&buf, "idem_consumer_lag_seconds", copy->consumer);
-		appendStringInfo(&buf, "} %.6f\n", copy->counters.lag_last_us / 1e6);
+		initStringInfo(&families[f]);
+		append_family(&families[f], family_defs[f].name, family_defs[f].type,
+					  family_defs[f].help);
 	}
+	stats_foreach(append_consumer, families);
 
-	append_histogram(&buf, snapshot, "idem_consumer_lag_observed_seconds",
-					 "Commit time minus event_time of applied messages that had one.",
-					 offsetof(ConsumerCounters, lag),
-					 LAG_FIRST_BOUNDARY, LAG_LAST_BOUNDARY);
-
+	initStringInfo(&tail);
+	append_family(&tail, "idem_keys_stored", "gauge",
+				  "Processed keys stored, all consumers, from the tables' statistics.");
+	appendStringInfo(&tail, "idem_keys_stored %.0f\n", keystore_keys_estimate());
 	SPI_connect();
-	keys_stored = keystore_keys_stored();
-	append_family(&buf, "idem_keys_stored", "gauge",
-				  "Processed keys currently stored, per consumer.");
-	foreach(lc, keys_stored)
-	{
-		KeysStored *ks = lfirst(lc);
-
-		append_series_start(&buf, "idem_keys_stored", ks->consumer);
-		appendStringInfo(&buf, "} " INT64_FORMAT "\n", ks->keys);
-	}
-	append_dead_letter_gauges(&buf);
+	append_dead_letter_gauges(&tail);
 	SPI_finish();
 
-	PG_RETURN_TEXT_P(cstring_to_text_with_len(buf.data, buf.len));
+	/* join the families into the result, freeing each as it is copied */
+	total = tail.len;
+	for (int f = 0; f < NUM_FAMILIES; f++)
+		total += families[f].len;
+	if (total > MaxAllocSize - VARHDRSZ)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("idem_metrics() output would exceed 1 GB"),
+				 errhint("Lower idem_consumer.max_consumers.")));
+	result = (text *) palloc(VARHDRSZ + total);
+	SET_VARSIZE(result, VARHDRSZ + total);
+	out = VARDATA(result);
+	for (int f = 0; f < NUM_FAMILIES; f++)
+	{
+		memcpy(out, families[f].data, families[f].len);
+		out += families[f].len;
+		pfree(families[f].data);
+	}
+	memcpy(out, tail.data, tail.len);
+	pfree(tail.data);
+
+	PG_RETURN_TEXT_P(result);
 }

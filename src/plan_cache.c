@@ -235,6 +235,10 @@ analyze_business_sql(const char *sql, Oid **argtypes, int *nargs)
 
 /*
  * Prepares a business SQL text and stores its plan in the cache.
+ *
+ * Everything the entry needs is allocated before the entry is made: an
+ * error (out of memory, say) must not leave in the table an entry that is
+ * half filled in or missing from the LRU list, which eviction walks.
  */
 static BusinessPlan *
 business_plan_create(const char *sql)
@@ -243,7 +247,7 @@ business_plan_create(const char *sql)
 	int			nargs;
 	SPIPlanPtr	plan;
 	BusinessPlan *bplan;
-	const char *sql_copy;
+	BusinessPlan entry;
 	bool		found;
 
 	analyze_business_sql(sql, &argtypes, &nargs);
@@ -254,24 +258,35 @@ business_plan_create(const char *sql)
 	if (SPI_keepplan(plan) != 0)
 		elog(ERROR, "SPI_keepplan failed");
 
-	/* nothing below can fail but out-of-memory */
-	sql_copy = MemoryContextStrdup(plan_cache_cxt, sql);
-	bplan = hash_search(plan_cache, &sql_copy, HASH_ENTER, &found);
-	Assert(!found);
-	bplan->sql = sql_copy;
-	bplan->plan = plan;
-	bplan->nargs = nargs;
-	bplan->argtypes = MemoryContextAlloc(plan_cache_cxt, Max(nargs, 1) * sizeof(Oid));
-	bplan->input_funcs = MemoryContextAlloc(plan_cache_cxt, Max(nargs, 1) * sizeof(FmgrInfo));
-	bplan->input_ioparams = MemoryContextAlloc(plan_cache_cxt, Max(nargs, 1) * sizeof(Oid));
-	for (int i = 0; i < nargs; i++)
+	PG_TRY();
 	{
-		Oid			typinput;
+		entry.sql = MemoryContextStrdup(plan_cache_cxt, sql);
+		entry.plan = plan;
+		entry.nargs = nargs;
+		entry.argtypes = MemoryContextAlloc(plan_cache_cxt, Max(nargs, 1) * sizeof(Oid));
+		entry.input_funcs = MemoryContextAlloc(plan_cache_cxt, Max(nargs, 1) * sizeof(FmgrInfo));
+		entry.input_ioparams = MemoryContextAlloc(plan_cache_cxt, Max(nargs, 1) * sizeof(Oid));
+		for (int i = 0; i < nargs; i++)
+		{
+			Oid			typinput;
 
-		bplan->argtypes[i] = argtypes[i];
-		getTypeInputInfo(argtypes[i], &typinput, &bplan->input_ioparams[i]);
-		fmgr_info_cxt(typinput, &bplan->input_funcs[i], plan_cache_cxt);
+			entry.argtypes[i] = argtypes[i];
+			getTypeInputInfo(argtypes[i], &typinput, &entry.input_ioparams[i]);
+			fmgr_info_cxt(typinput, &entry.input_funcs[i], plan_cache_cxt);
+		}
+
+		/* the last step that can fail; it enters nothing if it does */
+		bplan = hash_search(plan_cache, &entry.sql, HASH_ENTER, &found);
 	}
+	PG_CATCH();
+	{
+		SPI_freeplan(plan);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+
+	Assert(!found);
+	*bplan = entry;
 	dlist_push_head(&plan_lru, &bplan->lru_node);
 	return bplan;
 }

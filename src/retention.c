@@ -733,6 +733,7 @@ idem_purge(PG_FUNCTION_ARGS)
 	uint64		total = 0;
 
 	batch_size = get_count_arg(fcinfo, 1, "batch_size");
+	inflight_check_none("idem_purge");
 
 	SPI_connect();
 	if (!PG_ARGISNULL(0))

@@ -20,6 +20,8 @@
  * the list to shared memory at commit (applied, duplicates, dead-lettered,
  * latency and lag) or counts every call as failed at abort.  A
  * subtransaction abort counts the calls made inside it as failed at once.
+ * The calls of a transaction prepared for two-phase commit count as
+ * untracked: its outcome is not known at PREPARE TRANSACTION.
  * The events of external effects (effects.c) are counted when they happen,
  * straight into the entry: the ones that matter most raise an error.
  *
@@ -55,11 +57,23 @@
 #include "idem_consumer.h"
 
 #define STATS_FILE				PGSTAT_STAT_PERMANENT_DIRECTORY "/idem_consumer.stat"
-/* the third magic: ConsumerCounters gained key_reuse and the effect counters (1.1) */
-#define STATS_FILE_MAGIC		0x1de3c0a3
+/*
+ * The file's header: a format date, bumped with every change of what the
+ * file holds (ConsumerCounters and IdemHistogram included), then the major
+ * version and the size of the counters, so that a file of another layout
+ * is ignored rather than read as garbage even if a change forgot the date.
+ */
+#define STATS_FILE_HEADER		0x20261203
 #define STATS_TRANCHE_NAME		"idem_consumer"
 #define IDEM_STATS_COLS			15
 #define IDEM_STATS_COLS_1_1		(IDEM_STATS_COLS + EFFECT_NUM_EVENTS + 1)
+
+/* What put_stats_row() needs: where the rows go, and which columns. */
+typedef struct StatsRowsArg
+{
+	ReturnSetInfo *rsinfo;
+	bool		effects;
+} StatsRowsArg;
 
 typedef struct ConsumerStatsEntry
 {
@@ -151,7 +165,8 @@ stats_shmem_shutdown(int code, Datum arg)
 	FILE	   *file;
 	HASH_SEQ_STATUS hash_seq;
 	ConsumerStatsEntry *entry;
-	uint32		header[2] = {STATS_FILE_MAGIC, PG_VERSION_NUM / 100};
+	uint32		header[3] = {STATS_FILE_HEADER, PG_VERSION_NUM / 100,
+	(uint32) sizeof(ConsumerCounters)};
 	int32		num_entries;
 
 	/* not after a crash, nor when not asked to */
@@ -237,7 +252,7 @@ static void
 stats_load_file(void)
 {
 	FILE	   *file;
-	uint32		header[2];
+	uint32		header[3];
 	int32		num_entries;
 
 	file = AllocateFile(STATS_FILE, PG_BINARY_R);
@@ -255,7 +270,8 @@ stats_load_file(void)
 		fread(&stats_state->stats_reset, sizeof(TimestampTz), 1, file) != 1 ||
 		fread(&num_entries, sizeof(int32), 1, file) != 1)
 		goto read_error;
-	if (header[0] != STATS_FILE_MAGIC || header[1] != PG_VERSION_NUM / 100)
+	if (header[0] != STATS_FILE_HEADER || header[1] != PG_VERSION_NUM / 100 ||
+		header[2] != (uint32) sizeof(ConsumerCounters))
 		goto data_error;
 
 	for (int i = 0; i < num_entries; i++)
@@ -516,6 +532,22 @@ count_failed_from(int first)
 }
 
 /*
+ * Counts the calls of a transaction prepared for two-phase commit as
+ * untracked.  Whether it commits is decided later, by COMMIT PREPARED or
+ * ROLLBACK PREPARED, possibly in another session or after a restart, when
+ * the calls noted here are gone; counting them as applied now would show
+ * messages whose transaction is then rolled back.
+ */
+static void
+count_prepared(void)
+{
+	SpinLockAcquire(&stats_state->mutex);
+	stats_state->untracked_calls += npending;
+	SpinLockRelease(&stats_state->mutex);
+	npending = 0;
+}
+
+/*
  * Counts the noted calls when the top-level transaction ends.
  */
 static void
@@ -527,8 +559,10 @@ stats_xact_callback(XactEvent event, void *arg)
 	switch (event)
 	{
 		case XACT_EVENT_COMMIT:
-		case XACT_EVENT_PREPARE:
 			count_committed();
+			break;
+		case XACT_EVENT_PREPARE:
+			count_prepared();
 			break;
 		case XACT_EVENT_ABORT:
 			count_failed_from(0);
@@ -687,15 +721,17 @@ stats_count_effect(const char *consumer, EffectEvent event)
 }
 
 /*
- * Returns a copy of every consumer's counters, as a List of
- * ConsumerStatsCopy in the current memory context.
+ * Calls fn with a copy of each consumer's counters in turn, copied under
+ * that consumer's spinlock into one buffer: the memory a pass takes does
+ * not grow with the number of consumers.  The shared lock on the table is
+ * held throughout, so fn should be quick and must not call back here.
  */
-List *
-stats_snapshot(void)
+void
+stats_foreach(void (*fn) (const ConsumerStatsCopy *copy, void *arg), void *arg)
 {
-	List	   *result = NIL;
 	HASH_SEQ_STATUS hash_seq;
 	ConsumerStatsEntry *entry;
+	ConsumerStatsCopy *copy = palloc(sizeof(ConsumerStatsCopy));
 
 	stats_require_shmem();
 
@@ -703,17 +739,15 @@ stats_snapshot(void)
 	hash_seq_init(&hash_seq, stats_hash);
 	while ((entry = hash_seq_search(&hash_seq)) != NULL)
 	{
-		ConsumerStatsCopy *copy = palloc(sizeof(ConsumerStatsCopy));
-
 		strlcpy(copy->consumer, entry->consumer, sizeof(copy->consumer));
 		SpinLockAcquire(&entry->mutex);
 		copy->counters = entry->counters;
 		SpinLockRelease(&entry->mutex);
-		result = lappend(result, copy);
+		fn(copy, arg);
 	}
 	LWLockRelease(stats_state->lock);
 
-	return result;
+	pfree(copy);
 }
 
 /*
@@ -737,65 +771,71 @@ timestamp_datum(TimestampTz ts, bool *isnull)
 }
 
 /*
+ * Adds one consumer's row to stats_rows()'s result: the columns of
+ * version 1.0, and with effects those of 1.1 after them; called by
+ * stats_foreach() with the consumer's counters copied.
+ */
+static void
+put_stats_row(const ConsumerStatsCopy *copy, void *arg)
+{
+	const StatsRowsArg *rows = (const StatsRowsArg *) arg;
+	const ConsumerCounters *c = &copy->counters;
+	Datum		values[IDEM_STATS_COLS_1_1];
+	bool		nulls[IDEM_STATS_COLS_1_1] = {0};
+	int64		deliveries = c->applied + c->duplicates + c->dead_lettered;
+	int			i = 0;
+
+	values[i++] = CStringGetTextDatum(copy->consumer);
+	values[i++] = Int64GetDatum(c->applied);
+	values[i++] = Int64GetDatum(c->duplicates);
+	values[i++] = Int64GetDatum(c->failed);
+	values[i++] = Int64GetDatum(c->dead_lettered);
+	nulls[i] = deliveries == 0;
+	values[i++] = Float8GetDatum(deliveries == 0 ? 0 : (double) c->duplicates / deliveries);
+	values[i] = ms_datum(histogram_quantile_us(&c->latency, 0.50), &nulls[i]);
+	i++;
+	values[i] = ms_datum(histogram_quantile_us(&c->latency, 0.95), &nulls[i]);
+	i++;
+	values[i] = ms_datum(histogram_quantile_us(&c->latency, 0.99), &nulls[i]);
+	i++;
+	values[i] = ms_datum(c->latency.total == 0 ? -1 : (double) c->latency.max_us, &nulls[i]);
+	i++;
+	nulls[i] = !c->has_lag;
+	values[i++] = Float8GetDatum(c->lag_last_us / 1000.0);
+	values[i] = ms_datum(histogram_quantile_us(&c->lag, 0.95), &nulls[i]);
+	i++;
+	values[i] = timestamp_datum(c->last_applied_at, &nulls[i]);
+	i++;
+	values[i] = timestamp_datum(c->last_duplicate_at, &nulls[i]);
+	i++;
+	values[i] = timestamp_datum(c->stats_reset, &nulls[i]);
+	i++;
+	Assert(i == IDEM_STATS_COLS);
+	if (rows->effects)
+	{
+		for (int e = 0; e < EFFECT_NUM_EVENTS; e++)
+			values[i++] = Int64GetDatum(c->effects[e]);
+		values[i++] = Int64GetDatum(c->key_reuse);
+		Assert(i == IDEM_STATS_COLS_1_1);
+	}
+
+	tuplestore_putvalues(rows->rsinfo->setResult, rows->rsinfo->setDesc, values, nulls);
+}
+
+/*
  * Returns one row per consumer: the columns of version 1.0, and with
  * effects those of 1.1 after them.
  */
 static void
 stats_rows(FunctionCallInfo fcinfo, bool effects)
 {
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	ListCell   *lc;
-	List	   *snapshot;
+	StatsRowsArg rows;
 
 	stats_require_shmem();
 	InitMaterializedSRF(fcinfo, 0);
-
-	snapshot = stats_snapshot();
-	foreach(lc, snapshot)
-	{
-		ConsumerStatsCopy *copy = lfirst(lc);
-		ConsumerCounters *c = &copy->counters;
-		Datum		values[IDEM_STATS_COLS_1_1];
-		bool		nulls[IDEM_STATS_COLS_1_1] = {0};
-		int64		deliveries = c->applied + c->duplicates + c->dead_lettered;
-		int			i = 0;
-
-		values[i++] = CStringGetTextDatum(copy->consumer);
-		values[i++] = Int64GetDatum(c->applied);
-		values[i++] = Int64GetDatum(c->duplicates);
-		values[i++] = Int64GetDatum(c->failed);
-		values[i++] = Int64GetDatum(c->dead_lettered);
-		nulls[i] = deliveries == 0;
-		values[i++] = Float8GetDatum(deliveries == 0 ? 0 : (double) c->duplicates / deliveries);
-		values[i] = ms_datum(histogram_quantile_us(&c->latency, 0.50), &nulls[i]);
-		i++;
-		values[i] = ms_datum(histogram_quantile_us(&c->latency, 0.95), &nulls[i]);
-		i++;
-		values[i] = ms_datum(histogram_quantile_us(&c->latency, 0.99), &nulls[i]);
-		i++;
-		values[i] = ms_datum(c->latency.total == 0 ? -1 : (double) c->latency.max_us, &nulls[i]);
-		i++;
-		nulls[i] = !c->has_lag;
-		values[i++] = Float8GetDatum(c->lag_last_us / 1000.0);
-		values[i] = ms_datum(histogram_quantile_us(&c->lag, 0.95), &nulls[i]);
-		i++;
-		values[i] = timestamp_datum(c->last_applied_at, &nulls[i]);
-		i++;
-		values[i] = timestamp_datum(c->last_duplicate_at, &nulls[i]);
-		i++;
-		values[i] = timestamp_datum(c->stats_reset, &nulls[i]);
-		i++;
-		Assert(i == IDEM_STATS_COLS);
-		if (effects)
-		{
-			for (int e = 0; e < EFFECT_NUM_EVENTS; e++)
-				values[i++] = Int64GetDatum(c->effects[e]);
-			values[i++] = Int64GetDatum(c->key_reuse);
-			Assert(i == IDEM_STATS_COLS_1_1);
-		}
-
-		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-	}
+	rows.rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	rows.effects = effects;
+	stats_foreach(put_stats_row, &rows);
 }
 
 /*

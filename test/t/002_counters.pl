@@ -57,8 +57,11 @@ $node->safe_psql('postgres',
 	q{SELECT idem_apply('x', E'tab\there "quoted" back\\\\slash\nnewline', 'select 1', event_time => now())});
 my $metrics = $node->safe_psql('postgres', 'SELECT idem_metrics()');
 PostgreSQL::Test::Utils::append_to_file("$dir/metrics.txt", "$metrics\n");
-my ($promtool) = run_command([ 'sh', '-c', 'command -v promtool' ]);
-ok($promtool ne '', 'promtool is installed');
+# the acceptance below proves something only if promtool runs and rejects
+# what is malformed (exit status 1, not 127 for a missing command)
+my ($bad) = run_command([ 'sh', '-c',
+	q~printf 'idem_applied_total{consumer="x" 1\n' | promtool check metrics 2>&1; echo rc=$?~ ]);
+like($bad, qr/parsing error.*\nrc=1$/s, 'promtool runs and rejects a malformed exposition');
 my ($pout, $perr) = run_command([ 'sh', '-c', "promtool check metrics < $dir/metrics.txt; echo rc=\$?" ]);
 like($pout, qr/rc=0$/, 'promtool check metrics accepts idem_metrics()')
   or diag("$pout\n$perr");

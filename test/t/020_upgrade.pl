@@ -396,15 +396,17 @@ is($node->safe_psql($old, q{
 	SELECT idem_try_apply('ship:6', 'old-shipping', 'insert into shipments values (6)'),
 	       idem_try_apply('ship:1', 'old-shipping', 'insert into shipments values (1)')}),
 	'dead_lettered|dead_lettered', 'at 1.0: idem_try_apply parks failing messages');
-is($node->safe_psql($old, q{
-	ALTER TABLE shipments DROP CONSTRAINT not_yet;
-	SELECT count(*) FILTER (WHERE outcome = 'applied') FROM idem_dlq_replay('old-shipping')}),
-	'5', 'at 1.0: idem_dlq_replay applies the pending dead letters');
+# a replay runs the entry's SQL as the role that parked it, which only 1.1
+# records: at 1.0 it is refused, with the hint to update, and runs nothing
+$node->safe_psql($old, 'ALTER TABLE shipments DROP CONSTRAINT not_yet');
+my (undef, undef, $replay_err) = $node->psql($old, q{SELECT * FROM idem_dlq_replay('old-shipping')});
+like($replay_err, qr/dead-letter replay needs version 1\.1 .*HINT:  Run ALTER EXTENSION idem_consumer UPDATE\./s,
+	'at 1.0: idem_dlq_replay is refused with the hint to update');
 is($node->safe_psql($old, q{
 	SELECT applied, duplicates, dead_lettered FROM idem_stats WHERE consumer = 'old-payments'}),
 	'201|1|0', 'at 1.0: idem_stats counts');
 like($node->safe_psql($old, 'SELECT idem_metrics()'),
-	qr/^idem_applied_total\{consumer="old-payments"\} 201\n.*^idem_dlq_pending\{consumer="old-shipping"\} 0$/ms,
+	qr/^idem_applied_total\{consumer="old-payments"\} 201\n.*^idem_dlq_pending\{consumer="old-shipping"\} 5$/ms,
 	'at 1.0: idem_metrics() exports the counters and the dead-letter gauges');
 $node->safe_psql($old, q{
 	SELECT idem_set_retention('old-payments', '1 hour');
