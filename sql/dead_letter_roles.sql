@@ -29,6 +29,11 @@ GRANT EXECUTE ON FUNCTION idem_dlq_replay(bigint), idem_dlq_replay(text, integer
     TO idem_dlr_ops, idem_dlr_other;
 GRANT SELECT ON idem_dead_letters TO idem_dlr_ops, idem_dlr_other;
 GRANT idem_dlr_app TO idem_dlr_ops;
+-- the consumer belongs to a team that all of them are members of, so that
+-- only the parking role's membership decides who replays
+CREATE ROLE idem_dlr_team;
+GRANT idem_dlr_team TO idem_dlr_app, idem_dlr_ops, idem_dlr_other;
+SELECT idem_consumer_create('dlr', 'idem_dlr_team');
 
 -- the consumer role may not touch the ledger: its message fails with
 -- 42501, a permanent error, and is parked
@@ -36,8 +41,8 @@ SET ROLE idem_dlr_app;
 SELECT idem_try_apply('r-1', 'dlr', 'update dlr_ledger set n = n + 1 where id = 1');
 SELECT idem_try_apply('r-2', 'dlr', 'update dlr_ledger set n = n + 10 where id = 1');
 RESET ROLE;
-SELECT id AS r1 FROM idem_dead_letters WHERE key = 'r-1' \gset
-SELECT id AS r2 FROM idem_dead_letters WHERE key = 'r-2' \gset
+SELECT id AS r1 FROM idem_dead_letters WHERE consumer = 'dlr' AND key = 'r-1' \gset
+SELECT id AS r2 FROM idem_dead_letters WHERE consumer = 'dlr' AND key = 'r-2' \gset
 SELECT v.key, v.sqlstate, v.dead_lettered_by, d.dead_lettered_role
   FROM idem_dead_letters AS v JOIN idem_consumer.dead_letters AS d ON d.dead_letter_id = v.id
  WHERE consumer = 'dlr' ORDER BY key;
@@ -72,7 +77,7 @@ SET ROLE idem_dlr_app;
 SELECT idem_try_apply('r-3', 'dlr',
     'select set_config(''search_path'', ''idem_dlr_app'', false), set_config(''work_mem'', ''77kB'', false), 1 / 0');
 RESET ROLE;
-SELECT id AS r3 FROM idem_dead_letters WHERE key = 'r-3' \gset
+SELECT id AS r3 FROM idem_dead_letters WHERE consumer = 'dlr' AND key = 'r-3' \gset
 UPDATE idem_consumer.dead_letters SET sql = 'select set_config(''search_path'', ''idem_dlr_app'', false), set_config(''work_mem'', ''77kB'', false)'
  WHERE dead_letter_id = :r3;
 SHOW search_path;
@@ -88,19 +93,19 @@ ALTER PROCEDURE idem_dlr_app.make_temp() OWNER TO idem_dlr_app;
 SET ROLE idem_dlr_app;
 SELECT idem_try_apply('r-4', 'dlr', 'select 1 / 0');
 RESET ROLE;
-SELECT id AS r4 FROM idem_dead_letters WHERE key = 'r-4' \gset
+SELECT id AS r4 FROM idem_dead_letters WHERE consumer = 'dlr' AND key = 'r-4' \gset
 UPDATE idem_consumer.dead_letters SET sql = 'call make_temp()' WHERE dead_letter_id = :r4;
 SELECT idem_dlq_replay(:r4);
 SELECT status, sqlstate, message FROM idem_dead_letters WHERE id = :r4;
 SELECT count(*) AS temp_tables FROM pg_class WHERE relname = 'dlr_trap';
 
 -- an entry whose role was dropped is not replayed by anyone
-CREATE ROLE idem_dlr_gone;
+CREATE ROLE idem_dlr_gone IN ROLE idem_dlr_team;
 GRANT EXECUTE ON FUNCTION idem_try_apply(text, text, text, text[], timestamptz) TO idem_dlr_gone;
 SET ROLE idem_dlr_gone;
 SELECT idem_try_apply('r-5', 'dlr', 'select 1 / 0');
 RESET ROLE;
-SELECT id AS r5 FROM idem_dead_letters WHERE key = 'r-5' \gset
+SELECT id AS r5 FROM idem_dead_letters WHERE consumer = 'dlr' AND key = 'r-5' \gset
 DROP OWNED BY idem_dlr_gone;
 DROP ROLE idem_dlr_gone;
 SELECT dlr_error('SELECT idem_dlq_replay(' || :r5 || ')');
@@ -112,7 +117,7 @@ DROP SCHEMA idem_dlr_app;
 DROP OWNED BY idem_dlr_app;
 DROP OWNED BY idem_dlr_ops;
 DROP OWNED BY idem_dlr_other;
-DROP ROLE idem_dlr_app, idem_dlr_ops, idem_dlr_other;
+DROP ROLE idem_dlr_app, idem_dlr_ops, idem_dlr_other, idem_dlr_team;
 DROP FUNCTION dlr_error(text);
 
 --

@@ -103,13 +103,13 @@ CREATE FUNCTION fp_scans() RETURNS bigint LANGUAGE sql AS $$
      WHERE relid = 'idem_consumer.processed_keys'::regclass
 $$;
 BEGIN;
-SELECT idem_apply('warm', 'fp', 'select 1') AS applied;
+SELECT idem_apply('warm', 'fp', 'update fp set n = n + 1') AS applied;
 SELECT fp_scans() AS scans \gset
-SELECT idem_apply('warm', 'fp', 'select 1') AS applied;
+SELECT idem_apply('warm', 'fp', 'update fp set n = n + 1') AS applied;
 SELECT fp_scans() - :scans AS index_scans;
 SET LOCAL idem_consumer.fast_path = off;
 SELECT fp_scans() AS scans \gset
-SELECT idem_apply('warm', 'fp', 'select 1') AS applied;
+SELECT idem_apply('warm', 'fp', 'update fp set n = n + 1') AS applied;
 SELECT fp_scans() - :scans AS index_scans;
 COMMIT;
 DROP FUNCTION fp_scans();

@@ -135,9 +135,10 @@ run_debian_suite() {
     grep -v 'running with root privileges' "$dir/lintian.log"
     step "lintian reports no errors" $status
 
-    # install; remove again at exit unless it was installed before
+    # install; remove again at exit unless it was installed before, and put
+    # back what make install had installed in the same paths
     if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
-        add_cleanup "as_root dpkg --purge $pkg >/dev/null 2>&1"
+        add_cleanup "as_root dpkg --purge $pkg >/dev/null 2>&1; (cd '$REPO_ROOT' && as_root make -s PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config install >/dev/null 2>&1)"
     fi
     as_root env DEBIAN_FRONTEND=noninteractive timeout -k 10 300 apt-get install -y -qq \
         -o DPkg::Lock::Timeout=120 --no-install-recommends --reinstall --allow-downgrades \
