@@ -100,5 +100,166 @@ export class ParamError extends TypeError {
   position?: number;
 }
 
-// Effect helpers (idem_effect_begin, heartbeat, complete, fail) are added
-// here once the extension provides those functions.
+/** A lease or an extension: milliseconds, or PostgreSQL interval text ('30 seconds'). */
+export type Interval = number | string;
+
+/**
+ * A fence as beginEffect and claimEffects return it: the bigint's decimal
+ * text (as node-postgres returns bigint columns). A bigint or a safe
+ * integer number is accepted too.
+ */
+export type Fence = string | bigint | number;
+
+/** What idem_effect_begin tells the caller to do. */
+export type EffectAction = 'execute' | 'replay' | 'busy' | 'wait' | 'dead';
+
+/** The answer of idem_effect_begin, decoded (the caller's type parsers do not change it). */
+export interface Effect<R = unknown> {
+  action: EffectAction;
+  /** The lease's fencing token (decimal text): set for 'execute' only. */
+  fence: string | null;
+  /** The same for every attempt of the effect: send it as Idempotency-Key. */
+  providerKey: string;
+  attempt: number;
+  /** An earlier lease expired in flight: its holder may have called the provider. */
+  outcomeUnknown: boolean;
+  /** The stored result (parsed JSON): 'replay' only. */
+  result: R | null;
+  /** 'wait': when the effect is due again; 'busy': when the lease expires. */
+  retryAt: Date | null;
+  /** 'wait' and 'dead': the error of the last failed attempt. */
+  lastError: string | null;
+}
+
+export interface EffectKey {
+  consumer: string;
+  /** The effect's key, e.g. `charge:${event.id}` (keep it apart from message keys). */
+  key: string;
+}
+
+export interface BeginEffectArgs extends EffectKey {
+  /** Compared with the stored request on every begin (IE002 if different); sent as JSON, null/undefined: SQL NULL. */
+  request?: unknown;
+  /** Default: 30 seconds. */
+  lease?: Interval;
+}
+
+export interface CompleteEffectArgs extends EffectKey {
+  fence: Fence;
+  /** Stored as JSON and replayed to later begins. */
+  result?: unknown;
+  /** Business SQL run in the same statement, as idem_apply runs it. */
+  sql?: string | null;
+  params?: ParamValue[] | null;
+}
+
+export interface FailEffectArgs extends EffectKey {
+  fence: Fence;
+  /** The error (its message for an Error). */
+  error: string | Error;
+  /** Default true: retry after a backoff; false: dead at once. */
+  retryable?: boolean;
+}
+
+export interface HeartbeatEffectArgs extends EffectKey {
+  fence: Fence;
+  extend: Interval;
+}
+
+export interface EnqueueEffectArgs extends EffectKey {
+  request: unknown;
+}
+
+export interface ClaimEffectsArgs {
+  consumer: string;
+  /** Default 10. */
+  maxCount?: number;
+  /** Default: 30 seconds. */
+  lease?: Interval;
+}
+
+/** An outbox effect leased by claimEffects. */
+export interface ClaimedEffect<Q = unknown> {
+  key: string;
+  request: Q | null;
+  fence: string;
+  providerKey: string;
+  attempt: number;
+  outcomeUnknown: boolean;
+}
+
+/**
+ * Lease an effect before calling the provider, in a transaction of its own
+ * (refused, with code '25001', on a client inside a transaction block).
+ */
+export function beginEffect<R = unknown>(db: Queryable, args: BeginEffectArgs, options?: RetryOptions): Promise<Effect<R>>;
+
+/**
+ * Store the result under the caller's fence (and run sql), in the caller's
+ * transaction. A fence no longer current raises FencedOffError (IE001).
+ */
+export function completeEffect(db: Queryable, args: CompleteEffectArgs, options?: RetryOptions): Promise<void>;
+
+/** Record a failed attempt: 'wait' (retried after a backoff) or 'dead' (dead-letter queue). */
+export function failEffect(db: Queryable, args: FailEffectArgs, options?: RetryOptions): Promise<'wait' | 'dead'>;
+
+/** Extend the lease to now + extend; false once fenced off. */
+export function heartbeatEffect(db: Queryable, args: HeartbeatEffectArgs, options?: RetryOptions): Promise<boolean>;
+
+/** Add an effect to the outbox in the caller's transaction; false if the key was enqueued before. */
+export function enqueueEffect(db: Queryable, args: EnqueueEffectArgs, options?: RetryOptions): Promise<boolean>;
+
+/** Lease up to maxCount due outbox effects, in a transaction of its own (refused inside one, like beginEffect). */
+export function claimEffects<Q = unknown>(db: Queryable, args: ClaimEffectsArgs, options?: RetryOptions): Promise<Array<ClaimedEffect<Q>>>;
+
+/** What withEffect hands the provider's call. */
+export interface EffectCall {
+  providerKey: string;
+  fence: string;
+  attempt: number;
+  outcomeUnknown: boolean;
+  /** Aborted (reason: a FencedOffError) when a heartbeat finds the lease taken over. */
+  signal: AbortSignal;
+}
+
+export interface WithEffectSpec extends BeginEffectArgs {
+  /** Milliseconds between heartbeats (default: a third of the lease; 0: none). Needed when lease is interval text. */
+  heartbeatEvery?: number;
+  /** Whether a call's error is worth retrying (default: always): false dead-letters the effect. */
+  retryable?: (err: any) => boolean;
+  /** Whether the provider may have acted despite the error (a timeout): then nothing is recorded and the lease expires. */
+  unknownOutcome?: (err: any) => boolean;
+}
+
+export type EffectOutcome<R> =
+  /** The call ran and its result is stored, with apply's update. */
+  | { action: 'execute'; result: R; effect: Effect<R> }
+  /** Completed before: the stored result; nothing was called. */
+  | { action: 'replay'; result: R; effect: Effect<R> }
+  /** Not called: busy (another worker's live lease), wait (due at effect.retryAt), dead (effect.lastError). */
+  | { action: 'busy' | 'wait' | 'dead'; effect: Effect<R>; error?: undefined }
+  /** The call failed and failEffect recorded it: retried later, or dead-lettered. */
+  | { action: 'wait' | 'dead'; effect: Effect<R>; error: unknown }
+  /** The call failed with an unknown outcome: left in flight until its lease expires. */
+  | { action: 'unknown'; effect: Effect<R>; error: unknown };
+
+/**
+ * The inline cycle: begin (outside a transaction); replay a stored result
+ * without calling; call(...) while a timer heartbeats the lease; then, in
+ * one transaction, complete the effect and run apply(client, result). A
+ * failed call is recorded with failEffect. Raises FencedOffError when the
+ * lease was taken over.
+ */
+export function withEffect<R>(
+  db: Queryable, spec: WithEffectSpec, call: (effect: EffectCall) => Promise<R>,
+  apply?: ((client: Client | PoolClient, result: R, effect: Effect<R>) => Promise<unknown>) | null,
+  options?: TransactionOptions): Promise<EffectOutcome<R>>;
+
+/** An effect's lease is no longer current (code 'IE001'): nothing sent under its fence is recorded. */
+export class FencedOffError extends Error {
+  code: 'IE001';
+  consumer?: string;
+  key?: string;
+  fence?: string;
+  detail?: string;
+}

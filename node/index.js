@@ -6,9 +6,10 @@
 const { apply, tryApply, recordBatch, batchParams } = require('./lib/apply');
 const { transaction, isRetryable } = require('./lib/retry');
 const { toText, paramsText, ParamError } = require('./lib/params');
-
-// The effect calls (idem_effect_begin, heartbeat, complete, fail) will be
-// exported from here, from lib/effects.js, once the extension has them.
+const {
+  beginEffect, completeEffect, failEffect, heartbeatEffect, enqueueEffect, claimEffects, withEffect,
+  FencedOffError,
+} = require('./lib/effects');
 
 module.exports = {
   apply,
@@ -20,4 +21,12 @@ module.exports = {
   toText,
   paramsText,
   ParamError,
+  beginEffect,
+  completeEffect,
+  failEffect,
+  heartbeatEffect,
+  enqueueEffect,
+  claimEffects,
+  withEffect,
+  FencedOffError,
 };

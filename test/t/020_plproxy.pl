@@ -28,7 +28,7 @@ my $n_amount = 50;
 my $n_clients = 4;
 my $chunk = 100;        # messages per client transaction batch (one psql)
 
-# The key carries the order id: README, "Re-sharding".
+# The key carries the order id: docs/plproxy/README.md, "Re-sharding".
 sub key_of { my ($e) = @_; return 'order-paid:' . (1 + $e % $n_orders) . ":$e"; }
 
 # A new database $db on $node, made partition $partition of $partitions by

@@ -37,3 +37,51 @@ export async function usage(pool: Pool, client: Client): Promise<void> {
   await idem.apply(pool, { key: 'k', consumer: 'c', sql: 'SELECT $1', params: [() => 1] });
   console.log(wrong);
 }
+
+interface Charge { id: string; amount: number }
+
+export async function effects(pool: Pool, client: Client): Promise<void> {
+  const e: idem.Effect<Charge> = await idem.beginEffect<Charge>(client,
+    { consumer: 'payments', key: 'charge:1', request: { order: 1 }, lease: 30000 });
+  if (e.action === 'execute' && e.fence !== null) {
+    await idem.completeEffect(client, { consumer: 'payments', key: 'charge:1', fence: e.fence, result: { id: 'ch' },
+      sql: 'UPDATE orders SET paid = true WHERE id = $1', params: [1] });
+    const action: 'wait' | 'dead' = await idem.failEffect(pool,
+      { consumer: 'payments', key: 'charge:1', fence: BigInt(e.fence), error: new Error('x'), retryable: false });
+    const alive: boolean = await idem.heartbeatEffect(pool,
+      { consumer: 'payments', key: 'charge:1', fence: 1, extend: '30 seconds' });
+    console.log(action, alive);
+  }
+  const replayed: Charge | null = e.result;
+  const when: Date | null = e.retryAt;
+  const enqueued: boolean = await idem.enqueueEffect(client, { consumer: 'mail', key: 'mail:1', request: { to: 'a' } });
+  const claimed = await idem.claimEffects<{ to: string }>(pool, { consumer: 'mail', maxCount: 5, lease: '1 minute' });
+  const to: string | undefined = claimed[0]?.request?.to;
+  const out = await idem.withEffect(pool,
+    { consumer: 'payments', key: 'charge:2', request: { amount: 5 }, heartbeatEvery: 5000,
+      retryable: (err) => err.status >= 500, unknownOutcome: (err) => err.name === 'TimeoutError' },
+    async ({ providerKey, signal, outcomeUnknown }): Promise<Charge> => {
+      console.log(providerKey, outcomeUnknown, signal.aborted);
+      return { id: 'ch', amount: 5 };
+    },
+    async (tx, charge) => tx.query('UPDATE orders SET charge = $1', [charge.id]),
+    { retries: 3 });
+  if (out.action === 'execute' || out.action === 'replay') {
+    const amount: number = out.result.amount;
+    console.log(amount);
+  } else if (out.action === 'unknown') {
+    console.log(out.error);
+  }
+  const fenced: 'IE001' = new idem.FencedOffError('x').code;
+  console.log(replayed, when, enqueued, to, fenced);
+
+  // @ts-expect-error: an effect's action is one of five labels
+  const bad: idem.EffectAction = 'completed';
+  // @ts-expect-error: the fence is required to complete
+  await idem.completeEffect(client, { consumer: 'payments', key: 'charge:1', result: 1 });
+  // @ts-expect-error: a heartbeat returns a boolean
+  const nope: string = await idem.heartbeatEffect(pool, { consumer: 'c', key: 'k', fence: '1', extend: 1000 });
+  // @ts-expect-error: call must return a promise
+  await idem.withEffect(pool, { consumer: 'c', key: 'k' }, () => 1);
+  console.log(bad, nope);
+}
