@@ -188,9 +188,12 @@ CREATE TYPE idem_effect AS (
 -- effect was created or last re-armed.  Only src/effects_store.c writes
 -- the table, and it keeps these rules itself: CHECK constraints here would
 -- be parsed again by every insert and update of the inline cycle, which
--- cost a tenth of its time.
+-- cost a tenth of its time.  consumer_id has no foreign key, as in
+-- processed_keys: consumers are never deleted, and the key's check would
+-- lock the consumer's row at every begin (another tenth of the cycle, and
+-- a multixact when two workers of a consumer begin at once).
 CREATE TABLE idem_consumer.effects (
-    consumer_id integer NOT NULL REFERENCES idem_consumer.consumers,
+    consumer_id integer NOT NULL,
     key text COLLATE "C" NOT NULL,
     request jsonb,
     deferred boolean NOT NULL,

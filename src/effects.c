@@ -475,10 +475,8 @@ idem_effect_begin(PG_FUNCTION_ARGS)
 	consumer_id = keystore_consumer_id(consumer, true);
 	for (;;)
 	{
-		Datum		args[2] = {PointerGetDatum(request), us_interval(lease_us)};
-		char		argnulls[2] = {request == NULL ? 'n' : ' ', ' '};
-
-		if (effects_fetch(EF_INSERT_LEASED, consumer_id, key, args, argnulls, 2, &row))
+		if (effects_insert_leased(consumer_id, key, request,
+								  DatumGetIntervalP(us_interval(lease_us)), &row))
 		{
 			stats_count_effect(consumer, EFFECT_EXECUTED);
 			action = ACTION_EXECUTE;
@@ -585,14 +583,18 @@ idem_effect_complete(PG_FUNCTION_ARGS)
 				 errmsg("params given without sql")));
 
 	consumer_id = effect_consumer_id(consumer, key);
-	effects_fetch(EF_COMPLETE, consumer_id, key, args, argnulls, 2, NULL);
-	if (SPI_processed == 0)
+	/* the plain case without the executor; EF_COMPLETE decides the rest */
+	if (!effects_fast_complete(consumer_id, key, fence, result))
 	{
-		/* not the current lease: find out why, and say so */
-		lock_effect(consumer, consumer_id, key, &row);
-		check_fence(consumer, key, &row, fence);
-		elog(ERROR, "effect was in flight under fence %lld but could not be completed",
-			 (long long) fence);
+		effects_fetch(EF_COMPLETE, consumer_id, key, args, argnulls, 2, NULL);
+		if (SPI_processed == 0)
+		{
+			/* not the current lease: find out why, and say so */
+			lock_effect(consumer, consumer_id, key, &row);
+			check_fence(consumer, key, &row, fence);
+			elog(ERROR, "effect was in flight under fence %lld but could not be completed",
+				 (long long) fence);
+		}
 	}
 	if (bplan != NULL)
 		business_plan_execute(bplan, bound_params);

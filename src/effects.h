@@ -94,15 +94,24 @@ interval_to_us(const Interval *interval)
 }
 
 /* effects_store.c */
+extern Oid	effects_table_oid(void);
 extern int	effects_execute(EffectStmt stmt, Datum *values, const char *nulls,
 							long tcount);
 extern bool effects_fetch(EffectStmt stmt, int32 consumer_id, text *key,
 						  Datum *args, const char *argnulls, int nargs,
 						  EffectRow *row);
 extern void effect_row_read(uint64 i, EffectRow *row);
+extern bool effects_insert_leased(int32 consumer_id, text *key, Jsonb *request,
+								  Interval *lease, EffectRow *row);
 extern const char *effect_state_name(EffectState state);
 extern bool effects_policy(int32 consumer_id, EffectPolicy *policy);
 extern int64 effects_park(int32 consumer_id, text *key, const char *message,
 						  const char *detail);
+
+/* effects_fastpath.c */
+extern bool effects_fast_complete(int32 consumer_id, text *key, int64 fence,
+								  Jsonb *result);
+extern text *effects_fast_insert_leased(int32 consumer_id, text *key,
+										Jsonb *request, int64 lease_us);
 
 #endif							/* IDEM_EFFECTS_H */

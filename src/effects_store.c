@@ -23,6 +23,7 @@
  */
 #include "postgres.h"
 
+#include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
@@ -62,11 +63,12 @@ typedef struct EffectStmtDef
 
 /* In every statement on one effect, $1 is the consumer id and $2 the key. */
 static const EffectStmtDef effect_stmt_defs[EF_NUM_STMTS] = {
+	/* only the default it chose: effects_insert_leased knows the rest */
 	[EF_INSERT_LEASED] = {
 		"INSERT INTO " EFFECTS_TABLE " (consumer_id, key, request, deferred, state,"
 		" fence, attempts, lease_until)"
 		" VALUES ($1, $2, $3, false, 'in_flight', 1, 1, pg_catalog.now() OPERATOR(pg_catalog.+) $4)"
-		" ON CONFLICT DO NOTHING RETURNING " EFFECT_COLUMNS,
+		" ON CONFLICT DO NOTHING RETURNING provider_key",
 		4, {INT4OID, TEXTOID, JSONBOID, INTERVALOID}
 	},
 	[EF_ENQUEUE] = {
@@ -209,6 +211,15 @@ effects_relid(void)
 }
 
 /*
+ * Returns the OID of idem_consumer.effects, InvalidOid before version 1.1.
+ */
+Oid
+effects_table_oid(void)
+{
+	return effects_relid();
+}
+
+/*
  * Tells whether this database has the effect tables (version 1.1).
  */
 bool
@@ -227,7 +238,13 @@ effects_execute(EffectStmt stmt, Datum *values, const char *nulls, long tcount)
 {
 	const EffectStmtDef *def = &effect_stmt_defs[stmt];
 
-	if (!effects_storage_exists())
+	/*
+	 * A plan that is still valid proves that the table exists, and spares
+	 * the catalog lookups of every call; an invalidated one is looked at
+	 * again, so that a database at 1.0 gets the error below.
+	 */
+	if ((effect_plans[stmt] == NULL || !SPI_plan_is_valid(effect_plans[stmt])) &&
+		!effects_storage_exists())
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("storage of external effects is missing"),
@@ -331,6 +348,59 @@ effects_fetch(EffectStmt stmt, int32 consumer_id, text *key, Datum *args,
 		return false;
 	if (row != NULL)
 		effect_row_read(0, row);
+	return true;
+}
+
+/*
+ * Inserts a new inline effect leased to fence 1 for lease, and fills row
+ * as EFFECT_COLUMNS would read it; returns false, row untouched, when the
+ * key has a row already.  Only the provider key is read back: reading the
+ * whole row would cost a fifth of begin for values known here.
+ */
+bool
+effects_insert_leased(int32 consumer_id, text *key, Jsonb *request,
+					  Interval *lease, EffectRow *row)
+{
+	text	   *provider_key;
+	MemoryContext oldcxt = MemoryContextSwitchTo(row->cxt);
+
+	/* the plain case without the executor; the statement decides the rest */
+	provider_key = effects_fast_insert_leased(consumer_id, key, request,
+											  interval_to_us(lease));
+	if (provider_key == NULL)
+	{
+		Datum		values[4];
+		char		nulls[4] = {' ', ' ', request == NULL ? 'n' : ' ', ' '};
+
+		values[0] = Int32GetDatum(consumer_id);
+		values[1] = PointerGetDatum(key);
+		values[2] = PointerGetDatum(request);
+		values[3] = IntervalPGetDatum(lease);
+		effects_execute(EF_INSERT_LEASED, values, nulls, 0);
+		if (SPI_processed == 0)
+		{
+			MemoryContextSwitchTo(oldcxt);
+			return false;
+		}
+		provider_key = (text *) column_copy(0, 1);
+	}
+
+	row->state = ES_IN_FLIGHT;
+	row->fence = 1;
+	row->attempts = 1;
+	row->provider_key = provider_key;
+	row->outcome_unknown = false;
+	row->lease_until = GetCurrentTransactionStartTimestamp() + interval_to_us(lease);
+	row->retry_at = 0;
+	row->has_retry_at = false;
+	row->last_error = NULL;
+	row->result = NULL;
+	row->request = request;
+	row->key = key;
+	row->lease_live = true;
+	row->due = false;
+	row->dead_letter_id = 0;
+	MemoryContextSwitchTo(oldcxt);
 	return true;
 }
 

@@ -36,6 +36,8 @@
  *	  effects.c			external effects: the state machine of leases,
  *						fences and retries, and its SQL functions
  *	  effects_store.c	the storage statements of external effects
+ *	  effects_fastpath.c	inserting an effect's lease and completing
+ *						it without the executor, in the plain case
  *
  *-------------------------------------------------------------------------
  */
@@ -304,6 +306,9 @@ extern void replay_role_end(ReplayRoleState state);
 
 /* dead_letter.c */
 extern void dead_letter_init(void);
+
+/* keystore_fastpath.c: idem_consumer.fast_path, which effects_fastpath.c follows too */
+extern bool idem_fast_path;
 
 /* effects.c, effects_store.c */
 extern void effects_init(void);

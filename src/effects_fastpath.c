@@ -1,0 +1,537 @@
+/*-------------------------------------------------------------------------
+ *
+ * effects_fastpath.c
+ *	  The fast paths of the inline cycle: idem_effect_begin inserting a new
+ *	  effect and idem_effect_complete storing the result of the current
+ *	  lease, without the executor.
+ *
+ * The statements EF_INSERT_LEASED and EF_COMPLETE (effects_store.c) are
+ * the reference.  Each fast path does what its statement does in the one
+ * plain case, and changes nothing otherwise, so that the caller runs the
+ * statement, which waits, re-checks the newest version under its lock
+ * (READ COMMITTED) or fails to serialize, and says why:
+ *
+ *	insert		the snapshot an SPI statement would take sees no row of the
+ *				key, and the primary key takes the new row at once; the row
+ *				is inserted as INSERT ... ON CONFLICT does it, with a
+ *				speculative insertion, as keystore_fastpath.c inserts a key;
+ *				anything in the key's place (a row of another transaction
+ *				still running or committed since the snapshot) is the
+ *				statement's to decide
+ *	complete	the snapshot sees the effect in flight under the caller's
+ *				fence, and the row's newest version is that one:
+ *				table_tuple_update waits for a concurrent writer of the row
+ *				as UPDATE does, and anything but success is the statement's
+ *
+ * So the fast paths never decide anything the statements would decide
+ * otherwise: fences still rise only under the row's lock and a lease is
+ * still handed out once; they skip the executor's start-up, most of the
+ * cost of these one-row statements.  Serializable transactions get the
+ * same predicate locks, taken by the index and table access methods.
+ *
+ * They are used only when idem_consumer.fast_path is on and the table is
+ * exactly as the 1.1 script creates it (columns, NOT NULL and defaults,
+ * the primary key and the outbox's index and no other, no triggers, no
+ * row security, no check constraints), so that nothing but built-in code
+ * runs; otherwise the statements do the work.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/stratnum.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "catalog/pg_am.h"
+#include "catalog/index.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_collation.h"
+#include "catalog/pg_opfamily.h"
+#include "catalog/pg_type.h"
+#include "executor/executor.h"
+#include "nodes/execnodes.h"
+#include "nodes/primnodes.h"
+#include "storage/lmgr.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/fmgrprotos.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+
+#include "idem_consumer.h"
+#include "effects.h"
+
+/* The columns of idem_consumer.effects the fast path reads or writes. */
+#define ATT_CONSUMER_ID		1
+#define ATT_KEY				2
+#define ATT_REQUEST			3
+#define ATT_DEFERRED		4
+#define ATT_STATE			5
+#define ATT_FENCE			6
+#define ATT_ATTEMPTS		7
+#define ATT_PROVIDER_KEY	8
+#define ATT_OUTCOME_UNKNOWN	9
+#define ATT_LEASE_UNTIL		10
+#define ATT_RESULT			13
+#define ATT_CREATED_AT		15
+#define ATT_UPDATED_AT		16
+#define ATT_COMPLETED_AT	17
+#define EFFECTS_NATTS		17
+
+/* The columns created NOT NULL, as bits 1 << attnum. */
+#define NOT_NULL_COLUMNS \
+	((1 << ATT_CONSUMER_ID) | (1 << ATT_KEY) | (1 << ATT_DEFERRED) | (1 << ATT_STATE) | \
+	 (1 << ATT_FENCE) | (1 << ATT_ATTEMPTS) | (1 << ATT_PROVIDER_KEY) | \
+	 (1 << ATT_OUTCOME_UNKNOWN) | (1 << ATT_CREATED_AT) | (1 << ATT_UPDATED_AT))
+
+/* btree's datetime_ops (pg_opfamily.dat), which has no macro of its own */
+#define DATETIME_BTREE_FAM_OID	434
+
+typedef struct ExpectedColumn
+{
+	AttrNumber	attnum;
+	const char *name;
+	Oid			type;
+} ExpectedColumn;
+
+static const ExpectedColumn expected_columns[] = {
+	{ATT_CONSUMER_ID, "consumer_id", INT4OID},
+	{ATT_KEY, "key", TEXTOID},
+	{ATT_REQUEST, "request", JSONBOID},
+	{ATT_DEFERRED, "deferred", BOOLOID},
+	{ATT_STATE, "state", TEXTOID},
+	{ATT_FENCE, "fence", INT8OID},
+	{ATT_ATTEMPTS, "attempts", INT4OID},
+	{ATT_PROVIDER_KEY, "provider_key", TEXTOID},
+	{ATT_OUTCOME_UNKNOWN, "outcome_unknown", BOOLOID},
+	{ATT_LEASE_UNTIL, "lease_until", TIMESTAMPTZOID},
+	{ATT_RESULT, "result", JSONBOID},
+	{ATT_CREATED_AT, "created_at", TIMESTAMPTZOID},
+	{ATT_UPDATED_AT, "updated_at", TIMESTAMPTZOID},
+	{ATT_COMPLETED_AT, "completed_at", TIMESTAMPTZOID},
+};
+
+/*
+ * The texts (pg_attrdef.adbin) of the defaults found plain, by column: a
+ * string comparison spares parsing them at every insert.
+ */
+static char *plain_defaults[EFFECTS_NATTS + 1];
+
+/*
+ * Sets a column of a virtual slot to a non-null value.
+ */
+static inline void
+set_column(TupleTableSlot *slot, AttrNumber attnum, Datum value)
+{
+	slot->tts_values[attnum - 1] = value;
+	slot->tts_isnull[attnum - 1] = false;
+}
+
+/*
+ * Tells whether the table is as the extension creates it, with nothing
+ * (a trigger, a policy, a check, a changed column) that the executor would
+ * have to run or enforce on an update.
+ */
+static bool
+table_is_plain(Relation rel)
+{
+	TupleDesc	tupdesc = RelationGetDescr(rel);
+
+	if (rel->rd_rel->relkind != RELKIND_RELATION ||
+		rel->trigdesc != NULL ||
+		rel->rd_rel->relrowsecurity ||
+		tupdesc->natts != EFFECTS_NATTS ||
+		(tupdesc->constr != NULL &&
+		 (tupdesc->constr->num_check > 0 || tupdesc->constr->has_generated_stored)))
+		return false;
+	/* the executor checks NOT NULL, the fast paths only form the tuple */
+	for (int i = 0; i < EFFECTS_NATTS; i++)
+		if (TupleDescAttr(tupdesc, i)->attisdropped ||
+			TupleDescAttr(tupdesc, i)->attnotnull != ((NOT_NULL_COLUMNS >> (i + 1)) & 1))
+			return false;
+	if (TupleDescAttr(tupdesc, ATT_KEY - 1)->attcollation != C_COLLATION_OID)
+		return false;
+	for (int i = 0; i < lengthof(expected_columns); i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(tupdesc, expected_columns[i].attnum - 1);
+
+		if (att->atttypid != expected_columns[i].type ||
+			strcmp(NameStr(att->attname), expected_columns[i].name) != 0)
+			return false;
+	}
+	return true;
+}
+
+/*
+ * Tells whether an index is the primary key on (consumer_id, key) that the
+ * extension creates, compared as = on integers and on "C" text.
+ */
+static bool
+index_is_primary_key(Relation index)
+{
+	Form_pg_index form = index->rd_index;
+
+	return form->indisprimary && form->indisvalid && form->indisready &&
+		form->indnkeyatts == 2 &&
+		form->indkey.values[0] == ATT_CONSUMER_ID &&
+		form->indkey.values[1] == ATT_KEY &&
+		RelationGetIndexExpressions(index) == NIL &&
+		RelationGetIndexPredicate(index) == NIL &&
+		index->rd_rel->relam == BTREE_AM_OID &&
+		index->rd_opfamily[0] == INTEGER_BTREE_FAM_OID &&
+		index->rd_opfamily[1] == TEXT_BTREE_FAM_OID &&
+		index->rd_indcollation[1] == C_COLLATION_OID;
+}
+
+/*
+ * Tells whether an index is the outbox's, on (consumer_id, created_at)
+ * WHERE deferred, so that inserting its entries runs no code of anyone's.
+ */
+static bool
+index_is_outbox(Relation index)
+{
+	Form_pg_index form = index->rd_index;
+	List	   *pred;
+
+	if (form->indisprimary || form->indisunique || form->indnkeyatts != 2 ||
+		form->indnatts != 2 ||
+		form->indkey.values[0] != ATT_CONSUMER_ID ||
+		form->indkey.values[1] != ATT_CREATED_AT ||
+		index->rd_rel->relam != BTREE_AM_OID ||
+		index->rd_opfamily[0] != INTEGER_BTREE_FAM_OID ||
+		index->rd_opfamily[1] != DATETIME_BTREE_FAM_OID ||
+		RelationGetIndexExpressions(index) != NIL)
+		return false;
+	pred = RelationGetIndexPredicate(index);
+	return list_length(pred) == 1 && IsA(linitial(pred), Var) &&
+		((Var *) linitial(pred))->varattno == ATT_DEFERRED;
+}
+
+/*
+ * Inserts the index entries of a new row version that was not a HOT
+ * update, as ExecUpdate does.
+ */
+static void
+insert_index_entries(Relation rel, TupleTableSlot *slot)
+{
+	EState	   *estate = CreateExecutorState();
+	ResultRelInfo *rinfo = makeNode(ResultRelInfo);
+
+	/*
+	 * No range table: ExecInsertIndexTuples then takes the update for one
+	 * that changed no indexed column, which is true, and hints so to the
+	 * btree code as UPDATE would.
+	 */
+	InitResultRelInfo(rinfo, rel, 0, NULL, 0);
+	ExecOpenIndices(rinfo, false);
+	ExecInsertIndexTuples(rinfo, slot, estate, true, false, NULL, NIL);
+	ExecCloseIndices(rinfo);
+	FreeExecutorState(estate);
+}
+
+/*
+ * Tells whether the defaults an insert of a new inline effect relies on
+ * are the ones the 1.1 script gives, and no other column has one: the
+ * fast insert computes them itself.
+ */
+static bool
+defaults_are_plain(Relation rel)
+{
+	TupleConstr *constr = RelationGetDescr(rel)->constr;
+
+	if (constr == NULL)
+		return false;
+	for (int i = 0; i < constr->num_defval; i++)
+	{
+		AttrNumber	attnum = constr->defval[i].adnum;
+		const char *adbin = constr->defval[i].adbin;
+		Node	   *expr;
+		bool		plain;
+
+		/* the text of a default found plain before is the same expression */
+		if (attnum >= 1 && attnum <= EFFECTS_NATTS && plain_defaults[attnum] != NULL &&
+			strcmp(plain_defaults[attnum], adbin) == 0)
+			continue;
+		expr = stringToNode(adbin);
+		switch (attnum)
+		{
+			case ATT_FENCE:
+			case ATT_ATTEMPTS:
+				plain = true;	/* the insert gives both */
+				break;
+			case ATT_PROVIDER_KEY:
+				plain = IsA(expr, CoerceViaIO) &&
+					((CoerceViaIO *) expr)->resulttype == TEXTOID &&
+					IsA(((CoerceViaIO *) expr)->arg, FuncExpr) &&
+					((FuncExpr *) ((CoerceViaIO *) expr)->arg)->funcid == F_GEN_RANDOM_UUID;
+				break;
+			case ATT_OUTCOME_UNKNOWN:
+				plain = IsA(expr, Const) && !((Const *) expr)->constisnull &&
+					((Const *) expr)->consttype == BOOLOID &&
+					!DatumGetBool(((Const *) expr)->constvalue);
+				break;
+			case ATT_CREATED_AT:
+			case ATT_UPDATED_AT:
+				plain = IsA(expr, FuncExpr) && ((FuncExpr *) expr)->funcid == F_NOW;
+				break;
+			default:
+				plain = false;
+				break;
+		}
+		if (!plain)
+			return false;
+		if (plain_defaults[attnum] != NULL)
+			pfree(plain_defaults[attnum]);
+		plain_defaults[attnum] = MemoryContextStrdup(TopMemoryContext, adbin);
+	}
+	return true;
+}
+
+/*
+ * Opens the effects table and its primary key for the fast path; returns
+ * false when the SQL statements must do the work: the table or its indexes
+ * are not as created, or the transaction cannot write (the statement then
+ * raises the usual error).
+ */
+static bool
+open_effects(Relation *relp, Relation *pkp, bool insert)
+{
+	Oid			relid = effects_table_oid();
+	Relation	rel;
+	Relation	pk = NULL;
+	List	   *indexes;
+	ListCell   *lc;
+	bool		plain;
+
+	if (!idem_fast_path || !OidIsValid(relid) || XactReadOnly || IsInParallelMode())
+		return false;
+
+	rel = table_open(relid, RowExclusiveLock);
+	if (!table_is_plain(rel) || (insert && !defaults_are_plain(rel)))
+	{
+		table_close(rel, NoLock);
+		return false;
+	}
+	/* exactly the primary key and the outbox's index */
+	indexes = RelationGetIndexList(rel);
+	plain = list_length(indexes) == 2;
+	foreach(lc, indexes)
+	{
+		Relation	index = index_open(lfirst_oid(lc), RowExclusiveLock);
+
+		if (pk == NULL && index_is_primary_key(index))
+			pk = index;
+		else
+		{
+			plain = plain && index_is_outbox(index);
+			index_close(index, NoLock);
+		}
+	}
+	list_free(indexes);
+	if (!plain || pk == NULL)
+	{
+		if (pk != NULL)
+			index_close(pk, NoLock);
+		table_close(rel, NoLock);
+		return false;
+	}
+	/* what UPDATE checks of a table that a publication replicates */
+	if (!insert)
+		CheckCmdReplicaIdentity(rel, CMD_UPDATE);
+
+	/* the snapshot an SPI statement would take, as keystore_fastpath.c */
+	CommandCounterIncrement();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	UpdateActiveSnapshotCommandId();
+
+	*relp = rel;
+	*pkp = pk;
+	return true;
+}
+
+/*
+ * Ends the fast path; the locks are kept until the end of the transaction,
+ * as the executor keeps them, and later statements see what it wrote.
+ */
+static void
+close_effects(Relation rel, Relation pk, bool wrote)
+{
+	PopActiveSnapshot();
+	if (wrote)
+		CommandCounterIncrement();
+	index_close(pk, NoLock);
+	table_close(rel, NoLock);
+}
+
+/*
+ * Starts a scan of the primary key for (consumer_id, key).
+ */
+static IndexScanDesc
+begin_key_scan(Relation rel, Relation pk, int32 consumer_id, text *key)
+{
+	ScanKeyData skeys[2];
+	IndexScanDesc scan;
+
+	ScanKeyInit(&skeys[0], 1, BTEqualStrategyNumber, F_INT4EQ, Int32GetDatum(consumer_id));
+	ScanKeyEntryInitialize(&skeys[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
+						   C_COLLATION_OID, F_TEXTEQ, PointerGetDatum(key));
+	scan = index_beginscan(rel, pk, GetActiveSnapshot(), 2, 0);
+	index_rescan(scan, skeys, 2, NULL, 0);
+	return scan;
+}
+
+/*
+ * Completes the effect (consumer_id, key) if the snapshot sees it in
+ * flight under fence and its row can be updated at once or after waiting
+ * for a writer that rolled back; stores result.  Returns false, having
+ * changed nothing, when EF_COMPLETE must decide.
+ */
+bool
+effects_fast_complete(int32 consumer_id, text *key, int64 fence, Jsonb *result)
+{
+	Relation	rel;
+	Relation	pk;
+	IndexScanDesc scan;
+	TupleTableSlot *oldslot;
+	TupleTableSlot *newslot;
+	bool		isnull;
+	bool		done = false;
+
+	if (!open_effects(&rel, &pk, false))
+		return false;
+	scan = begin_key_scan(rel, pk, consumer_id, key);
+	oldslot = table_slot_create(rel, NULL);
+	newslot = table_slot_create(rel, NULL);
+
+	if (index_getnext_slot(scan, ForwardScanDirection, oldslot))
+	{
+		text	   *state = DatumGetTextPP(slot_getattr(oldslot, ATT_STATE, &isnull));
+		int64		row_fence = DatumGetInt64(slot_getattr(oldslot, ATT_FENCE, &isnull));
+
+		if (row_fence == fence &&
+			VARSIZE_ANY_EXHDR(state) == strlen("in_flight") &&
+			memcmp(VARDATA_ANY(state), "in_flight", strlen("in_flight")) == 0)
+		{
+			TimestampTz now = GetCurrentTransactionStartTimestamp();
+			TM_FailureData tmfd;
+			LockTupleMode lockmode;
+			bool		update_indexes;
+			TM_Result	res;
+
+			/* EF_COMPLETE's SET list */
+			slot_getallattrs(oldslot);
+			ExecClearTuple(newslot);
+			memcpy(newslot->tts_values, oldslot->tts_values, EFFECTS_NATTS * sizeof(Datum));
+			memcpy(newslot->tts_isnull, oldslot->tts_isnull, EFFECTS_NATTS * sizeof(bool));
+			newslot->tts_values[ATT_STATE - 1] = CStringGetTextDatum("completed");
+			newslot->tts_values[ATT_RESULT - 1] = PointerGetDatum(result);
+			newslot->tts_isnull[ATT_RESULT - 1] = result == NULL;
+			newslot->tts_isnull[ATT_LEASE_UNTIL - 1] = true;
+			newslot->tts_values[ATT_COMPLETED_AT - 1] = TimestampTzGetDatum(now);
+			newslot->tts_isnull[ATT_COMPLETED_AT - 1] = false;
+			newslot->tts_values[ATT_UPDATED_AT - 1] = TimestampTzGetDatum(now);
+			ExecStoreVirtualTuple(newslot);
+			/* the new version must not point into the old one's buffer */
+			ExecMaterializeSlot(newslot);
+
+			res = table_tuple_update(rel, &oldslot->tts_tid, newslot,
+									 GetCurrentCommandId(true), GetActiveSnapshot(),
+									 InvalidSnapshot, true, &tmfd, &lockmode,
+									 &update_indexes);
+			/* anything but TM_Ok left the row as it was */
+			if (res == TM_Ok)
+			{
+				if (update_indexes)
+					insert_index_entries(rel, newslot);
+				done = true;
+			}
+		}
+	}
+
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(oldslot);
+	ExecDropSingleTupleTableSlot(newslot);
+	close_effects(rel, pk, done);
+	return done;
+}
+
+/*
+ * Inserts a new inline effect leased to fence 1 until now + lease_us, as
+ * EF_INSERT_LEASED does, when the snapshot sees no row of the key and the
+ * primary key takes the new one at once; returns its provider key, or
+ * NULL, having changed nothing, when the statement must decide (a row of
+ * the key exists or is being inserted, the table is not as created).
+ * The row is inserted the way INSERT ... ON CONFLICT does it, with a
+ * speculative insertion, as keystore_fastpath.c inserts a key.
+ */
+text *
+effects_fast_insert_leased(int32 consumer_id, text *key, Jsonb *request, int64 lease_us)
+{
+	Relation	rel;
+	Relation	pk;
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	bool		seen;
+	text	   *provider_key = NULL;
+
+	if (!open_effects(&rel, &pk, true))
+		return NULL;
+	scan = begin_key_scan(rel, pk, consumer_id, key);
+	slot = table_slot_create(rel, NULL);
+	seen = index_getnext_slot(scan, ForwardScanDirection, slot);
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+
+	if (!seen)
+	{
+		TimestampTz now = GetCurrentTransactionStartTimestamp();
+		TransactionId xid = GetCurrentTransactionId();
+		IndexInfo  *index_info = BuildIndexInfo(pk);
+		Datum		index_values[INDEX_MAX_KEYS];
+		bool		index_isnull[INDEX_MAX_KEYS];
+		uint32		token;
+		bool		inserted;
+
+		/* what the statement's VALUES and the columns' defaults give */
+		provider_key = cstring_to_text(DatumGetCString(
+			DirectFunctionCall1(uuid_out, DirectFunctionCall1(gen_random_uuid, (Datum) 0))));
+		slot = table_slot_create(rel, NULL);
+		memset(slot->tts_isnull, true, EFFECTS_NATTS * sizeof(bool));
+		set_column(slot, ATT_CONSUMER_ID, Int32GetDatum(consumer_id));
+		set_column(slot, ATT_KEY, PointerGetDatum(key));
+		if (request != NULL)
+			set_column(slot, ATT_REQUEST, PointerGetDatum(request));
+		set_column(slot, ATT_DEFERRED, BoolGetDatum(false));
+		set_column(slot, ATT_STATE, CStringGetTextDatum("in_flight"));
+		set_column(slot, ATT_FENCE, Int64GetDatum(1));
+		set_column(slot, ATT_ATTEMPTS, Int32GetDatum(1));
+		set_column(slot, ATT_PROVIDER_KEY, PointerGetDatum(provider_key));
+		set_column(slot, ATT_OUTCOME_UNKNOWN, BoolGetDatum(false));
+		set_column(slot, ATT_LEASE_UNTIL, TimestampTzGetDatum(now + lease_us));
+		set_column(slot, ATT_CREATED_AT, TimestampTzGetDatum(now));
+		set_column(slot, ATT_UPDATED_AT, TimestampTzGetDatum(now));
+		ExecStoreVirtualTuple(slot);
+
+		/*
+		 * As ExecInsert does for INSERT ... ON CONFLICT.  An inline effect is
+		 * not deferred: the outbox's partial index takes no entry.
+		 */
+		token = SpeculativeInsertionLockAcquire(xid);
+		table_tuple_insert_speculative(rel, slot, GetCurrentCommandId(true),
+									   0, NULL, token);
+		FormIndexDatum(index_info, slot, NULL, index_values, index_isnull);
+		inserted = index_insert(pk, index_values, index_isnull, &slot->tts_tid, rel,
+								UNIQUE_CHECK_PARTIAL, false, index_info);
+		table_tuple_complete_speculative(rel, slot, token, inserted);
+		SpeculativeInsertionLockRelease(xid);
+		ExecDropSingleTupleTableSlot(slot);
+		if (!inserted)
+			provider_key = NULL;
+	}
+
+	close_effects(rel, pk, provider_key != NULL);
+	return provider_key;
+}
