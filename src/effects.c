@@ -584,7 +584,7 @@ idem_effect_complete(PG_FUNCTION_ARGS)
 
 	consumer_id = effect_consumer_id(consumer, key);
 	/* the plain case without the executor; EF_COMPLETE decides the rest */
-	if (!effects_fast_complete(consumer_id, key, fence, result))
+	if (!effects_fast_complete(effects_table_oid(), consumer_id, key, fence, result))
 	{
 		effects_fetch(EF_COMPLETE, consumer_id, key, args, argnulls, 2, NULL);
 		if (SPI_processed == 0)

@@ -109,9 +109,9 @@ extern int64 effects_park(int32 consumer_id, text *key, const char *message,
 						  const char *detail);
 
 /* effects_fastpath.c */
-extern bool effects_fast_complete(int32 consumer_id, text *key, int64 fence,
-								  Jsonb *result);
-extern text *effects_fast_insert_leased(int32 consumer_id, text *key,
+extern bool effects_fast_complete(Oid relid, int32 consumer_id, text *key,
+								  int64 fence, Jsonb *result);
+extern text *effects_fast_insert_leased(Oid relid, int32 consumer_id, text *key,
 										Jsonb *request, int64 lease_us);
 
 #endif							/* IDEM_EFFECTS_H */

@@ -291,15 +291,16 @@ defaults_are_plain(Relation rel)
 }
 
 /*
- * Opens the effects table and its primary key for the fast path; returns
- * false when the SQL statements must do the work: the table or its indexes
+ * Opens the effects table (relid, as effects_table_oid() found it; the
+ * callers pass it so that this file needs nothing from effects_store.c)
+ * and its primary key for the fast path; returns false when the SQL
+ * statements must do the work: the table is missing, the table or its indexes
  * are not as created, or the transaction cannot write (the statement then
  * raises the usual error).
  */
 static bool
-open_effects(Relation *relp, Relation *pkp, bool insert)
+open_effects(Oid relid, Relation *relp, Relation *pkp, bool insert)
 {
-	Oid			relid = effects_table_oid();
 	Relation	rel;
 	Relation	pk = NULL;
 	List	   *indexes;
@@ -390,7 +391,8 @@ begin_key_scan(Relation rel, Relation pk, int32 consumer_id, text *key)
  * changed nothing, when EF_COMPLETE must decide.
  */
 bool
-effects_fast_complete(int32 consumer_id, text *key, int64 fence, Jsonb *result)
+effects_fast_complete(Oid relid, int32 consumer_id, text *key, int64 fence,
+					  Jsonb *result)
 {
 	Relation	rel;
 	Relation	pk;
@@ -400,7 +402,7 @@ effects_fast_complete(int32 consumer_id, text *key, int64 fence, Jsonb *result)
 	bool		isnull;
 	bool		done = false;
 
-	if (!open_effects(&rel, &pk, false))
+	if (!open_effects(relid, &rel, &pk, false))
 		return false;
 	scan = begin_key_scan(rel, pk, consumer_id, key);
 	oldslot = table_slot_create(rel, NULL);
@@ -468,7 +470,8 @@ effects_fast_complete(int32 consumer_id, text *key, int64 fence, Jsonb *result)
  * speculative insertion, as keystore_fastpath.c inserts a key.
  */
 text *
-effects_fast_insert_leased(int32 consumer_id, text *key, Jsonb *request, int64 lease_us)
+effects_fast_insert_leased(Oid relid, int32 consumer_id, text *key, Jsonb *request,
+						   int64 lease_us)
 {
 	Relation	rel;
 	Relation	pk;
@@ -477,7 +480,7 @@ effects_fast_insert_leased(int32 consumer_id, text *key, Jsonb *request, int64 l
 	bool		seen;
 	text	   *provider_key = NULL;
 
-	if (!open_effects(&rel, &pk, true))
+	if (!open_effects(relid, &rel, &pk, true))
 		return NULL;
 	scan = begin_key_scan(rel, pk, consumer_id, key);
 	slot = table_slot_create(rel, NULL);

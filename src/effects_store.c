@@ -365,8 +365,8 @@ effects_insert_leased(int32 consumer_id, text *key, Jsonb *request,
 	MemoryContext oldcxt = MemoryContextSwitchTo(row->cxt);
 
 	/* the plain case without the executor; the statement decides the rest */
-	provider_key = effects_fast_insert_leased(consumer_id, key, request,
-											  interval_to_us(lease));
+	provider_key = effects_fast_insert_leased(effects_table_oid(), consumer_id,
+											  key, request, interval_to_us(lease));
 	if (provider_key == NULL)
 	{
 		Datum		values[4];
