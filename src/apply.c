@@ -86,9 +86,7 @@ idem_apply(PG_FUNCTION_ARGS)
 	if (consumer_id == 0)
 		consumer_id = keystore_consumer_id_ext(consumer, true, &check_fingerprint);
 	if (check_fingerprint)
-		fingerprint = explicit_fingerprint != NULL ?
-			fingerprint_of_text(explicit_fingerprint) :
-			fingerprint_of_message(sql, params);
+		fingerprint = fingerprint_of_call(explicit_fingerprint, sql, params);
 	inflight_check_key(consumer_id, consumer, key, "record");
 	applied = keystore_record_key_fp(consumer_id, key,
 									 check_fingerprint ? &fingerprint : NULL,

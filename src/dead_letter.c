@@ -448,39 +448,33 @@ dead_letter_insert(int32 consumer_id, text *key, const char *sql,
 }
 
 /*
- * Returns whether a key has a dead-letter entry, in any state.
+ * Returns the status of a key's dead-letter entry, or NULL if it has none.
  */
-static bool
-has_dead_letter(int32 consumer_id, text *key)
-{
-	Datum		args[2];
-
-	args[0] = Int32GetDatum(consumer_id);
-	args[1] = PointerGetDatum(key);
-	keystore_execute(KS_DL_KEY_STATUS, args, NULL, 1);
-	return SPI_processed > 0;
-}
-
-/*
- * Returns the outcome of a redelivery of a recorded key: dead_lettered
- * while its entry is pending or was discarded, duplicate otherwise.
- */
-static Outcome
-redelivery_outcome(int32 consumer_id, text *key)
+static char *
+dead_letter_status(int32 consumer_id, text *key)
 {
 	Datum		args[2];
 	bool		isnull;
-	char	   *status;
 
 	args[0] = Int32GetDatum(consumer_id);
 	args[1] = PointerGetDatum(key);
 	keystore_execute(KS_DL_KEY_STATUS, args, NULL, 1);
 	if (SPI_processed == 0)
-		return OUTCOME_DUPLICATE;
+		return NULL;
+	return TextDatumGetCString(SPI_getbinval(SPI_tuptable->vals[0],
+											 SPI_tuptable->tupdesc, 1, &isnull));
+}
 
-	status = TextDatumGetCString(SPI_getbinval(SPI_tuptable->vals[0],
-											   SPI_tuptable->tupdesc, 1, &isnull));
-	return strcmp(status, "replayed") == 0 ? OUTCOME_DUPLICATE : OUTCOME_DEAD_LETTERED;
+/*
+ * Returns the outcome of a redelivery of a recorded key whose dead-letter
+ * entry has this status (NULL: none): dead_lettered while the entry is
+ * pending or was discarded, duplicate otherwise.
+ */
+static Outcome
+redelivery_outcome(const char *status)
+{
+	return status != NULL && strcmp(status, "replayed") != 0 ?
+		OUTCOME_DEAD_LETTERED : OUTCOME_DUPLICATE;
 }
 
 /*
@@ -681,9 +675,7 @@ idem_try_apply(PG_FUNCTION_ARGS)
 	call = stats_call_begin(consumer);
 
 	if (check_fingerprint)
-		fingerprint = explicit_fingerprint != NULL ?
-			fingerprint_of_text(explicit_fingerprint) :
-			fingerprint_of_message(sql, params);
+		fingerprint = fingerprint_of_call(explicit_fingerprint, sql, params);
 	inflight_check_key(consumer_id, consumer, key, "record");
 	redelivered = !keystore_record_key_fp(consumer_id, key,
 										  check_fingerprint ? &fingerprint : NULL,
@@ -692,17 +684,19 @@ idem_try_apply(PG_FUNCTION_ARGS)
 		fingerprint_differs(fingerprint, &recorded))
 	{
 		ErrorData  *edata;
+		char	   *status;
 
 		/* another message under the key: a permanent failure of its own */
 		stats_call_key_reuse(call);
-		if (has_dead_letter(consumer_id, key))
+		status = dead_letter_status(consumer_id, key);
+		if (status != NULL)
 		{
 			/*
 			 * One entry per key: the message's own redelivery finds the
 			 * entry its first delivery made, and reports it like any
 			 * parked message.
 			 */
-			outcome = redelivery_outcome(consumer_id, key);
+			outcome = redelivery_outcome(status);
 		}
 		else
 		{
@@ -713,7 +707,7 @@ idem_try_apply(PG_FUNCTION_ARGS)
 		}
 	}
 	else if (redelivered)
-		outcome = redelivery_outcome(consumer_id, key);
+		outcome = redelivery_outcome(dead_letter_status(consumer_id, key));
 	else
 	{
 		ErrorData  *edata = run_business_sql(consumer_id, key, sql, params,

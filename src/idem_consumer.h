@@ -169,6 +169,8 @@ extern void keystore_check_every_consumer(const char *what);
 /* fingerprint.c */
 extern int32 fingerprint_of_message(const char *sql, ArrayType *params);
 extern int32 fingerprint_of_text(text *fingerprint);
+extern int32 fingerprint_of_call(text *explicit_fingerprint, const char *sql,
+								 ArrayType *params);
 extern bool fingerprint_differs(int32 fingerprint, const RecordedKey *recorded);
 extern void fingerprint_refuse(const char *consumer, text *key, int32 fingerprint,
 							   const RecordedKey *recorded);
