@@ -39,6 +39,50 @@ SELECT count(*) AS nothing_new FROM idem_record_batch('batch', ARRAY['e2', 'e3',
 SELECT pg_current_xact_id_if_assigned() IS NULL AS no_xid;
 COMMIT;
 
+-- A batch whose first key in the index's order is new is taken for a batch
+-- of new messages: the keys after it are inserted without a probe until
+-- one finds its place taken, and from there on probed.  A batch whose first
+-- key is recorded probes every key.  Either way each key is new once; the
+-- heap insertions of the transaction show which way was taken (a recorded
+-- key inserted without a probe costs one insertion, given up at once;
+-- pending statistics stay in the backend until the transaction ends).
+SELECT count(*) AS recorded
+  FROM idem_record_batch('batch-mode', ARRAY(SELECT 'm' || g FROM generate_series(1, 20) g));
+CREATE TEMP TABLE batch_mode AS
+    SELECT 'm' || g AS key, g <= 20 AS recorded,
+           idem_consumer.key_hash((SELECT consumer_id FROM idem_consumer.consumers
+                                    WHERE name = 'batch-mode'), 'm' || g) AS h
+      FROM generate_series(1, 200) g;
+SELECT key AS first_new FROM batch_mode WHERE NOT recorded ORDER BY h LIMIT 1 \gset
+SELECT (SELECT h FROM batch_mode WHERE key = :'first_new') < min(h) AS first_new_is_first
+  FROM batch_mode WHERE recorded;
+-- five recorded keys, the new key first in the index's order, two more new keys
+BEGIN;
+SELECT n_tup_ins AS ins0, n_tup_del AS del0
+  FROM pg_stat_xact_all_tables WHERE relid = 'idem_consumer.processed_keys'::regclass \gset
+SELECT count(*) AS new_keys, bool_or(k = :'first_new') AS first_new_is_new,
+       bool_and(NOT m.recorded) AS none_recorded
+  FROM idem_record_batch('batch-mode',
+           ARRAY(SELECT key FROM batch_mode WHERE recorded ORDER BY key LIMIT 5)
+           || :'first_new'::text
+           || ARRAY(SELECT key FROM batch_mode WHERE NOT recorded ORDER BY h DESC LIMIT 2)) AS k
+  JOIN batch_mode m ON m.key = k;
+SELECT n_tup_ins - :ins0 AS inserted, n_tup_del - :del0 AS given_up
+  FROM pg_stat_xact_all_tables WHERE relid = 'idem_consumer.processed_keys'::regclass;
+COMMIT;
+-- all twenty recorded keys and two new ones: the first key is recorded
+BEGIN;
+SELECT n_tup_ins AS ins0, n_tup_del AS del0
+  FROM pg_stat_xact_all_tables WHERE relid = 'idem_consumer.processed_keys'::regclass \gset
+SELECT count(*) AS new_keys
+  FROM idem_record_batch('batch-mode',
+           ARRAY(SELECT key FROM batch_mode WHERE recorded)
+           || ARRAY(SELECT key FROM batch_mode WHERE NOT recorded ORDER BY h DESC OFFSET 2 LIMIT 2)) AS k;
+SELECT n_tup_ins - :ins0 AS inserted, n_tup_del - :del0 AS given_up
+  FROM pg_stat_xact_all_tables WHERE relid = 'idem_consumer.processed_keys'::regclass;
+COMMIT;
+SELECT count(*) AS stored FROM idem_processed_keys WHERE consumer = 'batch-mode';
+
 --
 -- The documented usage: one statement applies a batch of order-paid
 -- events.  Each message is (key, order id, amount); a message repeated in

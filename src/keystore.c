@@ -180,12 +180,33 @@ record_key_sql(int32 consumer_id, int32 processed_at, text *key,
  * Records a key through an open fast path, leaving to the SQL statements
  * what the fast path cannot decide; returns false if the key was already
  * recorded, and then fills *recorded (when not NULL).
+ *
+ * A key is probed before it is inserted, so that a duplicate costs no
+ * transaction id and no WAL.  With *insert_first (batches only, see
+ * keystore_record_keys) it is inserted straight away instead, the unique
+ * index's check at insertion telling whether its place is taken: one
+ * descent of the index instead of two for a new key, and for a key whose
+ * place is taken a speculative tuple given up (a WAL record) before the
+ * probe.  A place found taken clears *insert_first.
  */
 static bool
 fastpath_record(FastPath *fp, int32 hash, int32 consumer_id,
 				int32 processed_at, text *key, const int32 *fingerprint,
-				RecordedKey *recorded)
+				RecordedKey *recorded, bool *insert_first)
 {
+	if (insert_first != NULL && *insert_first)
+	{
+		if (fastpath_insert(fp, hash, consumer_id, processed_at, key,
+							fingerprint))
+			return true;
+		*insert_first = false;
+		if (fastpath_probe(fp, hash, consumer_id, key, recorded) == PROBE_KEY)
+			return false;
+		/* another key, or a row the snapshot does not see: decide in SQL */
+		return record_key_sql(consumer_id, processed_at, key, fingerprint,
+							  recorded);
+	}
+
 	switch (fastpath_probe(fp, hash, consumer_id, key, recorded))
 	{
 		case PROBE_KEY:
@@ -220,7 +241,7 @@ keystore_record_key_fp(int32 consumer_id, text *key, const int32 *fingerprint,
 
 	isnew = fastpath_record(&fp, key_hash_value(consumer_id, key),
 							consumer_id, processed_at_now(), key, fingerprint,
-							recorded);
+							recorded, NULL);
 	fastpath_close(&fp);
 	return isnew;
 }
@@ -288,7 +309,12 @@ batch_key_cmp(const void *a, const void *b)
  * the batch, its first occurrence as this call recorded it.
  *
  * Keys go through the fast path; a key it cannot decide takes the SQL
- * statements at its place in the order.  When the fast path cannot be
+ * statements at its place in the order.  The first key is probed before
+ * it is inserted.  If it was new, the batch is taken for a batch of new
+ * messages and the keys that follow are inserted without a probe until
+ * one finds its place taken (see fastpath_record): a batch of new keys
+ * descends the index once per key, and a batch delivered again, whose
+ * first key is recorded, probes every key and takes no transaction id.  When the fast path cannot be
  * used at all, with require_fastpath this returns false, doing nothing;
  * otherwise every key takes the SQL statements.
  */
@@ -302,6 +328,8 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 	BatchKey   *sorted;
 	int32		processed_at;
 	MemoryContext keycxt;
+	bool		probed_first = false;
+	bool		insert_first = false;
 
 	fast = fastpath_open(&fp, true);
 	if (!fast && require_fastpath)
@@ -353,9 +381,16 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 
 		oldcxt = MemoryContextSwitchTo(keycxt);
 		if (fast)
+		{
 			isnew[index] = fastpath_record(&fp, sorted[i].hash, consumer_id,
 										   processed_at, sorted[i].key,
-										   fingerprint, found);
+										   fingerprint, found, &insert_first);
+			if (!probed_first)
+			{
+				probed_first = true;
+				insert_first = isnew[index];
+			}
+		}
 		else
 			isnew[index] = record_key_sql(consumer_id, processed_at,
 										  sorted[i].key, fingerprint, found);
