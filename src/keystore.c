@@ -322,9 +322,10 @@ batch_key_cmp(const void *a, const void *b)
  * messages and the keys that follow are inserted without a probe until
  * one finds its place taken (see fastpath_record): a batch of new keys
  * descends the index once per key, and a batch delivered again, whose
- * first key is recorded, probes every key and takes no transaction id.  When the fast path cannot be
- * used at all, with require_fastpath this returns false, doing nothing;
- * otherwise every key takes the SQL statements.
+ * first key is recorded, probes every key and takes no transaction id.
+ * When the fast path cannot be used at all, with require_fastpath this
+ * returns false, doing nothing; otherwise every key takes the SQL
+ * statements.
  */
 bool
 keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
