@@ -337,7 +337,6 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 	BatchKey   *sorted;
 	int32		processed_at;
 	MemoryContext keycxt;
-	bool		probed_first = false;
 	bool		insert_first = false;
 
 	fast = fastpath_open(&fp, true);
@@ -394,11 +393,9 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 			isnew[index] = fastpath_record(&fp, sorted[i].hash, consumer_id,
 										   processed_at, sorted[i].key,
 										   fingerprint, found, &insert_first);
-			if (!probed_first)
-			{
-				probed_first = true;
+			/* the first key, never a repeat, decides for those after it */
+			if (i == 0)
 				insert_first = isnew[index];
-			}
 		}
 		else
 			isnew[index] = record_key_sql(consumer_id, processed_at,
