@@ -1,12 +1,12 @@
-# Upgrades: a database at 1.0 keeps its keys, dead letters, retention
-# settings and counters through ALTER EXTENSION idem_consumer UPDATE, and
-# ends with exactly the objects of a new install; the library keeps serving
-# a database still at 1.0.
+# Upgrades: a database at 1.0 and a database at 1.1 keep their keys, dead
+# letters, retention settings and counters through ALTER EXTENSION
+# idem_consumer UPDATE, and end with exactly the objects of a new install;
+# the library keeps serving databases still at 1.0 and at 1.1.
 #
-# The released 1.0 script is pinned by its checksum: a new install runs it
-# and then idem_consumer--1.0--1.1.sql, so an edit of the 1.0 script would
-# change new installs and upgraded databases alike and no catalog comparison
-# could see it.
+# The released scripts (1.0, 1.0--1.1) are pinned by their checksums: a new
+# install runs them and then idem_consumer--1.1--1.2.sql, so an edit of a
+# released script would change new installs and upgraded databases alike and
+# no catalog comparison could see it.
 use strict;
 use warnings;
 
@@ -16,6 +16,8 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 
 my $released_1_0_sha256 = '86d8eaadc82b08450a4b8f566207dbdba4d78fcea8de617b10aefce0a4af1eee';
+my $released_1_1_sha256 = 'f84523684b97d79cb71edd6a1ed369ea8b088df4c8208321982de2a19b946072';
+my $current_version = '1.2';
 
 # Every object of the extension and what a DBA or a client can see of it,
 # one line per fact, by name (never by OID): functions with their whole
@@ -195,13 +197,17 @@ $node->start;
 my $sharedir = $node->config_data('--sharedir') . '/extension';
 is(Digest::SHA->new(256)->addfile("$sharedir/idem_consumer--1.0.sql")->hexdigest,
 	$released_1_0_sha256, 'idem_consumer--1.0.sql is the released 1.0 script, unchanged');
-ok(!-e "$sharedir/idem_consumer--1.1.sql",
-	'no idem_consumer--1.1.sql: a new install is 1.0 plus the update script');
+is(Digest::SHA->new(256)->addfile("$sharedir/idem_consumer--1.0--1.1.sql")->hexdigest,
+	$released_1_1_sha256, 'idem_consumer--1.0--1.1.sql is the released 1.1 update, unchanged');
+ok(!-e "$sharedir/idem_consumer--1.1.sql" && !-e "$sharedir/idem_consumer--1.2.sql",
+	'no idem_consumer--1.1.sql or --1.2.sql: a new install is 1.0 plus the update scripts');
 
 $node->safe_psql('postgres', q{
 	CREATE DATABASE upgraded;
 	CREATE DATABASE fresh;
 	CREATE DATABASE stays_1_0;
+	CREATE DATABASE upgraded_1_1;
+	CREATE DATABASE stays_1_1;
 	CREATE DATABASE tampered;
 });
 
@@ -269,11 +275,11 @@ like($before{retention}, qr/^audit\|\|f\n.*^payments\|30 days\|f$/ms, 'and reten
 #
 $node->safe_psql('upgraded', 'ALTER EXTENSION idem_consumer UPDATE');
 is($node->safe_psql('upgraded', q{SELECT extversion FROM pg_extension WHERE extname = 'idem_consumer'}),
-	'1.1', 'ALTER EXTENSION idem_consumer UPDATE brings it to 1.1');
+	$current_version, "ALTER EXTENSION idem_consumer UPDATE brings 1.0 to $current_version");
 is($node->safe_psql('fresh', q{
 	CREATE EXTENSION idem_consumer;
 	SELECT extversion FROM pg_extension WHERE extname = 'idem_consumer'}),
-	'1.1', 'a new install is 1.1');
+	$current_version, "a new install is $current_version");
 
 for my $what (sort keys %state_queries)
 {
@@ -340,7 +346,7 @@ like($node->safe_psql('upgraded', q{SELECT applied, duplicates FROM idem_stats W
 	qr/^200\|200$/, 'counters continue after the update');
 
 #
-# Same objects: an upgraded 1.0 and a new 1.1 install.
+# Same objects: an upgraded 1.0 and a new install.
 #
 my $fresh = catalog_lines($node, 'fresh');
 my $upgraded = catalog_lines($node, 'upgraded');
@@ -419,7 +425,128 @@ is($node->safe_psql($old, q{SELECT idem_is_processed('paid:12', 'old-payments'),
 	'f|t', 'only those');
 
 #
-# The functions 1.1 adds exist after the update and can be called: each is
+# A 1.1 database with history: owned consumers, keys with fingerprints, a
+# batch, dead letters parked by a team's role, an external effect,
+# retention settings and counters; updated to the current version.
+#
+my $setup_1_1 = q{
+	CREATE EXTENSION idem_consumer VERSION '1.1';
+	CREATE TABLE ledger (id int PRIMARY KEY, n bigint NOT NULL DEFAULT 0);
+	INSERT INTO ledger VALUES (1);
+	CREATE TABLE shipments (order_id int PRIMARY KEY);
+	ALTER TABLE shipments ADD CONSTRAINT not_yet CHECK (order_id < 0);
+	GRANT SELECT, UPDATE ON ledger TO team_a;
+	GRANT SELECT, INSERT ON shipments TO team_a;
+	GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz),
+	                          idem_try_apply(text, text, text, text[], timestamptz),
+	                          idem_is_processed(text, text)
+	   TO team_a;
+	SELECT idem_consumer_create('payments', 'team_a');
+	SELECT idem_consumer_create('shipping', 'team_a');
+	SET ROLE team_a;
+	SELECT count(*) FROM (
+		SELECT idem_apply('paid:' || g, 'payments',
+		                  'update ledger set n = n + $1 where id = 1', ARRAY[g::text])
+		  FROM generate_series(1, 200) g) s;
+	SELECT idem_try_apply('ship:' || g, 'shipping',
+	                      'insert into shipments values ($1)', ARRAY[g::text])
+	  FROM generate_series(1, 5) g;
+	RESET ROLE;
+	SELECT count(*) FROM idem_record_batch('audit', ARRAY(SELECT 'audit:' || g FROM generate_series(1, 50) g));
+	SELECT idem_dlq_discard(id, 'duplicate order')
+	  FROM idem_dead_letters WHERE consumer = 'shipping' AND key = 'ship:5';
+	SELECT idem_set_retention('payments', '30 days');
+	SELECT fence FROM idem_effect_begin('mail', 'welcome:1', '{"to": "a@example.com"}');
+	SELECT idem_effect_complete('mail', 'welcome:1', 1, '{"id": "m-1"}');
+};
+$node->safe_psql('postgres', 'CREATE ROLE team_a');
+$node->safe_psql('upgraded_1_1', $setup_1_1);
+$node->safe_psql('stays_1_1', $setup_1_1 =~ s/'(payments|audit|shipping|mail)'/'old11-$1'/gr);
+is($node->safe_psql('upgraded_1_1', q{SELECT extversion FROM pg_extension WHERE extname = 'idem_consumer'}),
+	'1.1', 'a database starts at 1.1');
+my %state_queries_1_1 = (
+	%state_queries,
+	owners => q{SELECT consumer, owner FROM idem_consumers ORDER BY 1},
+	effects => q{SELECT consumer, key, state, result FROM idem_effects ORDER BY 1, 2},
+	parked_by => q{SELECT key, dead_lettered_by FROM idem_dead_letters ORDER BY 1},
+);
+my %before_1_1 = map { $_ => $node->safe_psql('upgraded_1_1', $state_queries_1_1{$_}) } keys %state_queries_1_1;
+like($before_1_1{effects}, qr/^mail\|welcome:1\|completed\|\{"id": "m-1"\}$/m,
+	'the 1.1 database has a completed effect');
+like($before_1_1{owners}, qr/^payments\|team_a$/m, 'and owned consumers');
+$node->safe_psql('upgraded_1_1', 'ALTER EXTENSION idem_consumer UPDATE');
+is($node->safe_psql('upgraded_1_1', q{SELECT extversion FROM pg_extension WHERE extname = 'idem_consumer'}),
+	$current_version, "ALTER EXTENSION idem_consumer UPDATE brings 1.1 to $current_version");
+for my $what (sort keys %state_queries_1_1)
+{
+	is($node->safe_psql('upgraded_1_1', $state_queries_1_1{$what}), $before_1_1{$what},
+		"1.1: $what are unchanged by the update");
+}
+is($node->safe_psql('upgraded_1_1', q{
+	SET ROLE team_a;
+	SELECT count(*) FILTER (WHERE NOT idem_apply('paid:' || g, 'payments',
+	                                             'update ledger set n = n + $1 where id = 1', ARRAY[g::text]))
+	  FROM generate_series(1, 200) g}),
+	'200', '1.1: every key applied before the update is a duplicate after it, fingerprint and all');
+is($node->safe_psql('upgraded_1_1', 'SELECT n FROM ledger'), $before_1_1{ledger}, '1.1: and changed nothing');
+is($node->safe_psql('upgraded_1_1', q{
+	SELECT action, result FROM idem_effect_begin('mail', 'welcome:1', '{"to": "a@example.com"}')}),
+	'replay|{"id": "m-1"}', '1.1: a completed effect returns its stored result after the update');
+is($node->safe_psql('upgraded_1_1', q{
+	ALTER TABLE shipments DROP CONSTRAINT not_yet;
+	SELECT string_agg(r.outcome::text || ' ' || d.key, ',' ORDER BY d.key)
+	  FROM idem_dlq_replay('shipping') AS r JOIN idem_dead_letters AS d USING (id)}),
+	'applied ship:1,applied ship:2,applied ship:3,applied ship:4',
+	'1.1: every pending dead letter replays after the update, as the role that parked it');
+# the grants are the test's, not the extension's: out of the catalog comparison
+$node->safe_psql('upgraded_1_1', q{
+	REVOKE EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz),
+	                           idem_try_apply(text, text, text, text[], timestamptz),
+	                           idem_is_processed(text, text)
+	  FROM team_a});
+my $drift_1_1 = difference(catalog_lines($node, 'upgraded_1_1'), $fresh);
+is(scalar(@$drift_1_1), 0, 'an upgraded 1.1 database and a new install have the same objects')
+  or diag("only in the upgraded database (-) or the new install (+):\n" . join("\n", @$drift_1_1));
+
+#
+# The library serves a database still at 1.1.
+#
+is($node->safe_psql('stays_1_1', q{SELECT extversion FROM pg_extension WHERE extname = 'idem_consumer'}),
+	'1.1', 'a second database stays at 1.1');
+is($node->safe_psql('stays_1_1', q{
+	SET ROLE team_a;
+	SELECT idem_apply('paid:201', 'old11-payments', 'update ledger set n = n + 1 where id = 1'),
+	       idem_apply('paid:1', 'old11-payments', 'update ledger set n = n + $1 where id = 1', ARRAY['1']),
+	       idem_is_processed('paid:201', 'old11-payments')}),
+	't|f|t', 'at 1.1: idem_apply applies and detects duplicates');
+is($node->safe_psql('stays_1_1', q{
+	SET ROLE team_a;
+	SELECT idem_try_apply('ship:6', 'old11-shipping', 'insert into shipments values (6)')}),
+	'dead_lettered', 'at 1.1: idem_try_apply parks failing messages');
+is($node->safe_psql('stays_1_1', q{
+	ALTER TABLE shipments DROP CONSTRAINT not_yet;
+	SELECT string_agg(r.outcome::text, ',')
+	  FROM idem_dlq_replay('old11-shipping') AS r}),
+	'applied,applied,applied,applied,applied', 'at 1.1: idem_dlq_replay replays them');
+is($node->safe_psql('stays_1_1', q{
+	SELECT action, result FROM idem_effect_begin('old11-mail', 'welcome:1', '{"to": "a@example.com"}')}),
+	'replay|{"id": "m-1"}', 'at 1.1: effects return their stored result');
+like($node->safe_psql('stays_1_1', q{
+	SELECT applied, duplicates FROM idem_stats WHERE consumer = 'old11-payments'}),
+	qr/^201\|1$/, 'at 1.1: idem_stats counts');
+like($node->safe_psql('stays_1_1', 'SELECT idem_metrics()'),
+	qr/^idem_applied_total\{consumer="old11-payments"\} 201$/m,
+	'at 1.1: idem_metrics() exports the counters');
+$node->safe_psql('stays_1_1', q{
+	SELECT idem_set_retention('old11-payments', '1 hour');
+	UPDATE idem_consumer.processed_keys SET processed_at = processed_at - 7200
+	 WHERE key LIKE 'paid:1_';
+});
+is($node->safe_psql('stays_1_1', q{SELECT idem_purge('old11-payments')}), '10',
+	'at 1.1: idem_purge removes expired keys');
+
+#
+# The functions 1.1 and later versions add exist after the update and can be called: each is
 # called with NULL arguments in a transaction that rolls back.  Returning, or
 # refusing the arguments with an ordinary error, both show a working
 # function; a missing symbol, an internal error or a crash do not.
@@ -440,7 +567,7 @@ my %in_1_0 = map { $_ => 1 } split /\n/, $node->safe_psql('stays_1_0', q{
 	   AND d.refobjid = e.oid AND d.deptype = 'e'
 	 WHERE e.extname = 'idem_consumer'});
 my @new_functions = grep { !$in_1_0{$_} } split /\n/, $added;
-note('functions 1.1 adds: ' . (@new_functions ? join(', ', @new_functions) : 'none yet'));
+note('functions added since 1.0: ' . (@new_functions ? join(', ', @new_functions) : 'none yet'));
 $node->safe_psql('upgraded', q{
 	CREATE SCHEMA upgrade_test;
 	CREATE FUNCTION upgrade_test.call_with_nulls(fn regprocedure) RETURNS text
@@ -473,7 +600,7 @@ for my $fn (@new_functions)
 	my ($rc, $out, $err) = $node->psql('upgraded',
 		"SELECT upgrade_test.call_with_nulls('$fn'::regprocedure)");
 	ok($rc == 0 && $out ne '' && $out !~ /^(XX...|58P01|42883|0A000)$/,
-		"1.1 function $fn exists after the update and runs (got " . ($out || $err) . ')');
+		"function $fn (new since 1.0) exists after the update and runs (got " . ($out || $err) . ')');
 }
 
 $node->stop;

@@ -1,0 +1,86 @@
+/* extension/idem_consumer--1.1--1.2.sql */
+
+-- complain if script is sourced in psql, rather than via ALTER EXTENSION
+\echo Use "ALTER EXTENSION idem_consumer UPDATE TO '1.2'" to load this file. \quit
+
+--
+-- Version 1.2.  A fresh CREATE EXTENSION runs idem_consumer--1.0.sql, then
+-- idem_consumer--1.0--1.1.sql, then this script, so a new install and an
+-- upgraded 1.0 or 1.1 database have the same objects by construction; the
+-- upgrade test compares their catalogs.  The 1.0 and 1.1 scripts are
+-- released and never change.
+--
+
+--
+-- Views that filter rows by owner (src/consumers.c).
+--
+-- A view that shows each role only its own consumers' rows must be a
+-- security barrier: otherwise the planner may evaluate a caller's cheap
+-- (or error-raising) condition on every row before the owner filter, and a
+-- RAISE NOTICE or a failed cast prints another team's keys, SQL and
+-- parameters.  The owner test is pg_has_role(..., 'USAGE'), that is
+-- has_privs_of_role(), the test PostgreSQL's own ownership checks use: a
+-- member of the owner role that does not inherit its privileges (NOINHERIT,
+-- or from PostgreSQL 16 a grant WITH INHERIT FALSE) sees nothing.
+--
+CREATE OR REPLACE VIEW idem_processed_keys WITH (security_barrier) AS
+    SELECT c.name AS consumer,
+           k.key,
+           timestamptz '2000-01-01 00:00:00+00'
+               OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs => k.processed_at)
+               AS processed_at
+      FROM (SELECT consumer_id, processed_at, key
+              FROM idem_consumer.processed_keys
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.key_collisions) AS k
+      JOIN idem_consumer.consumers AS c USING (consumer_id)
+     WHERE c.owner IS NULL OR pg_catalog.pg_has_role(c.owner, 'USAGE');
+
+CREATE OR REPLACE VIEW idem_effects WITH (security_barrier) AS
+    SELECT c.name AS consumer,
+           e.key,
+           e.state,
+           e.deferred,
+           e.attempts,
+           e.fence,
+           e.provider_key,
+           e.outcome_unknown,
+           e.lease_until,
+           e.retry_at,
+           e.last_error,
+           e.result,
+           e.request,
+           e.dead_letter_id,
+           e.created_at,
+           e.updated_at,
+           e.completed_at
+      FROM idem_consumer.effects AS e
+      JOIN idem_consumer.consumers AS c USING (consumer_id)
+     WHERE c.owner IS NULL OR pg_catalog.pg_has_role(c.owner, 'USAGE');
+
+CREATE OR REPLACE VIEW idem_dead_letters WITH (security_barrier) AS
+    SELECT d.dead_letter_id AS id,
+           c.name AS consumer,
+           d.key,
+           d.status,
+           d.sqlstate,
+           d.message,
+           d.detail,
+           d.hint,
+           d.context,
+           d.attempts,
+           d.first_failed_at,
+           d.last_failed_at,
+           d.event_time,
+           d.sql,
+           d.params,
+           d.settings,
+           d.dead_lettered_by,
+           d.resolved_at,
+           d.resolved_by,
+           d.discard_reason,
+           d.kind
+      FROM idem_consumer.dead_letters AS d
+      JOIN idem_consumer.consumers AS c USING (consumer_id)
+     WHERE c.owner IS NULL OR pg_catalog.pg_has_role(c.owner, 'USAGE');
