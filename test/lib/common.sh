@@ -58,7 +58,8 @@ ensure_packages() {
     # the Debian package build, its lint and the PGXN zip check (test/lib/release.sh)
     pkgs="$pkgs postgresql-server-dev-all"
     pkgs="$pkgs debhelper"
-    pkgs="$pkgs dpkg-dev"
+    # dpkg-buildpackage needs build-essential, which dpkg-dev only recommends
+    pkgs="$pkgs dpkg-dev build-essential"
     pkgs="$pkgs lintian"
     pkgs="$pkgs unzip"
     local missing="" p

@@ -125,7 +125,8 @@ run_debian_suite() {
     step "dpkg-buildpackage -us -uc -b" $status
     deb="$dir/${pkg}_${version}_${arch}.deb"
     [ -f "$deb" ]
-    step "it builds $(basename "$deb")" $?
+    status=$?
+    step "it builds $(basename "$deb")" $status
     [ -f "$deb" ] || { finish; return; }
 
     # no errors, on the packages and the .changes; warnings are shown
