@@ -44,45 +44,76 @@ as_root() {
 if [ "$(id -u)" -eq 0 ]; then AS_PG=(runuser -u postgres --); else AS_PG=(); fi
 as_pg() { "${AS_PG[@]}" "$@"; }
 
+# progress LINE: print one line of what a long step is doing, with the
+# seconds since the script started, so that a newcomer sees it move.
+progress() { printf '[%4ds] %s\n' "$SECONDS" "$*"; }
+
 # Install whatever is missing; apt-get update only when something is.
+# ensure_packages [PROFILE]: "build" is what compiling and running the
+# extension needs; "demo" adds Node.js for test/demo's external-call phase;
+# "all" (the default) adds everything the test suites run.
 # (pgbench ships in postgresql-15 itself, prove in perl; prometheus brings
 # promtool, which the TAP tests run on idem_metrics().)
 ensure_packages() {
-    local pkgs="postgresql-15 postgresql-server-dev-15 libipc-run-perl clang-14 llvm-14 make gcc perl prometheus"
-    # PL/Proxy: test/t/020_plproxy.pl and test/bench/plproxy (docs/plproxy)
-    pkgs="$pkgs postgresql-15-plproxy"
-    # node and npm run the client tests; the machines usually have them
-    command -v node >/dev/null && command -v npm >/dev/null || pkgs="$pkgs nodejs npm"
-    # the broker test (test/broker/run) starts a RabbitMQ node of its own
-    pkgs="$pkgs rabbitmq-server"
-    # the Debian package build, its lint and the PGXN zip check (test/lib/release.sh)
-    pkgs="$pkgs postgresql-server-dev-all"
-    pkgs="$pkgs debhelper"
-    # dpkg-buildpackage needs build-essential, which dpkg-dev only recommends
-    pkgs="$pkgs dpkg-dev build-essential"
-    pkgs="$pkgs lintian"
-    pkgs="$pkgs unzip"
-    local missing="" p
+    local profile=${1:-all}
+    # build-essential: dpkg-dev and PGXS's compiler, which Debian's
+    # default install lacks; clang and llvm: Debian's PGXS builds bitcode
+    local pkgs="postgresql-15 postgresql-server-dev-15 build-essential make gcc perl clang-14 llvm-14"
+    if [ "$profile" != build ]; then
+        # node and npm run the client tests and the demo's effect consumers;
+        # the machines usually have them
+        command -v node >/dev/null && command -v npm >/dev/null || pkgs="$pkgs nodejs npm"
+    fi
+    if [ "$profile" = all ]; then
+        pkgs="$pkgs libipc-run-perl prometheus"
+        # PL/Proxy: test/t/020_plproxy.pl and test/bench/plproxy (docs/plproxy)
+        pkgs="$pkgs postgresql-15-plproxy"
+        # the broker test (test/broker/run) starts a RabbitMQ node of its own
+        pkgs="$pkgs rabbitmq-server"
+        # the Debian package build, its lint and the PGXN zip check (test/lib/release.sh)
+        pkgs="$pkgs postgresql-server-dev-all debhelper dpkg-dev lintian unzip"
+    fi
+    local missing="" p n log
     for p in $pkgs; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' \
             || missing="$missing $p"
     done
     [ -z "$missing" ] && return 0
-    echo "== installing:$missing"
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
-        || die "apt-get update failed"
+    log=$(mktemp)
+    n=$(wc -w <<<"$missing")
+    progress "installing $n Debian package(s) and what they depend on:$missing"
+    progress "  apt-get update"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq >"$log" 2>&1 \
+        || { cat "$log"; rm -f "$log"; die "apt-get update failed (output above)"; }
+    progress "  apt-get install (this takes minutes on a new machine)"
     # shellcheck disable=SC2086
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-        --no-install-recommends $missing >/dev/null \
-        || die "apt-get install$missing failed"
+        --no-install-recommends $missing >"$log" 2>&1 \
+        || { tail -n 40 "$log"; rm -f "$log"; die "apt-get install$missing failed (last lines above)"; }
+    rm -f "$log"
+    progress "  packages installed"
+}
+
+# npm_registry_check: fail early, with npm's own reason, when the npm
+# registry cannot be reached, instead of a silent npm ci failure later.
+npm_registry_check() {
+    local out
+    out=$(timeout 60 npm ping 2>&1) && return 0
+    echo "$out" | tail -n 10 >&2
+    die "the npm registry ($(npm config get registry 2>/dev/null)) cannot be reached: npm ping said the above"
 }
 
 # node-postgres for the scripts that run Node.js consumers (the client
 # tests, test/effects): npm ci in test/client/node unless it is there.
 ensure_node_modules() {
     [ -d "$REPO_ROOT/test/client/node/node_modules/pg" ] && return 0
-    (cd "$REPO_ROOT/test/client/node" && npm ci --silent --no-audit --no-fund) \
-        || die "npm ci in test/client/node failed"
+    local log
+    npm_registry_check
+    progress "npm ci in test/client/node (node-postgres)"
+    log=$(mktemp)
+    (cd "$REPO_ROOT/test/client/node" && npm ci --no-audit --no-fund) >"$log" 2>&1 \
+        || { tail -n 30 "$log"; rm -f "$log"; die "npm ci in test/client/node failed (last lines above)"; }
+    rm -f "$log"
 }
 
 # Warnings are errors.  (PostgreSQL 15's own headers are not clean for
@@ -94,7 +125,7 @@ BUILD_COPT='-Wall -Wextra -Werror'
 build_and_install() {
     local log
     log=$(mktemp)
-    echo "== building idem_consumer (COPT='$BUILD_COPT')"
+    progress "building idem_consumer (COPT='$BUILD_COPT') and installing it into $("$PG_CONFIG" --pkglibdir)"
     if ! (cd "$REPO_ROOT" &&
           make -s PG_CONFIG="$PG_CONFIG" clean &&
           make -s PG_CONFIG="$PG_CONFIG" COPT="$BUILD_COPT") >"$log" 2>&1; then
