@@ -98,9 +98,11 @@ ensure_packages() {
 # registry cannot be reached, instead of a silent npm ci failure later.
 npm_registry_check() {
     local out
-    out=$(timeout 60 npm ping 2>&1) && return 0
-    echo "$out" | tail -n 10 >&2
-    die "the npm registry ($(npm config get registry 2>/dev/null)) cannot be reached: npm ping said the above"
+    # one metadata request without retries: npm ping retries for minutes
+    # and then prints no reason; this prints npm's error (DNS, proxy, TLS)
+    out=$(timeout 60 npm view pg version --fetch-retries=0 --fetch-timeout=20000 2>&1) && return 0
+    echo "$out" | grep -v 'complete log of this run' | tail -n 10 >&2
+    die "the npm registry ($(npm config get registry 2>/dev/null)) cannot be reached: npm said the above"
 }
 
 # node-postgres for the scripts that run Node.js consumers (the client
