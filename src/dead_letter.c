@@ -658,7 +658,7 @@ idem_try_apply(PG_FUNCTION_ARGS)
 	int32		consumer_id;
 	bool		check_fingerprint;
 	int32		fingerprint;
-	RecordedKey recorded;
+	RecordedKey recorded = {0};
 	Outcome		outcome;
 	bool		redelivered;
 	int			call;

@@ -173,6 +173,7 @@ recorded_from_slot(TupleTableSlot *slot, RecordedKey *recorded)
 
 	recorded->processed_at = DatumGetInt32(slot_getattr(slot, 2, &isnull));
 	recorded->has_fingerprint = false;
+	recorded->fingerprint = 0;
 	if (slot->tts_tupleDescriptor->natts > 3)
 	{
 		Datum		fingerprint = slot_getattr(slot, 4, &isnull);
