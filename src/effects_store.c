@@ -410,6 +410,20 @@ effects_insert_leased(int32 consumer_id, text *key, Jsonb *request,
 }
 
 /*
+ * Reads a stored delay in microseconds, between 1 and MAX_DELAY_US: a
+ * policy written into the table by hand may hold anything its checks let
+ * through.
+ */
+static int64
+policy_delay_us(int colno)
+{
+	bool		isnull;
+	int64		us = interval_to_us(DatumGetIntervalP(column_value(0, colno, &isnull)));
+
+	return Min(Max(us, 1), MAX_DELAY_US);
+}
+
+/*
  * Reads a consumer's retry policy; false if it has none of its own.
  */
 bool
@@ -422,8 +436,8 @@ effects_policy(int32 consumer_id, EffectPolicy *policy)
 	if (SPI_processed == 0)
 		return false;
 	policy->max_attempts = DatumGetInt32(column_value(0, 1, &isnull));
-	policy->base_delay_us = interval_to_us(DatumGetIntervalP(column_value(0, 2, &isnull)));
-	policy->max_delay_us = interval_to_us(DatumGetIntervalP(column_value(0, 3, &isnull)));
+	policy->base_delay_us = policy_delay_us(2);
+	policy->max_delay_us = Max(policy_delay_us(3), policy->base_delay_us);
 	return true;
 }
 
