@@ -28,6 +28,11 @@ SELECT action FROM idem_effect_begin('bounds', 'lease-10', NULL, '1 day -25 hour
 \echo :SQLSTATE
 SELECT action FROM idem_effect_begin('bounds', 'lease-11', NULL, '-178000000 years 213503983 days');
 \echo :SQLSTATE
+-- fields past the range of microseconds that sum to 20 hours are 20 hours
+SELECT action FROM idem_effect_begin('bounds', 'lease-12', NULL, '106751992 days -2562047788:00:54.775807');
+SELECT action, retry_at - pg_catalog.now() BETWEEN interval '19 hours 58 minutes'
+                                             AND interval '19 hours 59 minutes 6 seconds' AS busy_for_20_hours
+  FROM idem_effect_begin('bounds', 'lease-12', NULL, '1 hour');
 
 -- the lease of idem_effect_claim: at most 1 day
 SELECT idem_effect_enqueue('bounds', 'outbox-1', '{}');

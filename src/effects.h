@@ -97,12 +97,13 @@ typedef enum EffectStmt
 static inline int64
 interval_to_us(const Interval *interval)
 {
-	int64		days = (int64) interval->month * DAYS_PER_MONTH + interval->day;
+	/* whole days of time go with the days, so that only |rest| < 1 day is added */
+	int64		days = (int64) interval->month * DAYS_PER_MONTH + interval->day +
+		interval->time / USECS_PER_DAY;
 	int64		us;
 
-	/* both can overflow only with days of the sign of the result */
 	if (pg_mul_s64_overflow(days, USECS_PER_DAY, &us) ||
-		pg_add_s64_overflow(us, interval->time, &us))
+		pg_add_s64_overflow(us, interval->time % USECS_PER_DAY, &us))
 		return days > 0 ? PG_INT64_MAX : PG_INT64_MIN;
 	return us;
 }
