@@ -84,3 +84,18 @@ CREATE OR REPLACE VIEW idem_dead_letters WITH (security_barrier) AS
       FROM idem_consumer.dead_letters AS d
       JOIN idem_consumer.consumers AS c USING (consumer_id)
      WHERE c.owner IS NULL OR pg_catalog.pg_has_role(c.owner, 'USAGE');
+
+--
+-- Function labels that say what the C code does (src/apply.c, src/stats.c).
+--
+-- idem_is_processed answers for the moment of each call: it takes a new
+-- snapshot per call (under READ COMMITTED it sees keys committed since the
+-- calling statement began, and keys recorded earlier in that statement),
+-- so it is not STABLE; a planner that took it for one could evaluate it
+-- once for many rows.  idem_stats_reset changes the shared counters and
+-- checks the caller's rights on the consumers with a statement of its own:
+-- not a function for a parallel worker.  Every other function's labels
+-- already match (test: sql/function_labels.sql).
+--
+ALTER FUNCTION idem_is_processed(text, text) VOLATILE;
+ALTER FUNCTION idem_stats_reset(text) PARALLEL UNSAFE;

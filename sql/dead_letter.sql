@@ -102,19 +102,19 @@ SELECT key, idem_try_apply(key, 'classify', sql, params)
     ('out-of-range', 'update wallets set balance = 1 where id = $1', ARRAY['99999999999']),
     ('param-count', 'update wallets set balance = $1 where id = 1', ARRAY['1', '2']),
     ('no-data', 'select fails_with($1)', ARRAY['P0002']),
-    ('internal', 'select fails_with($1)', ARRAY['XX000']),
-    ('object-state', 'select fails_with($1)', ARRAY['55000']),
-    ('io-error', 'select fails_with($1)', ARRAY['58030'])
+    ('object-state', 'select fails_with($1)', ARRAY['55000'])
   ) AS m(key, sql, params)
  ORDER BY key;
 SELECT key, sqlstate, message FROM idem_dead_letters WHERE consumer = 'classify' ORDER BY key;
 SELECT balance FROM wallets WHERE id = 1;
 
--- transient: re-raised unchanged, nothing recorded
+-- transient: re-raised unchanged, nothing recorded; classes 58 (system
+-- I/O) and XX (internal) are the server's trouble, not the message's
 SELECT code, dlq_error(format($$select idem_try_apply(%L, 'classify', 'select fails_with($1)', ARRAY[%L])$$,
                               'transient-' || code, code))
   FROM unnest(ARRAY['40001', '40P01', '40002', '55P03', '57014', '57P01', '57000',
-                    '53100', '53200', '53300', '08006', '08000']) AS code;
+                    '53100', '53200', '53300', '08006', '08000',
+                    '58000', '58030', '58P01', 'XX000', 'XX001', 'XX002']) AS code;
 SELECT count(*) AS recorded FROM idem_processed_keys WHERE key LIKE 'transient-%';
 SELECT count(*) AS parked FROM idem_dead_letters WHERE key LIKE 'transient-%';
 

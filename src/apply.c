@@ -69,7 +69,7 @@ idem_apply(PG_FUNCTION_ARGS)
 	int32		consumer_id;
 	bool		check_fingerprint;
 	int32		fingerprint;
-	RecordedKey recorded;
+	RecordedKey recorded = {0};
 	bool		applied;
 	int			call;
 

@@ -329,7 +329,7 @@ idem_record_batch_fingerprinted(PG_FUNCTION_ARGS)
 
 	key_texts = palloc(nkeys * sizeof(text *));
 	isnew = palloc(nkeys * sizeof(bool));
-	recorded = palloc(nkeys * sizeof(RecordedKey));
+	recorded = palloc0(nkeys * sizeof(RecordedKey));
 	for (int i = 0; i < nkeys; i++)
 		key_texts[i] = DatumGetTextPP(elems[i]);
 	keystore_record_keys(consumer_id, key_texts, nkeys, fingerprints,

@@ -17,8 +17,11 @@
  * not run the statement now, not that the message is wrong: class 40
  * (serialization failure, deadlock), 55P03 (lock not available), class 53
  * (insufficient resources), class 57 (operator intervention, including
- * 57014 query canceled), class 08 (connection exception), and whatever
- * idem_consumer.transient_sqlstates adds.  They are re-raised unchanged
+ * 57014 query canceled), class 08 (connection exception), class 58 (system
+ * error: I/O, a missing file), class XX (internal error, data or index
+ * corruption), and whatever idem_consumer.transient_sqlstates adds.  The
+ * last two are the server's trouble: parking every message that meets a
+ * failing disk or a corrupt index would empty the broker into the queue.  They are re-raised unchanged
  * once the subtransaction is rolled back, so the caller's transaction fails
  * and the broker redelivers.  Any other error is permanent: the message
  * would fail the same way on every redelivery.
@@ -202,6 +205,8 @@ sqlstate_is_transient(int sqlerrcode)
 		case ERRCODE_INSUFFICIENT_RESOURCES:
 		case ERRCODE_OPERATOR_INTERVENTION:
 		case ERRCODE_CONNECTION_EXCEPTION:
+		case ERRCODE_SYSTEM_ERROR:
+		case ERRCODE_INTERNAL_ERROR:
 			return true;
 		default:
 			break;
@@ -658,7 +663,7 @@ idem_try_apply(PG_FUNCTION_ARGS)
 	int32		consumer_id;
 	bool		check_fingerprint;
 	int32		fingerprint;
-	RecordedKey recorded;
+	RecordedKey recorded = {0};
 	Outcome		outcome;
 	bool		redelivered;
 	int			call;

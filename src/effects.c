@@ -61,9 +61,6 @@
 #include "idem_consumer.h"
 #include "effects.h"
 
-/* Longest lease or heartbeat extension, and longest retry delay. */
-#define MAX_LEASE_US			USECS_PER_DAY
-#define MAX_DELAY_US			(30 * USECS_PER_DAY)
 /* Longest error text idem_effect_fail accepts, in bytes. */
 #define MAX_ERROR_BYTES			8192
 /* How much of a request an error detail quotes, in bytes. */
@@ -150,34 +147,35 @@ require_own_transaction(const char *funcname)
 
 /*
  * Returns a duration argument (a lease, an extension, a delay) in
- * microseconds: not null, positive, at most max_us.
+ * microseconds: not null, positive, at most max_us (MAX_LEASE_US or
+ * MAX_DELAY_US), however far beyond it the interval goes.
  */
 static int64
 get_duration_arg(FunctionCallInfo fcinfo, int argno, const char *argname,
 				 int64 max_us)
 {
 	Interval   *value;
+	int64		us;
 
 	if (PG_ARGISNULL(argno))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("%s must not be null", argname)));
 	value = PG_GETARG_INTERVAL_P(argno);
-	/* months first, so that the conversion cannot overflow */
-	if (value->month > 12 * 1000 || value->month < -12 * 1000 ||
-		interval_to_us(value) > max_us)
+	us = interval_to_us(value);
+	if (us > max_us)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("%s is too long", argname),
 				 errdetail("The limit is %s.", max_us == MAX_LEASE_US ? "1 day" : "30 days")));
-	if (interval_to_us(value) <= 0)
+	if (us <= 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("%s must be positive", argname),
 				 errdetail("The value given is %s.",
 						   DatumGetCString(DirectFunctionCall1(interval_out,
 															   PointerGetDatum(value))))));
-	return interval_to_us(value);
+	return us;
 }
 
 /*

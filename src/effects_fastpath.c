@@ -32,8 +32,9 @@
  * They are used only when idem_consumer.fast_path is on and the table is
  * exactly as the 1.1 script creates it (columns, NOT NULL and defaults,
  * the primary key and the outbox's index and no other, no triggers, no
- * row security, no check constraints), so that nothing but built-in code
- * runs; otherwise the statements do the work.
+ * row security, no check constraints, neither partitioned nor a
+ * partition), so that nothing but built-in code runs; otherwise the
+ * statements do the work.
  *
  *-------------------------------------------------------------------------
  */
@@ -132,8 +133,9 @@ set_column(TupleTableSlot *slot, AttrNumber attnum, Datum value)
 
 /*
  * Tells whether the table is as the extension creates it, with nothing
- * (a trigger, a policy, a check, a changed column) that the executor would
- * have to run or enforce on an update.
+ * (a trigger, a policy, a check, a changed column, partitions to route
+ * rows to, the constraint of a partition) that the executor would have to
+ * run or enforce on an insert or update.
  */
 static bool
 table_is_plain(Relation rel)
@@ -141,6 +143,7 @@ table_is_plain(Relation rel)
 	TupleDesc	tupdesc = RelationGetDescr(rel);
 
 	if (rel->rd_rel->relkind != RELKIND_RELATION ||
+		rel->rd_rel->relispartition ||
 		rel->trigdesc != NULL ||
 		rel->rd_rel->relrowsecurity ||
 		tupdesc->natts != EFFECTS_NATTS ||

@@ -266,16 +266,25 @@ effect_state_name(EffectState state)
 }
 
 /*
- * Copies a column of row i of the last result; NULL for an SQL NULL.
+ * Copies a column of row i of the last result into cxt; NULL for an SQL
+ * NULL.  SPI_execute_plan leaves SPI's own context current, which
+ * SPI_finish frees, so the context is always named.
  */
 static Pointer
-column_copy(uint64 i, int colno)
+column_copy(MemoryContext cxt, uint64 i, int colno)
 {
 	bool		isnull;
 	Datum		value = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
 									  colno, &isnull);
+	MemoryContext oldcxt;
+	Pointer		copy;
 
-	return isnull ? NULL : (Pointer) PG_DETOAST_DATUM_COPY(value);
+	if (isnull)
+		return NULL;
+	oldcxt = MemoryContextSwitchTo(cxt);
+	copy = (Pointer) PG_DETOAST_DATUM_COPY(value);
+	MemoryContextSwitchTo(oldcxt);
+	return copy;
 }
 
 /*
@@ -288,38 +297,36 @@ column_value(uint64 i, int colno, bool *isnull)
 }
 
 /*
- * Reads row i of the last result, in EFFECT_COLUMNS order, copied into the
- * current memory context (the caller's, not SPI's).
+ * Reads row i of the last result, in EFFECT_COLUMNS order, its values
+ * copied into row->cxt, which outlives the caller's SPI connection.
  */
 void
 effect_row_read(uint64 i, EffectRow *row)
 {
 	bool		isnull;
-	char	   *state;
-	MemoryContext oldcxt = MemoryContextSwitchTo(row->cxt);
+	text	   *state = DatumGetTextPP(column_value(i, 1, &isnull));
 
-	state = TextDatumGetCString(column_value(i, 1, &isnull));
 	row->state = ES_PENDING;
 	for (int s = 0; s < lengthof(state_names); s++)
-		if (strcmp(state, state_names[s]) == 0)
+		if (VARSIZE_ANY_EXHDR(state) == strlen(state_names[s]) &&
+			memcmp(VARDATA_ANY(state), state_names[s], VARSIZE_ANY_EXHDR(state)) == 0)
 			row->state = (EffectState) s;
 	row->fence = DatumGetInt64(column_value(i, 2, &isnull));
 	row->attempts = DatumGetInt32(column_value(i, 3, &isnull));
-	row->provider_key = (text *) column_copy(i, 4);
+	row->provider_key = (text *) column_copy(row->cxt, i, 4);
 	row->outcome_unknown = DatumGetBool(column_value(i, 5, &isnull));
 	row->lease_until = DatumGetTimestampTz(column_value(i, 6, &isnull));
 	row->retry_at = DatumGetTimestampTz(column_value(i, 7, &isnull));
 	row->has_retry_at = !isnull;
-	row->last_error = (text *) column_copy(i, 8);
-	row->result = (Jsonb *) column_copy(i, 9);
-	row->request = (Jsonb *) column_copy(i, 10);
-	row->key = (text *) column_copy(i, 11);
+	row->last_error = (text *) column_copy(row->cxt, i, 8);
+	row->result = (Jsonb *) column_copy(row->cxt, i, 9);
+	row->request = (Jsonb *) column_copy(row->cxt, i, 10);
+	row->key = (text *) column_copy(row->cxt, i, 11);
 	row->lease_live = DatumGetBool(column_value(i, 12, &isnull)) && !isnull;
 	row->due = DatumGetBool(column_value(i, 13, &isnull)) && !isnull;
 	row->dead_letter_id = DatumGetInt64(column_value(i, 14, &isnull));
 	if (isnull)
 		row->dead_letter_id = 0;
-	MemoryContextSwitchTo(oldcxt);
 }
 
 /*
@@ -362,11 +369,13 @@ effects_insert_leased(int32 consumer_id, text *key, Jsonb *request,
 					  Interval *lease, EffectRow *row)
 {
 	text	   *provider_key;
-	MemoryContext oldcxt = MemoryContextSwitchTo(row->cxt);
+	MemoryContext oldcxt;
 
 	/* the plain case without the executor; the statement decides the rest */
+	oldcxt = MemoryContextSwitchTo(row->cxt);
 	provider_key = effects_fast_insert_leased(effects_table_oid(), consumer_id,
 											  key, request, interval_to_us(lease));
+	MemoryContextSwitchTo(oldcxt);
 	if (provider_key == NULL)
 	{
 		Datum		values[4];
@@ -378,11 +387,8 @@ effects_insert_leased(int32 consumer_id, text *key, Jsonb *request,
 		values[3] = IntervalPGetDatum(lease);
 		effects_execute(EF_INSERT_LEASED, values, nulls, 0);
 		if (SPI_processed == 0)
-		{
-			MemoryContextSwitchTo(oldcxt);
 			return false;
-		}
-		provider_key = (text *) column_copy(0, 1);
+		provider_key = (text *) column_copy(row->cxt, 0, 1);
 	}
 
 	row->state = ES_IN_FLIGHT;
@@ -400,8 +406,21 @@ effects_insert_leased(int32 consumer_id, text *key, Jsonb *request,
 	row->lease_live = true;
 	row->due = false;
 	row->dead_letter_id = 0;
-	MemoryContextSwitchTo(oldcxt);
 	return true;
+}
+
+/*
+ * Reads a stored delay in microseconds, between 1 and MAX_DELAY_US: a
+ * policy written into the table by hand may hold anything its checks let
+ * through.
+ */
+static int64
+policy_delay_us(int colno)
+{
+	bool		isnull;
+	int64		us = interval_to_us(DatumGetIntervalP(column_value(0, colno, &isnull)));
+
+	return Min(Max(us, 1), MAX_DELAY_US);
 }
 
 /*
@@ -417,8 +436,8 @@ effects_policy(int32 consumer_id, EffectPolicy *policy)
 	if (SPI_processed == 0)
 		return false;
 	policy->max_attempts = DatumGetInt32(column_value(0, 1, &isnull));
-	policy->base_delay_us = interval_to_us(DatumGetIntervalP(column_value(0, 2, &isnull)));
-	policy->max_delay_us = interval_to_us(DatumGetIntervalP(column_value(0, 3, &isnull)));
+	policy->base_delay_us = policy_delay_us(2);
+	policy->max_delay_us = Max(policy_delay_us(3), policy->base_delay_us);
 	return true;
 }
 

@@ -132,7 +132,10 @@ recorded_from_probe(RecordedKey *recorded)
  * The first statement is one insert.  Its conflict means that the key's
  * hash is taken: by the key itself (a duplicate), or by another key, in
  * which case our key goes to key_collisions.  Each time a concurrent
- * transaction changed the occupant between two steps, we start over.
+ * transaction changed the occupant between two steps, we start over; so
+ * too when the key turns up in key_collisions as we insert it there (a
+ * concurrent transaction recorded it after our probe, and committed while
+ * we waited for the occupant), so that the probe reads what was recorded.
  * Where the tables keep fingerprints (1.1), the statements carry one;
  * NULL when the caller has none.
  */
@@ -180,7 +183,9 @@ record_key_sql(int32 consumer_id, int32 processed_at, text *key,
 
 		keystore_execute(with_fp ? KS_INSERT_COLLISION_FP : KS_INSERT_COLLISION,
 						 row, row_nulls, 0);
-		return SPI_processed == 1;
+		if (SPI_processed == 1)
+			return true;
+		/* recorded meanwhile as a collision: probe again to read it */
 	}
 }
 

@@ -95,10 +95,11 @@ fastpath_columns_match(TupleDesc tupdesc)
 /*
  * Opens processed_keys and its unique index for the fast path, to write
  * or only to read; returns false when the SQL statements must do the work:
- * idem_consumer.fast_path is off, the table has other columns than ours,
- * triggers, row security, check constraints or other indexes than ours,
- * or the transaction cannot write (the SQL path then raises the usual
- * error).
+ * idem_consumer.fast_path is off, the table is partitioned or a partition
+ * (only the executor routes rows and checks partition constraints), has
+ * other columns than ours, triggers, row security, check constraints or
+ * other indexes than ours, or the transaction cannot write (the SQL path
+ * then raises the usual error).
  */
 bool
 fastpath_open(FastPath *fp, bool write)
@@ -115,6 +116,7 @@ fastpath_open(FastPath *fp, bool write)
 	fp->keys = table_open(si->keys_relid, lockmode);
 	indexes = RelationGetIndexList(fp->keys);
 	usable = fp->keys->rd_rel->relkind == RELKIND_RELATION &&
+		!fp->keys->rd_rel->relispartition &&
 		fastpath_columns_match(RelationGetDescr(fp->keys)) &&
 		fp->keys->trigdesc == NULL &&
 		!fp->keys->rd_rel->relrowsecurity &&
@@ -173,6 +175,7 @@ recorded_from_slot(TupleTableSlot *slot, RecordedKey *recorded)
 
 	recorded->processed_at = DatumGetInt32(slot_getattr(slot, 2, &isnull));
 	recorded->has_fingerprint = false;
+	recorded->fingerprint = 0;
 	if (slot->tts_tupleDescriptor->natts > 3)
 	{
 		Datum		fingerprint = slot_getattr(slot, 4, &isnull);

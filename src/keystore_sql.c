@@ -478,12 +478,20 @@ static uint64 plans_generation;
  * nulls is as for SPI_execute_plan.  The text must be fully qualified and
  * take values only as parameters: nothing the caller controls may run as
  * the owner.
+ *
+ * The caller's memory context is current again on return.  SPI_prepare
+ * and SPI_execute_plan leave SPI's procedure context current, which
+ * SPI_finish frees: a caller that switched to a longer-lived context to
+ * copy a result into would otherwise copy it into SPI's and read it
+ * after SPI_finish, and one that switched to a context it resets per
+ * row would see its allocations pile up in SPI's until SPI_finish.
  */
 int
 storage_execute(SPIPlanPtr *plan, const char *sql, int nargs, const Oid *argtypes,
 				int cursor_options, Datum *values, const char *nulls, long tcount)
 {
 	const StorageInfo *si = storage_ready();
+	MemoryContext callercxt = CurrentMemoryContext;
 	Oid			save_userid;
 	int			save_sec_context;
 	int			rc;
@@ -513,6 +521,7 @@ storage_execute(SPIPlanPtr *plan, const char *sql, int nargs, const Oid *argtype
 
 	/* errors restore the user id through transaction abort */
 	SetUserIdAndSecContext(save_userid, save_sec_context);
+	MemoryContextSwitchTo(callercxt);
 
 	return rc;
 }

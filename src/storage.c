@@ -92,7 +92,9 @@ storage_table_owner(Oid relid)
 /*
  * Returns the OID of processed_keys_hash if it is the index the extension
  * creates (unique, btree, immediate, valid, on key_hash(consumer_id, key)
- * and nothing else), InvalidOid if the fast path must not maintain it.
+ * and nothing else) on a plain table that is no partition, InvalidOid if
+ * the fast path must not maintain it.  Only the executor routes rows of a
+ * partitioned table and checks a partition's constraint.
  */
 static Oid
 usable_hash_index(Oid nspid)
@@ -148,7 +150,15 @@ usable_hash_index(Oid nspid)
 	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(indexoid));
 	if (!HeapTupleIsValid(tuple))
 		return InvalidOid;
-	usable = usable && ((Form_pg_class) GETSTRUCT(tuple))->relam == BTREE_AM_OID;
+	usable = usable && ((Form_pg_class) GETSTRUCT(tuple))->relam == BTREE_AM_OID &&
+		((Form_pg_class) GETSTRUCT(tuple))->relkind == RELKIND_INDEX;
+	ReleaseSysCache(tuple);
+
+	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(storage.info.keys_relid));
+	if (!HeapTupleIsValid(tuple))
+		return InvalidOid;
+	usable = usable && ((Form_pg_class) GETSTRUCT(tuple))->relkind == RELKIND_RELATION &&
+		!((Form_pg_class) GETSTRUCT(tuple))->relispartition;
 	ReleaseSysCache(tuple);
 
 	return usable ? indexoid : InvalidOid;
