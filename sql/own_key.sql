@@ -40,9 +40,12 @@ UPDATE idem_consumer.dead_letters SET sql = 'select idem_forget(''f5'', ''own'')
  WHERE key = 'f5';
 SELECT idem_dlq_replay(id) FROM idem_dead_letters WHERE consumer = 'own' AND key = 'f5';
 SELECT status, sqlstate, attempts FROM idem_dead_letters WHERE consumer = 'own' AND key = 'f5';
--- other keys are free, and once the call is over the key is too
+-- other keys cannot be forgotten from business SQL either
+-- (sql/key_store_guard.sql); once the call's transaction is over, its key
+-- can be
 SELECT idem_apply('f6', 'own', 'select idem_forget(''f4'', ''own'')');
 SELECT idem_is_processed('f4', 'own') AS f4_recorded;
+SELECT idem_apply('f6', 'own', 'select 1');
 SELECT idem_forget('f6', 'own') AS f6_forgotten;
 DROP FUNCTION own_try_forget(text);
 DROP TABLE own;

@@ -28,27 +28,6 @@ PG_FUNCTION_INFO_V1(idem_is_processed);
 PG_FUNCTION_INFO_V1(idem_forget);
 
 /*
- * Runs the business SQL of a key just recorded, holding the key against
- * forgetting or recording by that SQL (inflight.c).
- */
-static void
-execute_holding_key(int32 consumer_id, text *key, BusinessPlan *bplan,
-					ParamListInfo bound_params)
-{
-	int			depth = inflight_push(consumer_id, key);
-
-	PG_TRY();
-	{
-		business_plan_execute(bplan, bound_params);
-	}
-	PG_FINALLY();
-	{
-		inflight_pop(depth);
-	}
-	PG_END_TRY();
-}
-
-/*
  * idem_apply(key, consumer, sql, params, event_time, fingerprint): records
  * (consumer, key) and runs sql with params; returns false, running
  * nothing, if the key was already recorded for the same message, and
@@ -92,7 +71,7 @@ idem_apply(PG_FUNCTION_ARGS)
 									 check_fingerprint ? &fingerprint : NULL,
 									 &recorded);
 	if (applied)
-		execute_holding_key(consumer_id, key, bplan, bound_params);
+		inflight_execute(consumer_id, consumer, key, bplan, bound_params);
 	else if (check_fingerprint && fingerprint_differs(fingerprint, &recorded))
 	{
 		stats_call_key_reuse(call);
@@ -129,8 +108,9 @@ idem_is_processed(PG_FUNCTION_ARGS)
 /*
  * idem_forget(key, consumer): removes (consumer, key) so that a redelivery
  * is processed again; returns whether the key was recorded.  A resolved
- * dead-letter entry of the key goes with it; a pending one makes it fail
- * (see keystore_forget_key).
+ * dead-letter entry of the key goes with it; a pending one makes it fail,
+ * and so does a key recorded by the current transaction (see
+ * keystore_forget_key).  Business SQL may not forget keys at all.
  */
 Datum
 idem_forget(PG_FUNCTION_ARGS)
@@ -143,10 +123,10 @@ idem_forget(PG_FUNCTION_ARGS)
 	SPI_connect();
 	consumer_id = keystore_consumer_id(consumer, false);
 	if (consumer_id != 0)
-	{
 		inflight_check_key(consumer_id, consumer, key, "forget");
+	inflight_check_none("idem_forget");
+	if (consumer_id != 0)
 		removed = keystore_forget_key(consumer_id, key);
-	}
 	SPI_finish();
 
 	PG_RETURN_BOOL(removed);

@@ -419,6 +419,7 @@ idem_consumer_set_owner(PG_FUNCTION_ARGS)
 	ConsumerIdEntry found;
 	Datum		args[2];
 
+	inflight_check_none("idem_consumer_set_owner");
 	SPI_connect();
 	require_owners("idem_consumer_set_owner()");
 	if (!lookup_consumer(consumer, &found))
@@ -464,6 +465,7 @@ idem_set_fingerprint(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("enabled must not be null")));
 
+	inflight_check_none("idem_set_fingerprint");
 	SPI_connect();
 	require_owners("idem_set_fingerprint()");
 	args[0] = Int32GetDatum(keystore_consumer_id(consumer, false));

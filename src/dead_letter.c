@@ -329,8 +329,9 @@ apply_settings(ArrayType *settings)
 }
 
 /*
- * Runs the business SQL of (consumer_id, key) in a subtransaction: as the
- * current user, or as run_as with settings when replaying (run_as valid).
+ * Runs the business SQL of (consumer_id, key) of consumer in a
+ * subtransaction: as the current user, or as run_as with settings when
+ * replaying (run_as valid).
  * Returns NULL if it succeeded.  If it failed, its effects are rolled
  * back; a permanent error is returned, allocated in the caller's memory
  * context, and a transient one is re-raised.
@@ -339,13 +340,14 @@ apply_settings(ArrayType *settings)
  * the subtransaction left, as for PL/pgSQL exception blocks.
  */
 static ErrorData *
-run_business_sql(int32 consumer_id, text *key, const char *sql,
-				 ArrayType *params, ArrayType *settings, Oid run_as)
+run_business_sql(int32 consumer_id, const char *consumer, text *key,
+				 const char *sql, ArrayType *params, ArrayType *settings,
+				 Oid run_as)
 {
 	MemoryContext oldcontext = CurrentMemoryContext;
 	ResourceOwner oldowner = CurrentResourceOwner;
 	ErrorData  *volatile edata = NULL;
-	int			depth = inflight_push(consumer_id, key);
+	int			depth = inflight_push(consumer_id, consumer, key);
 
 	BeginInternalSubTransaction(NULL);
 	/* allocate in the caller's context, not the subtransaction's */
@@ -562,10 +564,10 @@ check_pending(const DeadLetterEntry *entry)
 
 /*
  * Returns the role a locked entry's SQL runs as, after checking that the
- * caller may act for it.
+ * caller may act for it, and sets *consumer to the entry's consumer.
  */
 static Oid
-replay_run_as(const DeadLetterEntry *entry)
+replay_run_as(const DeadLetterEntry *entry, char **consumer_name)
 {
 	Datum		arg = Int64GetDatum(entry->id);
 	bool		isnull;
@@ -577,6 +579,7 @@ replay_run_as(const DeadLetterEntry *entry)
 	roleid = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 	consumer = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
 	parked_by = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3);
+	*consumer_name = consumer;
 	return replay_role_check(entry->id, consumer,
 							 isnull ? InvalidOid : DatumGetObjectId(roleid),
 							 parked_by);
@@ -595,6 +598,7 @@ replay_entry(const DeadLetterEntry *entry)
 	Datum		values[KS_MAX_ARGS];
 	char		nulls[KS_MAX_ARGS];
 	Oid			run_as;
+	char	   *consumer;
 
 	/* the entry of a dead external effect: replaying it re-arms the effect */
 	if (effects_rearm(entry->id))
@@ -606,7 +610,7 @@ replay_entry(const DeadLetterEntry *entry)
 	}
 
 	/* a message's SQL runs as the role that parked it, for its members */
-	run_as = replay_run_as(entry);
+	run_as = replay_run_as(entry, &consumer);
 
 	/*
 	 * The key was recorded when the entry was made and idem_forget() leaves
@@ -616,8 +620,9 @@ replay_entry(const DeadLetterEntry *entry)
 	 */
 	(void) keystore_record_key(entry->consumer_id, entry->key);
 
-	edata = run_business_sql(entry->consumer_id, entry->key, entry->sql,
-							 entry->params, entry->settings, run_as);
+	edata = run_business_sql(entry->consumer_id, consumer, entry->key,
+							 entry->sql, entry->params, entry->settings,
+							 run_as);
 
 	values[0] = Int64GetDatum(entry->id);
 	nulls[0] = ' ';
@@ -630,6 +635,32 @@ replay_entry(const DeadLetterEntry *entry)
 	error_values(edata, &values[1], &nulls[1]);
 	keystore_execute(KS_DL_FAILED_AGAIN, values, nulls, 0);
 	return OUTCOME_DEAD_LETTERED;
+}
+
+/*
+ * Raises object_in_use if business SQL runs in this backend, before
+ * entry id is locked or changed: saying so precisely if the entry holds
+ * the running message or, for a replay, a message of its consumer.  The
+ * entry is read without a lock, so that a replay held elsewhere does not
+ * make the refusal wait.
+ */
+static void
+refuse_inside_business_sql(const char *function_name, const char *action,
+						   int64 id)
+{
+	Datum		arg = Int64GetDatum(id);
+	bool		isnull;
+
+	if (!inflight_any())
+		return;
+	keystore_execute(KS_DL_ENTRY_KEY, &arg, NULL, 1);
+	if (SPI_processed > 0)
+		inflight_check_dead_letter(function_name, action, id,
+								   DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
+															   SPI_tuptable->tupdesc,
+															   1, &isnull)),
+								   (text *) result_copy(2));
+	inflight_check_none(function_name);
 }
 
 /*
@@ -715,8 +746,8 @@ idem_try_apply(PG_FUNCTION_ARGS)
 		outcome = redelivery_outcome(dead_letter_status(consumer_id, key));
 	else
 	{
-		ErrorData  *edata = run_business_sql(consumer_id, key, sql, params,
-											 NULL, InvalidOid);
+		ErrorData  *edata = run_business_sql(consumer_id, consumer, key, sql,
+											 params, NULL, InvalidOid);
 
 		if (edata == NULL)
 			outcome = OUTCOME_APPLIED;
@@ -752,6 +783,7 @@ idem_dlq_replay(PG_FUNCTION_ARGS)
 
 	replay_role_require_supported();
 	SPI_connect();
+	refuse_inside_business_sql("idem_dlq_replay", "replay", id);
 	lock_entry(id, &entry);
 	check_pending(&entry);
 	outcome = replay_entry(&entry);
@@ -790,6 +822,7 @@ idem_dlq_replay_consumer(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("consumer \"%s\" does not exist", consumer),
 				 errhint("The view idem_dead_letters lists the consumers with entries.")));
+	inflight_check_dead_letter("idem_dlq_replay", "replay", 0, consumer_id, NULL);
 
 	/* one SPI connection per entry, so that each entry's memory goes with it */
 	for (int n = 0; n < max_count; n++)
@@ -837,6 +870,7 @@ idem_dlq_discard(PG_FUNCTION_ARGS)
 	Datum		values[3];
 
 	SPI_connect();
+	refuse_inside_business_sql("idem_dlq_discard", "discard", id);
 	lock_entry(id, &entry);
 	check_pending(&entry);
 	values[0] = Int64GetDatum(id);

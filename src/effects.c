@@ -595,7 +595,7 @@ idem_effect_complete(PG_FUNCTION_ARGS)
 		}
 	}
 	if (bplan != NULL)
-		business_plan_execute(bplan, bound_params);
+		inflight_execute(consumer_id, consumer, key, bplan, bound_params);
 	SPI_finish();
 
 	PG_RETURN_VOID();

@@ -29,8 +29,8 @@
  *	  metrics.c			the Prometheus text exposition
  *	  retention.c		retention windows, latest activity and purge runs
  *	  purge_worker.c	the background worker that purges on a schedule
- *	  inflight.c		the keys whose business SQL is running in this
- *						backend, which that SQL must not forget or record
+ *	  inflight.c		the messages whose business SQL is running in
+ *						this backend, and what that SQL may not change
  *	  replay_role.c		the role and schemas a dead-letter replay runs
  *						its SQL with, and who may replay
  *	  effects.c			external effects: the state machine of leases,
@@ -81,6 +81,7 @@ typedef enum KeystoreStmt
 	KS_PROBE_KEY,
 	KS_CLAIM_OCCUPANT,
 	KS_INSERT_COLLISION,
+	KS_KEY_WRITES,
 	KS_DELETE_KEY,
 	KS_DELETE_COLLISION,
 	KS_FIND_COLLISION,
@@ -89,6 +90,7 @@ typedef enum KeystoreStmt
 	KS_DL_ROLE,
 	KS_DL_KEY_STATUS,
 	KS_DL_LOCK,
+	KS_DL_ENTRY_KEY,
 	KS_DL_LOCK_NEXT_PENDING,
 	KS_DL_FAILED_AGAIN,
 	KS_DL_REPLAYED,
@@ -283,12 +285,17 @@ extern text *get_fingerprint_arg(FunctionCallInfo fcinfo, int argno);
 extern void fastpath_init(void);
 
 /* inflight.c */
-extern int	inflight_push(int32 consumer_id, text *key);
+extern int	inflight_push(int32 consumer_id, const char *consumer, text *key);
 extern void inflight_pop(int depth);
+extern void inflight_execute(int32 consumer_id, const char *consumer, text *key,
+							 BusinessPlan *bplan, ParamListInfo params);
+extern bool inflight_any(void);
 extern void inflight_check_key(int32 consumer_id, const char *consumer, text *key,
 							   const char *action);
 extern void inflight_check_keys(int32 consumer_id, const char *consumer, Datum *keys,
 								int nkeys, const char *action);
+extern void inflight_check_dead_letter(const char *function_name, const char *action,
+									   int64 entry_id, int32 consumer_id, text *key);
 extern void inflight_check_none(const char *function_name);
 
 /* replay_role.c */

@@ -1,21 +1,31 @@
 /*-------------------------------------------------------------------------
  *
  * inflight.c
- *	  The keys whose business SQL is running in this backend: the
- *	  (consumer, key) of each unfinished idem_apply(), idem_try_apply() and
- *	  dead-letter replay, innermost last.
+ *	  The messages whose business SQL is running in this backend: the
+ *	  consumer and key of each unfinished idem_apply(), idem_try_apply(),
+ *	  dead-letter replay and idem_effect_complete() with SQL, innermost
+ *	  last.
  *
- * Business SQL may call the API again.  It must not undo or redo the key
- * that the call running it holds: idem_forget() of that key would leave
- * the message applied but unrecorded, so that its next redelivery applies
- * it again; recording it again, or purging while keys are held, could do
- * the same by other roads.  Those functions ask here first and raise
- * object_in_use.
+ * Business SQL runs with the caller's rights, and so do the triggers it
+ * fires, including other teams' triggers on tables it touches; it may call
+ * the API again.  It must not change the record of messages while one is
+ * being applied: idem_forget() of the running key would leave the message
+ * applied but unrecorded, so that its next redelivery applies it again; a
+ * replay of the running message's own dead-letter entry applies it again
+ * inside itself, and a replay of its consumer's entries picks that entry
+ * too; a discard of it leaves the running replay an entry it can no longer
+ * resolve.  Recording the running key again, purging, and the operator
+ * functions that change what is recorded or how (owners, fingerprints,
+ * retention) are refused for the same reason.  Those functions ask here
+ * first and raise object_in_use.  The messages name no running key: a
+ * trigger of another role may be the one that reads them.
  *
  * The list lives in TopMemoryContext.  Whoever pushes an entry pops it
  * again on every exit, error included (PG_FINALLY), so the list is empty
  * whenever no business SQL runs; a transaction's end clears it as well,
- * in case an error escaped some caller's cleanup.
+ * in case an error escaped some caller's cleanup.  Deferred triggers run
+ * at commit, after the list is empty: keystore.c refuses to forget a key
+ * in the transaction that recorded it, whoever asks.
  *
  *-------------------------------------------------------------------------
  */
@@ -30,7 +40,8 @@
 typedef struct InflightKey
 {
 	int32		consumer_id;
-	text	   *key;			/* copied into TopMemoryContext */
+	char	   *consumer;		/* copied into TopMemoryContext */
+	text	   *key;			/* the same */
 } InflightKey;
 
 static InflightKey *inflight = NULL;
@@ -58,11 +69,11 @@ inflight_xact_callback(XactEvent event, void *arg)
 }
 
 /*
- * Notes that business SQL holding (consumer_id, key) starts; returns the
- * depth to give inflight_pop() when it ends.
+ * Notes that business SQL of (consumer_id, key) starts; returns the depth
+ * to give inflight_pop() when it ends.  consumer is the consumer's name.
  */
 int
-inflight_push(int32 consumer_id, text *key)
+inflight_push(int32 consumer_id, const char *consumer, text *key)
 {
 	if (!callback_registered)
 	{
@@ -80,6 +91,7 @@ inflight_push(int32 consumer_id, text *key)
 		maxinflight = newmax;
 	}
 	inflight[ninflight].consumer_id = consumer_id;
+	inflight[ninflight].consumer = MemoryContextStrdup(TopMemoryContext, consumer);
 	inflight[ninflight].key = (text *) MemoryContextAlloc(TopMemoryContext,
 														   VARSIZE_ANY(key));
 	memcpy(inflight[ninflight].key, key, VARSIZE_ANY(key));
@@ -93,24 +105,61 @@ void
 inflight_pop(int depth)
 {
 	while (ninflight > depth)
-		pfree(inflight[--ninflight].key);
+	{
+		ninflight--;
+		pfree(inflight[ninflight].consumer);
+		pfree(inflight[ninflight].key);
+	}
 }
 
 /*
- * Tells whether an unfinished call of this backend holds (consumer_id, key).
+ * Runs business SQL of (consumer_id, key), holding the key for as long as
+ * it runs.
  */
-static bool
-inflight_holds(int32 consumer_id, text *key)
+void
+inflight_execute(int32 consumer_id, const char *consumer, text *key,
+				 BusinessPlan *bplan, ParamListInfo params)
 {
-	for (int i = 0; i < ninflight; i++)
+	int			depth = inflight_push(consumer_id, consumer, key);
+
+	PG_TRY();
 	{
-		if (inflight[i].consumer_id == consumer_id &&
-			VARSIZE_ANY_EXHDR(inflight[i].key) == VARSIZE_ANY_EXHDR(key) &&
-			memcmp(VARDATA_ANY(inflight[i].key), VARDATA_ANY(key),
-				   VARSIZE_ANY_EXHDR(key)) == 0)
-			return true;
+		business_plan_execute(bplan, params);
 	}
-	return false;
+	PG_FINALLY();
+	{
+		inflight_pop(depth);
+	}
+	PG_END_TRY();
+}
+
+/*
+ * Tells whether any business SQL runs in this backend.
+ */
+bool
+inflight_any(void)
+{
+	return ninflight > 0;
+}
+
+/*
+ * Returns the innermost running call of consumer_id whose key is key, or
+ * of any key when key is NULL; NULL if there is none.
+ */
+static const InflightKey *
+inflight_find(int32 consumer_id, text *key)
+{
+	for (int i = ninflight - 1; i >= 0; i--)
+	{
+		if (inflight[i].consumer_id != consumer_id)
+			continue;
+		if (key == NULL ||
+			(VARSIZE_ANY_EXHDR(inflight[i].key) == VARSIZE_ANY_EXHDR(key) &&
+			 memcmp(VARDATA_ANY(inflight[i].key), VARDATA_ANY(key),
+					VARSIZE_ANY_EXHDR(key)) == 0))
+			return &inflight[i];
+	}
+	return NULL;
 }
 
 /*
@@ -121,30 +170,14 @@ void
 inflight_check_key(int32 consumer_id, const char *consumer, text *key,
 				   const char *action)
 {
-	if (ninflight == 0 || !inflight_holds(consumer_id, key))
+	if (ninflight == 0 || inflight_find(consumer_id, key) == NULL)
 		return;
 	ereport(ERROR,
 			(errcode(ERRCODE_OBJECT_IN_USE),
 			 errmsg("cannot %s key \"%s\" of consumer \"%s\" while its message is being applied",
 					action, text_to_cstring(key), consumer),
-			 errdetail("The business SQL of this key's idem_apply, idem_try_apply or idem_dlq_replay call is still running."),
+			 errdetail("The business SQL of this key is still running in this session."),
 			 errhint("Business SQL must not change the record of its own key.")));
-}
-
-/*
- * Raises object_in_use if any business SQL runs in this backend: a purge
- * from inside business SQL could remove what the running calls rely on.
- */
-void
-inflight_check_none(const char *function_name)
-{
-	if (ninflight == 0)
-		return;
-	ereport(ERROR,
-			(errcode(ERRCODE_OBJECT_IN_USE),
-			 errmsg("%s cannot run inside the business SQL of a message", function_name),
-			 errdetail("An idem_apply, idem_try_apply or idem_dlq_replay call of this session is still running its business SQL."),
-			 errhint("Call %s in a transaction of its own.", function_name)));
 }
 
 /*
@@ -158,4 +191,60 @@ inflight_check_keys(int32 consumer_id, const char *consumer, Datum *keys,
 		return;
 	for (int i = 0; i < nkeys; i++)
 		inflight_check_key(consumer_id, consumer, DatumGetTextPP(keys[i]), action);
+}
+
+/*
+ * Raises object_in_use if a dead-letter entry may not be replayed or
+ * discarded (action) because business SQL runs in this backend: the
+ * entry's own message, or for a replay any message of its consumer, or
+ * any business SQL at all.  entry_id is 0 and key NULL for a replay of a
+ * consumer's entries; consumer_id 0 for an entry that does not exist.
+ */
+void
+inflight_check_dead_letter(const char *function_name, const char *action,
+						   int64 entry_id, int32 consumer_id, text *key)
+{
+	const InflightKey *running;
+
+	if (ninflight == 0)
+		return;
+
+	if (key != NULL && inflight_find(consumer_id, key) != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_IN_USE),
+				 errmsg("cannot %s dead-letter entry %lld while its message is being applied",
+						action, (long long) entry_id),
+				 errdetail("The business SQL of the entry's message is running in this session and called %s.",
+						   function_name),
+				 errhint("Replay or discard dead-letter entries in a transaction of their own, not from business SQL.")));
+
+	if (strcmp(action, "replay") == 0 &&
+		(running = inflight_find(consumer_id, NULL)) != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_IN_USE),
+				 errmsg("cannot replay dead-letter entries of consumer \"%s\" while a message of that consumer is being applied",
+						running->consumer),
+				 errdetail("Business SQL of a message of the consumer is running in this session; a replay from inside it could apply that message, or the entries it replays, again."),
+				 errhint("Replay dead-letter entries in a transaction of their own, not from business SQL.")));
+
+	inflight_check_none(function_name);
+}
+
+/*
+ * Raises object_in_use if any business SQL runs in this backend: function
+ * changes the record of keys, which business SQL, and whatever triggers it
+ * fires, must not do while a message is being applied.
+ */
+void
+inflight_check_none(const char *function_name)
+{
+	if (ninflight == 0)
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_IN_USE),
+			 errmsg("%s cannot run inside the business SQL of a message", function_name),
+			 errdetail("An idem_apply, idem_try_apply, idem_dlq_replay or idem_effect_complete call of this session "
+					   "is running its business SQL, which must not change the record of messages, "
+					   "nor may the triggers it fires."),
+			 errhint("Call %s in a transaction of its own.", function_name)));
 }

@@ -554,8 +554,84 @@ forget_dead_letter(Datum *key_args)
 }
 
 /*
+ * Tells whether a row of a key was recorded by the current transaction:
+ * written by it (xmin, the raw value, as the SQL column shows it) and
+ * stamped with its start time.  The time keeps out rows frozen long ago
+ * whose raw xmin a wrapped-around transaction id meets again, and rows
+ * this transaction only rewrote (an occupant claimed for a collision, a
+ * collision moved in place of a forgotten occupant) unless they were
+ * recorded in the same second: those are refused too, erring on the side
+ * of keeping a key.  Both paths ask the same.
+ */
+static bool
+recorded_here(TransactionId xmin, int32 processed_at)
+{
+	return TransactionIdIsCurrentTransactionId(xmin) &&
+		processed_at == processed_at_now();
+}
+
+/*
+ * Tells whether the current transaction recorded a key.  Only the key's
+ * own row in processed_keys lets the fast path answer; a collision, or
+ * another key in the hash's place, is the SQL path's.
+ */
+static bool
+key_recorded_here(int32 consumer_id, text *key, Datum *key_args)
+{
+	FastPath	fp;
+
+	if (fastpath_open(&fp, false))
+	{
+		RecordedKey recorded;
+		KeyProbe	found = fastpath_probe(&fp, key_hash_value(consumer_id, key),
+										   consumer_id, key, &recorded);
+
+		fastpath_close(&fp);
+		if (found == PROBE_EMPTY)
+			return false;
+		if (found == PROBE_KEY)
+			return recorded_here(fp.found_xmin, recorded.processed_at);
+	}
+
+	keystore_exec(KS_KEY_WRITES, key_args, 0);
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	row = SPI_tuptable->vals[i];
+		bool		isnull;
+
+		if (recorded_here(DatumGetTransactionId(SPI_getbinval(row, SPI_tuptable->tupdesc, 1, &isnull)),
+						  DatumGetInt32(SPI_getbinval(row, SPI_tuptable->tupdesc, 2, &isnull))))
+			return true;
+	}
+	return false;
+}
+
+/*
+ * Raises object_in_use if the current transaction recorded the key.  Its
+ * message's changes and its record commit or roll back together; a
+ * forget in between, from the business SQL, a trigger or a deferred
+ * constraint trigger firing at commit after every other check, would
+ * commit the changes without the record, and the redelivery would apply
+ * the message again.
+ */
+static void
+refuse_forget_recorded_here(int32 consumer_id, text *key, Datum *key_args)
+{
+	if (!key_recorded_here(consumer_id, key, key_args))
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_IN_USE),
+			 errmsg("cannot forget key \"%s\" in the transaction that recorded it",
+					text_to_cstring(key)),
+			 errdetail("The key and the changes of its message commit or roll back together; "
+					   "forgetting the key before then would let its next delivery apply the message again."),
+			 errhint("Forget the key in a later transaction, once the one that recorded it has committed.")));
+}
+
+/*
  * Removes a key and its resolved dead-letter entry; returns whether the
- * key was recorded.  Refuses a key whose dead-letter entry is pending.
+ * key was recorded.  Refuses a key recorded by the current transaction,
+ * and a key whose dead-letter entry is pending.
  */
 bool
 keystore_forget_key(int32 consumer_id, text *key)
@@ -564,6 +640,7 @@ keystore_forget_key(int32 consumer_id, text *key)
 
 	key_args[0] = Int32GetDatum(consumer_id);
 	key_args[1] = PointerGetDatum(key);
+	refuse_forget_recorded_here(consumer_id, key, key_args);
 	forget_dead_letter(key_args);
 
 	keystore_exec(KS_DELETE_KEY, key_args, 0);

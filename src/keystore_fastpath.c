@@ -23,6 +23,7 @@
 #include "postgres.h"
 
 #include "access/stratnum.h"
+#include "access/sysattr.h"
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
@@ -222,6 +223,9 @@ fastpath_probe(FastPath *fp, int32 hash, int32 consumer_id, text *key,
 					   VARSIZE_ANY_EXHDR(key)) == 0)
 			{
 				found = PROBE_KEY;
+				fp->found_xmin = DatumGetTransactionId(slot_getsysattr(fp->slot,
+																	   MinTransactionIdAttributeNumber,
+																	   &isnull));
 				if (recorded != NULL)
 					recorded_from_slot(fp->slot, recorded);
 			}

@@ -63,6 +63,7 @@ typedef struct FastPath
 	Snapshot	snapshot;
 	IndexScanDesc scan;			/* set up by the first probe */
 	TupleTableSlot *slot;		/* the same */
+	TransactionId found_xmin;	/* xmin of the key's row a probe found */
 	MemoryContext cxt;			/* where these live */
 } FastPath;
 

@@ -234,6 +234,14 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 		" VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
 		3, {INT4OID, INT4OID, TEXTOID}
 	},
+	/* who wrote the key's row, and when it says the key was recorded */
+	[KS_KEY_WRITES] = {
+		"SELECT xmin, processed_at FROM " STORAGE_SCHEMA ".processed_keys"
+		" WHERE " SAME_HASH_AS_ARGS " AND " SAME_KEY_AS_ARGS
+		" UNION ALL SELECT xmin, processed_at FROM " STORAGE_SCHEMA ".key_collisions"
+		" WHERE " SAME_KEY_AS_ARGS,
+		2, {INT4OID, TEXTOID}
+	},
 	[KS_DELETE_KEY] = {
 		"DELETE FROM " STORAGE_SCHEMA ".processed_keys"
 		" WHERE " SAME_HASH_AS_ARGS " AND " SAME_KEY_AS_ARGS,
@@ -293,6 +301,12 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 	[KS_DL_LOCK] = {
 		"SELECT " DEAD_LETTER_COLUMNS " FROM " STORAGE_SCHEMA ".dead_letters"
 		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1 FOR NO KEY UPDATE",
+		1, {INT8OID}
+	},
+	/* an entry's message, without waiting for a replay that holds it */
+	[KS_DL_ENTRY_KEY] = {
+		"SELECT consumer_id, key FROM " STORAGE_SCHEMA ".dead_letters"
+		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1",
 		1, {INT8OID}
 	},
 	/* the oldest pending entry of a consumer after $2 that nobody is replaying */

@@ -446,11 +446,19 @@ business_plan_bind(BusinessPlan *bplan, ArrayType *params)
 
 /*
  * Runs a business plan as the current user, discarding any result rows.
+ *
+ * Every caller runs business SQL through here, at a GUC nesting level of
+ * its own: whatever it sets with set_config(), for the session or for the
+ * transaction, ends with it, as a maintenance command undoes what the
+ * functions it runs set.  Business SQL could otherwise leave the caller's
+ * session with another search_path.  An error leaves the level to the
+ * abort of the (sub)transaction that catches it, which undoes it too.
  */
 void
 business_plan_execute(BusinessPlan *bplan, ParamListInfo params)
 {
 	SPIExecuteOptions options;
+	int			save_nestlevel;
 
 	memset(&options, 0, sizeof(options));
 	options.params = params;
@@ -458,6 +466,7 @@ business_plan_execute(BusinessPlan *bplan, ParamListInfo params)
 	options.dest = None_Receiver;
 
 	executing_depth++;
+	save_nestlevel = NewGUCNestLevel();
 	PG_TRY();
 	{
 		int			rc = SPI_execute_plan_extended(bplan->plan, &options);
@@ -471,6 +480,7 @@ business_plan_execute(BusinessPlan *bplan, ParamListInfo params)
 		executing_depth--;
 	}
 	PG_END_TRY();
+	AtEOXact_GUC(false, save_nestlevel);
 }
 
 /*

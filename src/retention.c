@@ -694,6 +694,7 @@ idem_set_retention(PG_FUNCTION_ARGS)
 		args[1] = PG_GETARG_DATUM(1);
 	}
 
+	inflight_check_none("idem_set_retention");
 	SPI_connect();
 	args[0] = Int32GetDatum(existing_consumer_id(consumer));
 	keystore_execute(KS_SET_RETENTION, args, nulls, 0);
@@ -712,6 +713,7 @@ idem_reset_retention(PG_FUNCTION_ARGS)
 	char	   *consumer = get_consumer_arg(fcinfo, 0);
 	Datum		arg;
 
+	inflight_check_none("idem_reset_retention");
 	SPI_connect();
 	arg = Int32GetDatum(existing_consumer_id(consumer));
 	keystore_execute(KS_RESET_RETENTION, &arg, NULL, 0);
