@@ -7,14 +7,20 @@
  *	  idem_set_fingerprint().
  *
  * Every function that acts on a consumer resolves its name here, and the
- * resolution is the access check: the current role must be a member of
- * the consumer's owner (is_member_of_role, so superusers pass), or the
- * call fails with 42501 before anything is recorded or counted.  A
- * consumer that does not exist yet is created owned by the current role,
- * unless idem_consumer.create_consumers is off for it.  Consumers created
- * under version 1.0 of the SQL have no owner and stay open to every role
- * with EXECUTE on the API, as they were, until a superuser gives them one;
- * in a database whose SQL is still 1.0 nobody has an owner.
+ * resolution is the access check: the current role must have the
+ * privileges of the consumer's owner (has_privs_of_role, the test of
+ * PostgreSQL's own ownership checks, so superusers pass and a member that
+ * does not inherit them must SET ROLE first), or the call fails with 42501
+ * before anything is recorded or counted.  The error names the owner only
+ * to a member of it: to anyone else, which role owns a consumer is not
+ * theirs to know.  Making a role the owner of a consumer (creating it for
+ * that role, or giving it away) takes being allowed to SET ROLE to it, as
+ * ALTER ... OWNER TO does.  Consumers created under version 1.0 of the
+ * SQL have no owner and stay open to every role with EXECUTE on the API,
+ * as they were, until a superuser gives them one; in a database whose SQL
+ * is still 1.0 nobody has an owner.  A consumer that does not exist yet is
+ * created owned by the current role, unless idem_consumer.create_consumers
+ * is off for it.
  *
  * Ids and owners are cached per backend, but only once the row is known to
  * be committed by another transaction: an id created by the current
@@ -23,7 +29,7 @@
  * the storage is located anew and on every relcache invalidation of the
  * storage tables; idem_consumer_set_owner() sends one, so that other
  * backends see the new owner from their next transaction on.  Membership
- * itself is not cached here: is_member_of_role() keeps its own cache,
+ * itself is not cached here: has_privs_of_role() keeps its own cache,
  * invalidated by GRANT and REVOKE.
  *
  * The caller of the C functions must be connected to SPI.
@@ -110,6 +116,42 @@ role_name_for_message(Oid roleid)
 }
 
 /*
+ * Tells whether the current user may SET ROLE to roleid: what PostgreSQL
+ * asks of a role that makes another the owner of an object, and of one
+ * that acts as another.
+ */
+bool
+role_can_become(Oid roleid)
+{
+#if PG_VERSION_NUM >= 160000
+	return member_can_set_role(GetUserId(), roleid);
+#else
+	return is_member_of_role(GetUserId(), roleid);
+#endif
+}
+
+/*
+ * Tells whether the current role may act on a consumer with this owner
+ * (InvalidOid: none, a consumer of 1.0).
+ */
+static bool
+has_owner_privileges(Oid owner)
+{
+	return !OidIsValid(owner) || has_privs_of_role(GetUserId(), owner);
+}
+
+/*
+ * Tells whether the current role may be told which role owns a consumer:
+ * a member of it, whatever the grant's options.
+ */
+static bool
+may_know_owner(Oid owner)
+{
+	return has_privs_of_role(GetUserId(), owner) ||
+		is_member_of_role(GetUserId(), owner);
+}
+
+/*
  * Raises 42501 unless the current role may act on a consumer with this
  * owner.
  */
@@ -118,18 +160,24 @@ check_consumer_access(const char *consumer, Oid owner)
 {
 	char	   *owner_name;
 
-	if (!OidIsValid(owner) || is_member_of_role(GetUserId(), owner))
+	if (has_owner_privileges(owner))
 		return;
+
+	if (!role_can_become(owner))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied for consumer \"%s\"", consumer),
+				 errdetail("Role \"%s\" does not have the privileges of the consumer's owner.",
+						   role_name_for_message(GetUserId())),
+				 errhint("Ask an administrator to grant the owner of the consumer to the role that acts on it.")));
 
 	owner_name = role_name_for_message(owner);
 	ereport(ERROR,
 			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 			 errmsg("permission denied for consumer \"%s\"", consumer),
-			 errdetail("Consumer \"%s\" is owned by role \"%s\"; role \"%s\" is not a member of it.",
-					   consumer, owner_name,
-					   role_name_for_message(GetUserId())),
-			 errhint("Grant role \"%s\" to the role that acts on this consumer.",
-					 owner_name)));
+			 errdetail("Role \"%s\" is a member of the consumer's owner \"%s\" but does not inherit its privileges.",
+					   role_name_for_message(GetUserId()), owner_name),
+			 errhint("SET ROLE \"%s\" first.", owner_name)));
 }
 
 /*
@@ -146,12 +194,12 @@ check_may_create(const char *consumer, Oid owner)
 				 errdetail("idem_consumer.create_consumers is off for role \"%s\".",
 						   role_name_for_message(GetUserId())),
 				 errhint("Ask an administrator to create the consumer with idem_consumer_create().")));
-	if (!is_member_of_role(GetUserId(), owner))
+	if (!role_can_become(owner))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("permission denied to create consumer \"%s\" owned by role \"%s\"",
 						consumer, role_name_for_message(owner)),
-				 errdetail("Only members of a role may create consumers it owns.")));
+				 errdetail("Only roles that may SET ROLE to a role may create consumers it owns.")));
 }
 
 /*
@@ -289,9 +337,29 @@ keystore_consumer_id_ext(const char *consumer, bool create,
 }
 
 /*
- * Raises 42501 unless the current role may act on the consumer of this id;
- * for the functions that name a consumer by one of its rows (a dead-letter
- * entry).
+ * Tells whether the current role may act on the consumer of this id, for
+ * the functions that name a consumer by one of its rows (a dead-letter
+ * entry): they treat a row of another team's consumer as one that does not
+ * exist, so that an id tells a foreign role nothing.
+ */
+bool
+keystore_may_act_on_consumer_id(int32 consumer_id)
+{
+	Datum		arg = Int32GetDatum(consumer_id);
+	bool		isnull;
+	Datum		owner;
+
+	if (!storage_ready()->consumers_have_owners)
+		return true;
+	keystore_exec(KS_CONSUMER_BY_ID, &arg, 1);
+	if (SPI_processed == 0)
+		return true;
+	owner = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
+	return isnull || has_owner_privileges(DatumGetObjectId(owner));
+}
+
+/*
+ * Raises 42501 unless the current role may act on the consumer of this id.
  */
 void
 keystore_check_consumer_id(int32 consumer_id)
@@ -314,15 +382,14 @@ keystore_check_consumer_id(int32 consumer_id)
 
 /*
  * Raises 42501 unless the current role may act on every consumer; for the
- * functions that act on all consumers at once.
+ * functions that act on all consumers at once.  Consumer names are public
+ * (idem_stats), their owners are not.
  */
 void
 keystore_check_every_consumer(const char *what)
 {
 	Datum		arg = ObjectIdGetDatum(GetUserId());
-	bool		isnull;
 	char	   *name;
-	Oid			owner;
 
 	if (superuser() || !storage_ready()->consumers_have_owners)
 		return;
@@ -330,15 +397,12 @@ keystore_check_every_consumer(const char *what)
 	if (SPI_processed == 0)
 		return;
 	name = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
-	owner = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0],
-										   SPI_tuptable->tupdesc, 2, &isnull));
 	ereport(ERROR,
 			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 			 errmsg("permission denied to %s of every consumer", what),
-			 errdetail("Consumer \"%s\" is owned by role \"%s\", of which role \"%s\" is not a member.",
-					   name, role_name_for_message(owner),
-					   role_name_for_message(GetUserId())),
-			 errhint("Name the consumer, or act as a member of every owner.")));
+			 errdetail("Role \"%s\" does not have the privileges of the owner of consumer \"%s\".",
+					   role_name_for_message(GetUserId()), name),
+			 errhint("Name the consumer, or act as a role with the privileges of every owner.")));
 }
 
 /*
@@ -395,21 +459,31 @@ idem_consumer_create(PG_FUNCTION_ARGS)
 		}
 		lookup_consumer(consumer, &found);
 	}
+	if (!OidIsValid(found.owner))
+		ereport(ERROR,
+				(errcode(ERRCODE_DUPLICATE_OBJECT),
+				 errmsg("consumer \"%s\" already exists", consumer),
+				 errdetail("It was created under version 1.0 and has no owner.")));
+	if (!may_know_owner(found.owner))
+		ereport(ERROR,
+				(errcode(ERRCODE_DUPLICATE_OBJECT),
+				 errmsg("consumer \"%s\" already exists", consumer),
+				 errdetail("It is owned by a role of which role \"%s\" is not a member.",
+						   role_name_for_message(GetUserId())),
+				 errhint("Choose another name.")));
 	ereport(ERROR,
 			(errcode(ERRCODE_DUPLICATE_OBJECT),
 			 errmsg("consumer \"%s\" already exists", consumer),
-			 OidIsValid(found.owner) ?
-			 errdetail("It is owned by role \"%s\".", role_name_for_message(found.owner)) :
-			 errdetail("It was created under version 1.0 and has no owner."),
+			 errdetail("It is owned by role \"%s\".", role_name_for_message(found.owner)),
 			 errhint("Use idem_consumer_set_owner() to change the owner of an existing consumer.")));
 	PG_RETURN_VOID();
 }
 
 /*
  * idem_consumer_set_owner(consumer, owner): gives a consumer to another
- * owner.  Allowed to members of the present owner that are members of the
- * new one too, as ALTER ... OWNER TO is; a consumer without an owner is
- * given one by superusers only.
+ * owner.  Allowed to roles with the privileges of the present owner that
+ * may SET ROLE to the new one, as ALTER ... OWNER TO is; a consumer
+ * without an owner is given one by superusers only.
  */
 Datum
 idem_consumer_set_owner(PG_FUNCTION_ARGS)
@@ -433,12 +507,12 @@ idem_consumer_set_owner(PG_FUNCTION_ARGS)
 				 errdetail("The consumer was created under version 1.0 and has no owner."),
 				 errhint("A superuser gives owners to such consumers.")));
 	check_consumer_access(consumer, found.owner);
-	if (!is_member_of_role(GetUserId(), owner))
+	if (!role_can_become(owner))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("permission denied to give consumer \"%s\" to role \"%s\"",
 						consumer, role_name_for_message(owner)),
-				 errdetail("Only members of a role may give it consumers.")));
+				 errdetail("Only roles that may SET ROLE to a role may give it consumers.")));
 
 	args[0] = Int32GetDatum(found.consumer_id);
 	args[1] = ObjectIdGetDatum(owner);

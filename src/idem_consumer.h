@@ -87,6 +87,7 @@ typedef enum KeystoreStmt
 	KS_DL_INSERT,
 	KS_DL_INSERT_ROLE,
 	KS_DL_ROLE,
+	KS_DL_CONSUMER,
 	KS_DL_KEY_STATUS,
 	KS_DL_LOCK,
 	KS_DL_LOCK_NEXT_PENDING,
@@ -164,7 +165,9 @@ extern int32 keystore_consumer_id(const char *consumer, bool create);
 extern int32 keystore_consumer_id_ext(const char *consumer, bool create,
 									  bool *check_fingerprint);
 extern void keystore_check_consumer_id(int32 consumer_id);
+extern bool keystore_may_act_on_consumer_id(int32 consumer_id);
 extern void keystore_check_every_consumer(const char *what);
+extern bool role_can_become(Oid roleid);
 
 /* fingerprint.c */
 extern int32 fingerprint_of_message(const char *sql, ArrayType *params);

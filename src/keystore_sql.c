@@ -204,11 +204,14 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 		" WHERE consumer_id OPERATOR(pg_catalog.=) $1",
 		1, {INT4OID}
 	},
-	/* a consumer the role $1 may not act on, if there is one */
+	/*
+	 * a consumer the role $1 may not act on, if there is one: one whose
+	 * owner's privileges it does not have (USAGE is has_privs_of_role)
+	 */
 	[KS_FOREIGN_CONSUMER] = {
 		"SELECT name, owner FROM " STORAGE_SCHEMA ".consumers"
 		" WHERE owner IS NOT NULL"
-		" AND NOT pg_catalog.pg_has_role($1, owner, 'MEMBER')"
+		" AND NOT pg_catalog.pg_has_role($1, owner, 'USAGE')"
 		" ORDER BY name LIMIT 1",
 		1, {OIDOID}
 	},
@@ -322,6 +325,12 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 		" JOIN " STORAGE_SCHEMA ".consumers AS c"
 		" ON c.consumer_id OPERATOR(pg_catalog.=) d.consumer_id"
 		" WHERE d.dead_letter_id OPERATOR(pg_catalog.=) $1",
+		1, {INT8OID}
+	},
+	/* the consumer of an entry, read without a lock before it is checked */
+	[KS_DL_CONSUMER] = {
+		"SELECT consumer_id FROM " STORAGE_SCHEMA ".dead_letters"
+		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1",
 		1, {INT8OID}
 	},
 	[KS_DL_KEY_STATUS] = {
