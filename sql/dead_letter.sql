@@ -361,8 +361,9 @@ CREATE ROLE dlq_outsider;
 CREATE TABLE inventory (sku text PRIMARY KEY, qty int NOT NULL CHECK (qty >= 0));
 INSERT INTO inventory VALUES ('a', 0);
 GRANT SELECT, UPDATE ON inventory TO dlq_app;
--- the consumer role
-GRANT EXECUTE ON FUNCTION idem_try_apply(text, text, text, text[], timestamptz) TO dlq_app;
+-- the consumer role, which creates its consumer by using it
+GRANT EXECUTE ON FUNCTION idem_try_apply(text, text, text, text[], timestamptz),
+                          idem_consumer_create(text, regrole) TO dlq_app;
 -- the documented operator grants
 GRANT EXECUTE ON FUNCTION idem_dlq_replay(bigint), idem_dlq_replay(text, integer),
                           idem_dlq_discard(bigint, text) TO dlq_oncall;

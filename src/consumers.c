@@ -18,9 +18,16 @@
  * ALTER ... OWNER TO does.  Consumers created under version 1.0 of the
  * SQL have no owner and stay open to every role with EXECUTE on the API,
  * as they were, until a superuser gives them one; in a database whose SQL
- * is still 1.0 nobody has an owner.  A consumer that does not exist yet is
- * created owned by the current role, unless idem_consumer.create_consumers
- * is off for it.
+ * is still 1.0 nobody has an owner.
+ *
+ * Who may create consumers follows the current role, so that SET ROLE and
+ * a pooler's SET LOCAL ROLE change it: from version 1.2 of the SQL, a
+ * consumer that does not exist yet is created (by its first use or by
+ * idem_consumer_create()) only for a role with EXECUTE on
+ * idem_consumer_create(text, regrole), which the DBA grants.  Databases
+ * at 1.0 and 1.1 keep their rule: every role with EXECUTE on the API
+ * creates consumers.  In both, idem_consumer.create_consumers = off, a
+ * setting of the session, refuses creation to every role but superusers.
  *
  * Ids and owners are cached per backend, but only once the row is known to
  * be committed by another transaction: an id created by the current
@@ -38,16 +45,26 @@
  */
 #include "postgres.h"
 
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
 #include "access/transam.h"
 #include "access/xact.h"
+#include "catalog/indexing.h"
+#include "catalog/pg_extension.h"
+#include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
+#include "commands/extension.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "parser/parse_func.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
+#include "utils/fmgroids.h"
 #include "utils/hsearch.h"
 #include "utils/inval.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 
 #include "keystore_internal.h"
@@ -181,6 +198,78 @@ check_consumer_access(const char *consumer, Oid owner)
 }
 
 /*
+ * Returns the version of an extension, and its schema in *nspid; NULL if
+ * it is gone.
+ */
+static char *
+extension_version(Oid extoid, Oid *nspid)
+{
+	Relation	rel;
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tuple;
+	char	   *version = NULL;
+
+	rel = table_open(ExtensionRelationId, AccessShareLock);
+	ScanKeyInit(&key, Anum_pg_extension_oid, BTEqualStrategyNumber, F_OIDEQ,
+				ObjectIdGetDatum(extoid));
+	scan = systable_beginscan(rel, ExtensionOidIndexId, true, NULL, 1, &key);
+	tuple = systable_getnext(scan);
+	if (HeapTupleIsValid(tuple))
+	{
+		bool		isnull;
+		Datum		datum = heap_getattr(tuple, Anum_pg_extension_extversion,
+										 RelationGetDescr(rel), &isnull);
+
+		if (!isnull)
+			version = text_to_cstring(DatumGetTextPP(datum));
+		*nspid = ((Form_pg_extension) GETSTRUCT(tuple))->extnamespace;
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return version;
+}
+
+/*
+ * Tells whether the current role holds the privilege to create consumers
+ * that version 1.2 of the SQL introduced: EXECUTE on
+ * idem_consumer_create(text, regrole).  True in a database still at 1.0
+ * or 1.1, where every role with EXECUTE on the API creates consumers.
+ * Read at every creation, which is rare, so that an update of the
+ * extension or a GRANT takes effect at once.
+ */
+static bool
+has_create_privilege(void)
+{
+	Oid			extoid = get_extension_oid("idem_consumer", true);
+	Oid			nspid = InvalidOid;
+	char	   *version;
+	Oid			argtypes[2] = {TEXTOID, REGROLEOID};
+	char	   *schema;
+	Oid			funcoid;
+
+	if (!OidIsValid(extoid))
+		return true;
+	version = extension_version(extoid, &nspid);
+	if (version == NULL || strcmp(version, "1.0") == 0 || strcmp(version, "1.1") == 0)
+		return true;
+
+	schema = get_namespace_name(nspid);
+	if (schema == NULL)
+		return superuser();
+	funcoid = LookupFuncName(list_make2(makeString(schema),
+										makeString("idem_consumer_create")),
+							 2, argtypes, true);
+	if (!OidIsValid(funcoid))
+		return superuser();
+#if PG_VERSION_NUM >= 160000
+	return object_aclcheck(ProcedureRelationId, funcoid, GetUserId(), ACL_EXECUTE) == ACLCHECK_OK;
+#else
+	return pg_proc_aclcheck(funcoid, GetUserId(), ACL_EXECUTE) == ACLCHECK_OK;
+#endif
+}
+
+/*
  * Raises 42501 unless the current role may create consumers owned by
  * owner.
  */
@@ -191,9 +280,15 @@ check_may_create(const char *consumer, Oid owner)
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("permission denied to create consumer \"%s\"", consumer),
-				 errdetail("idem_consumer.create_consumers is off for role \"%s\".",
-						   role_name_for_message(GetUserId())),
+				 errdetail("idem_consumer.create_consumers is off in this session."),
 				 errhint("Ask an administrator to create the consumer with idem_consumer_create().")));
+	if (!has_create_privilege())
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to create consumer \"%s\"", consumer),
+				 errdetail("Creating a consumer takes EXECUTE on function idem_consumer_create(text, regrole), which role \"%s\" does not have.",
+						   role_name_for_message(GetUserId())),
+				 errhint("Ask an administrator to create the consumer with idem_consumer_create(), or to grant EXECUTE on it.")));
 	if (!role_can_become(owner))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
@@ -560,10 +655,11 @@ void
 consumers_init(void)
 {
 	DefineCustomBoolVariable("idem_consumer.create_consumers",
-							 "Allows the role to create consumers.",
+							 "Allows this session to create consumers.",
 							 "When off, idem_apply and the other functions refuse a consumer that does not "
 							 "exist yet, and idem_consumer_create() is refused, for roles other than superusers. "
-							 "Set it per role with ALTER ROLE ... SET.",
+							 "It is a setting of the session, which SET ROLE does not change: which roles may "
+							 "create consumers is EXECUTE on idem_consumer_create(text, regrole).",
 							 &create_consumers,
 							 true,
 							 PGC_SUSET,

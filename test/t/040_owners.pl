@@ -2,8 +2,9 @@
 # sets them up: each role connects as itself.  The payments team applies
 # and operates its consumer; the shipping team's role, with the same
 # EXECUTE grants, is refused it and sees none of its keys or dead letters;
-# a monitoring role reads every consumer's counters; a role kept from
-# creating consumers (ALTER ROLE ... SET) cannot make one, even implicitly.
+# a monitoring role reads every consumer's counters; a role without the
+# privilege to create consumers (EXECUTE on idem_consumer_create) cannot
+# make one, even implicitly, with or without ALTER ROLE ... SET.
 use strict;
 use warnings;
 
@@ -90,7 +91,7 @@ like($err, qr/permission denied for view idem_processed_keys/, 'but no key');
 
 ($out, $err) = as_role('pay_app', q{SELECT idem_apply('x:1', 'payments-new', 'select 1')});
 like($err, qr/permission denied to create consumer "payments-new"/,
-	'a role with create_consumers off cannot create a consumer by using it');
+	'a role without the privilege cannot create a consumer by using it');
 ($out, $err) = as_role('pay_app', q{SET idem_consumer.create_consumers = on});
 like($err, qr/permission denied to set parameter/, 'nor turn the switch back on');
 is($node->safe_psql('postgres', q{SELECT count(*) FROM idem_consumers WHERE consumer = 'payments-new'}),
