@@ -28,6 +28,7 @@
  * at 1.0 and 1.1 keep their rule: every role with EXECUTE on the API
  * creates consumers.  In both, idem_consumer.create_consumers = off, a
  * setting of the session, refuses creation to every role but superusers.
+ * The name of a new consumer must pass consumer_names.c.
  *
  * Ids and owners are cached per backend, but only once the row is known to
  * be committed by another transaction: an id created by the current
@@ -270,8 +271,9 @@ has_create_privilege(void)
 }
 
 /*
- * Raises 42501 unless the current role may create consumers owned by
- * owner.
+ * Raises an error unless the current role may create a consumer of this
+ * name owned by owner: 42501 without the privilege, 22023 for a name no
+ * new consumer may have.
  */
 static void
 check_may_create(const char *consumer, Oid owner)
@@ -295,6 +297,7 @@ check_may_create(const char *consumer, Oid owner)
 				 errmsg("permission denied to create consumer \"%s\" owned by role \"%s\"",
 						consumer, role_name_for_message(owner)),
 				 errdetail("Only roles that may SET ROLE to a role may create consumers it owns.")));
+	consumer_name_check_new(consumer);
 }
 
 /*
