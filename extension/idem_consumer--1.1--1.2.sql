@@ -99,3 +99,20 @@ CREATE OR REPLACE VIEW idem_dead_letters WITH (security_barrier) AS
 --
 ALTER FUNCTION idem_is_processed(text, text) VOLATILE;
 ALTER FUNCTION idem_stats_reset(text) PARALLEL UNSAFE;
+
+--
+-- Who may create consumers (src/consumers.c).
+--
+-- Up to 1.1 every role with EXECUTE on the API created a consumer by its
+-- first use, unless idem_consumer.create_consumers was off in its session;
+-- that setting follows the login, so SET ROLE and a pooler's SET LOCAL ROLE
+-- escaped it.  From 1.2 the privilege follows the current role: a consumer
+-- is created, by its first use or explicitly, only for a role with EXECUTE
+-- on idem_consumer_create(text, regrole), which 1.1 revoked from PUBLIC
+-- and the DBA grants.  The library reads the rule from extversion, so a
+-- database still at 1.1 keeps the old one until it is updated.
+--
+COMMENT ON FUNCTION idem_consumer_create(text, regrole) IS
+    'create a consumer owned by owner (the current role when NULL); EXECUTE on it is the privilege to create consumers, also by their first use';
+COMMENT ON COLUMN idem_consumer.consumers.owner IS
+    'role whose privileges a role must have to act on the consumer; NULL for consumers created under 1.0, open to every role with EXECUTE';

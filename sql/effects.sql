@@ -284,7 +284,8 @@ RESET ROLE;
 -- a consumer role with EXECUTE works without any table privilege
 CREATE ROLE effects_app;
 GRANT EXECUTE ON FUNCTION idem_effect_begin(text, text, jsonb, interval),
-                          idem_effect_complete(text, text, bigint, jsonb, text, text[]) TO effects_app;
+                          idem_effect_complete(text, text, bigint, jsonb, text, text[]),
+                          idem_consumer_create(text, regrole) TO effects_app;
 GRANT USAGE ON SCHEMA public TO effects_app;
 SET ROLE effects_app;
 SELECT action, fence FROM idem_effect_begin('app', 'x');
@@ -295,7 +296,8 @@ RESET ROLE;
 SELECT state, result FROM idem_effects WHERE consumer = 'app';
 REVOKE ALL ON SCHEMA public FROM effects_app;
 REVOKE ALL ON FUNCTION idem_effect_begin(text, text, jsonb, interval),
-                       idem_effect_complete(text, text, bigint, jsonb, text, text[]) FROM effects_app;
+                       idem_effect_complete(text, text, bigint, jsonb, text, text[]),
+                       idem_consumer_create(text, regrole) FROM effects_app;
 DROP ROLE effects_nobody, effects_app;
 
 DROP TABLE payments;

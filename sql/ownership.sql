@@ -13,7 +13,7 @@ BEGIN
     RETURN 'ok';
 EXCEPTION WHEN OTHERS THEN
     GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, message = MESSAGE_TEXT;
-    RETURN state || ' ' || message;
+    RETURN state || ' ' || regexp_replace(message, 'entry \d+', 'entry N');
 END
 $f$;
 

@@ -80,7 +80,9 @@ SELECT idem_metrics() LIKE '%idem_applied_total{consumer="stats-b"} 1%' AS monit
 RESET ROLE;
 DROP ROLE stats_reader;
 
--- the Prometheus exposition, line by line
+-- the Prometheus exposition, line by line; a name with a newline is
+-- refused to a new consumer, but one stored before that rule is served
+INSERT INTO idem_consumer.consumers (name, owner) VALUES (E'we"ird\\na\nme', current_user::regrole);
 SELECT idem_apply('e-1', E'we"ird\\na\nme', 'select 1', event_time => now());
 SELECT idem_apply('e-1', E'we"ird\\na\nme', 'select 1');
 CREATE TEMP TABLE expo AS

@@ -7,14 +7,28 @@
  *	  idem_set_fingerprint().
  *
  * Every function that acts on a consumer resolves its name here, and the
- * resolution is the access check: the current role must be a member of
- * the consumer's owner (is_member_of_role, so superusers pass), or the
- * call fails with 42501 before anything is recorded or counted.  A
- * consumer that does not exist yet is created owned by the current role,
- * unless idem_consumer.create_consumers is off for it.  Consumers created
- * under version 1.0 of the SQL have no owner and stay open to every role
- * with EXECUTE on the API, as they were, until a superuser gives them one;
- * in a database whose SQL is still 1.0 nobody has an owner.
+ * resolution is the access check: the current role must have the
+ * privileges of the consumer's owner (has_privs_of_role, the test of
+ * PostgreSQL's own ownership checks, so superusers pass and a member that
+ * does not inherit them must SET ROLE first), or the call fails with 42501
+ * before anything is recorded or counted.  The error names the owner only
+ * to a member of it: to anyone else, which role owns a consumer is not
+ * theirs to know.  Making a role the owner of a consumer (creating it for
+ * that role, or giving it away) takes being allowed to SET ROLE to it, as
+ * ALTER ... OWNER TO does.  Consumers created under version 1.0 of the
+ * SQL have no owner and stay open to every role with EXECUTE on the API,
+ * as they were, until a superuser gives them one; in a database whose SQL
+ * is still 1.0 nobody has an owner.
+ *
+ * Who may create consumers follows the current role, so that SET ROLE and
+ * a pooler's SET LOCAL ROLE change it: from version 1.2 of the SQL, a
+ * consumer that does not exist yet is created (by its first use or by
+ * idem_consumer_create()) only for a role with EXECUTE on
+ * idem_consumer_create(text, regrole), which the DBA grants.  Databases
+ * at 1.0 and 1.1 keep their rule: every role with EXECUTE on the API
+ * creates consumers.  In both, idem_consumer.create_consumers = off, a
+ * setting of the session, refuses creation to every role but superusers.
+ * The name of a new consumer must pass consumer_names.c.
  *
  * Ids and owners are cached per backend, but only once the row is known to
  * be committed by another transaction: an id created by the current
@@ -23,7 +37,7 @@
  * the storage is located anew and on every relcache invalidation of the
  * storage tables; idem_consumer_set_owner() sends one, so that other
  * backends see the new owner from their next transaction on.  Membership
- * itself is not cached here: is_member_of_role() keeps its own cache,
+ * itself is not cached here: has_privs_of_role() keeps its own cache,
  * invalidated by GRANT and REVOKE.
  *
  * The caller of the C functions must be connected to SPI.
@@ -32,16 +46,26 @@
  */
 #include "postgres.h"
 
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
 #include "access/transam.h"
 #include "access/xact.h"
+#include "catalog/indexing.h"
+#include "catalog/pg_extension.h"
+#include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
+#include "commands/extension.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "parser/parse_func.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
+#include "utils/fmgroids.h"
 #include "utils/hsearch.h"
 #include "utils/inval.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 
 #include "keystore_internal.h"
@@ -110,6 +134,42 @@ role_name_for_message(Oid roleid)
 }
 
 /*
+ * Tells whether the current user may SET ROLE to roleid: what PostgreSQL
+ * asks of a role that makes another the owner of an object, and of one
+ * that acts as another.
+ */
+bool
+role_can_become(Oid roleid)
+{
+#if PG_VERSION_NUM >= 160000
+	return member_can_set_role(GetUserId(), roleid);
+#else
+	return is_member_of_role(GetUserId(), roleid);
+#endif
+}
+
+/*
+ * Tells whether the current role may act on a consumer with this owner
+ * (InvalidOid: none, a consumer of 1.0).
+ */
+static bool
+has_owner_privileges(Oid owner)
+{
+	return !OidIsValid(owner) || has_privs_of_role(GetUserId(), owner);
+}
+
+/*
+ * Tells whether the current role may be told which role owns a consumer:
+ * a member of it, whatever the grant's options.
+ */
+static bool
+may_know_owner(Oid owner)
+{
+	return has_privs_of_role(GetUserId(), owner) ||
+		is_member_of_role(GetUserId(), owner);
+}
+
+/*
  * Raises 42501 unless the current role may act on a consumer with this
  * owner.
  */
@@ -118,23 +178,102 @@ check_consumer_access(const char *consumer, Oid owner)
 {
 	char	   *owner_name;
 
-	if (!OidIsValid(owner) || is_member_of_role(GetUserId(), owner))
+	if (has_owner_privileges(owner))
 		return;
+
+	if (!role_can_become(owner))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied for consumer \"%s\"", consumer),
+				 errdetail("Role \"%s\" does not have the privileges of the consumer's owner.",
+						   role_name_for_message(GetUserId())),
+				 errhint("Ask an administrator to grant the owner of the consumer to the role that acts on it.")));
 
 	owner_name = role_name_for_message(owner);
 	ereport(ERROR,
 			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 			 errmsg("permission denied for consumer \"%s\"", consumer),
-			 errdetail("Consumer \"%s\" is owned by role \"%s\"; role \"%s\" is not a member of it.",
-					   consumer, owner_name,
-					   role_name_for_message(GetUserId())),
-			 errhint("Grant role \"%s\" to the role that acts on this consumer.",
-					 owner_name)));
+			 errdetail("Role \"%s\" is a member of the consumer's owner \"%s\" but does not inherit its privileges.",
+					   role_name_for_message(GetUserId()), owner_name),
+			 errhint("SET ROLE \"%s\" first.", owner_name)));
 }
 
 /*
- * Raises 42501 unless the current role may create consumers owned by
- * owner.
+ * Returns the version of an extension, and its schema in *nspid; NULL if
+ * it is gone.
+ */
+static char *
+extension_version(Oid extoid, Oid *nspid)
+{
+	Relation	rel;
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tuple;
+	char	   *version = NULL;
+
+	rel = table_open(ExtensionRelationId, AccessShareLock);
+	ScanKeyInit(&key, Anum_pg_extension_oid, BTEqualStrategyNumber, F_OIDEQ,
+				ObjectIdGetDatum(extoid));
+	scan = systable_beginscan(rel, ExtensionOidIndexId, true, NULL, 1, &key);
+	tuple = systable_getnext(scan);
+	if (HeapTupleIsValid(tuple))
+	{
+		bool		isnull;
+		Datum		datum = heap_getattr(tuple, Anum_pg_extension_extversion,
+										 RelationGetDescr(rel), &isnull);
+
+		if (!isnull)
+			version = text_to_cstring(DatumGetTextPP(datum));
+		*nspid = ((Form_pg_extension) GETSTRUCT(tuple))->extnamespace;
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return version;
+}
+
+/*
+ * Tells whether the current role holds the privilege to create consumers
+ * that version 1.2 of the SQL introduced: EXECUTE on
+ * idem_consumer_create(text, regrole).  True in a database still at 1.0
+ * or 1.1, where every role with EXECUTE on the API creates consumers.
+ * Read at every creation, which is rare, so that an update of the
+ * extension or a GRANT takes effect at once.
+ */
+static bool
+has_create_privilege(void)
+{
+	Oid			extoid = get_extension_oid("idem_consumer", true);
+	Oid			nspid = InvalidOid;
+	char	   *version;
+	Oid			argtypes[2] = {TEXTOID, REGROLEOID};
+	char	   *schema;
+	Oid			funcoid;
+
+	if (!OidIsValid(extoid))
+		return true;
+	version = extension_version(extoid, &nspid);
+	if (version == NULL || strcmp(version, "1.0") == 0 || strcmp(version, "1.1") == 0)
+		return true;
+
+	schema = get_namespace_name(nspid);
+	if (schema == NULL)
+		return superuser();
+	funcoid = LookupFuncName(list_make2(makeString(schema),
+										makeString("idem_consumer_create")),
+							 2, argtypes, true);
+	if (!OidIsValid(funcoid))
+		return superuser();
+#if PG_VERSION_NUM >= 160000
+	return object_aclcheck(ProcedureRelationId, funcoid, GetUserId(), ACL_EXECUTE) == ACLCHECK_OK;
+#else
+	return pg_proc_aclcheck(funcoid, GetUserId(), ACL_EXECUTE) == ACLCHECK_OK;
+#endif
+}
+
+/*
+ * Raises an error unless the current role may create a consumer of this
+ * name owned by owner: 42501 without the privilege, 22023 for a name no
+ * new consumer may have.
  */
 static void
 check_may_create(const char *consumer, Oid owner)
@@ -143,15 +282,22 @@ check_may_create(const char *consumer, Oid owner)
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("permission denied to create consumer \"%s\"", consumer),
-				 errdetail("idem_consumer.create_consumers is off for role \"%s\".",
-						   role_name_for_message(GetUserId())),
+				 errdetail("idem_consumer.create_consumers is off in this session."),
 				 errhint("Ask an administrator to create the consumer with idem_consumer_create().")));
-	if (!is_member_of_role(GetUserId(), owner))
+	if (!has_create_privilege())
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to create consumer \"%s\"", consumer),
+				 errdetail("Creating a consumer takes EXECUTE on function idem_consumer_create(text, regrole), which role \"%s\" does not have.",
+						   role_name_for_message(GetUserId())),
+				 errhint("Ask an administrator to create the consumer with idem_consumer_create(), or to grant EXECUTE on it.")));
+	if (!role_can_become(owner))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("permission denied to create consumer \"%s\" owned by role \"%s\"",
 						consumer, role_name_for_message(owner)),
-				 errdetail("Only members of a role may create consumers it owns.")));
+				 errdetail("Only roles that may SET ROLE to a role may create consumers it owns.")));
+	consumer_name_check_new(consumer);
 }
 
 /*
@@ -289,9 +435,29 @@ keystore_consumer_id_ext(const char *consumer, bool create,
 }
 
 /*
- * Raises 42501 unless the current role may act on the consumer of this id;
- * for the functions that name a consumer by one of its rows (a dead-letter
- * entry).
+ * Tells whether the current role may act on the consumer of this id, for
+ * the functions that name a consumer by one of its rows (a dead-letter
+ * entry): they treat a row of another team's consumer as one that does not
+ * exist, so that an id tells a foreign role nothing.
+ */
+bool
+keystore_may_act_on_consumer_id(int32 consumer_id)
+{
+	Datum		arg = Int32GetDatum(consumer_id);
+	bool		isnull;
+	Datum		owner;
+
+	if (!storage_ready()->consumers_have_owners)
+		return true;
+	keystore_exec(KS_CONSUMER_BY_ID, &arg, 1);
+	if (SPI_processed == 0)
+		return true;
+	owner = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
+	return isnull || has_owner_privileges(DatumGetObjectId(owner));
+}
+
+/*
+ * Raises 42501 unless the current role may act on the consumer of this id.
  */
 void
 keystore_check_consumer_id(int32 consumer_id)
@@ -314,15 +480,14 @@ keystore_check_consumer_id(int32 consumer_id)
 
 /*
  * Raises 42501 unless the current role may act on every consumer; for the
- * functions that act on all consumers at once.
+ * functions that act on all consumers at once.  Consumer names are public
+ * (idem_stats), their owners are not.
  */
 void
 keystore_check_every_consumer(const char *what)
 {
 	Datum		arg = ObjectIdGetDatum(GetUserId());
-	bool		isnull;
 	char	   *name;
-	Oid			owner;
 
 	if (superuser() || !storage_ready()->consumers_have_owners)
 		return;
@@ -330,15 +495,12 @@ keystore_check_every_consumer(const char *what)
 	if (SPI_processed == 0)
 		return;
 	name = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
-	owner = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0],
-										   SPI_tuptable->tupdesc, 2, &isnull));
 	ereport(ERROR,
 			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 			 errmsg("permission denied to %s of every consumer", what),
-			 errdetail("Consumer \"%s\" is owned by role \"%s\", of which role \"%s\" is not a member.",
-					   name, role_name_for_message(owner),
-					   role_name_for_message(GetUserId())),
-			 errhint("Name the consumer, or act as a member of every owner.")));
+			 errdetail("Role \"%s\" does not have the privileges of the owner of consumer \"%s\".",
+					   role_name_for_message(GetUserId()), name),
+			 errhint("Name the consumer, or act as a role with the privileges of every owner.")));
 }
 
 /*
@@ -395,21 +557,31 @@ idem_consumer_create(PG_FUNCTION_ARGS)
 		}
 		lookup_consumer(consumer, &found);
 	}
+	if (!OidIsValid(found.owner))
+		ereport(ERROR,
+				(errcode(ERRCODE_DUPLICATE_OBJECT),
+				 errmsg("consumer \"%s\" already exists", consumer),
+				 errdetail("It was created under version 1.0 and has no owner.")));
+	if (!may_know_owner(found.owner))
+		ereport(ERROR,
+				(errcode(ERRCODE_DUPLICATE_OBJECT),
+				 errmsg("consumer \"%s\" already exists", consumer),
+				 errdetail("It is owned by a role of which role \"%s\" is not a member.",
+						   role_name_for_message(GetUserId())),
+				 errhint("Choose another name.")));
 	ereport(ERROR,
 			(errcode(ERRCODE_DUPLICATE_OBJECT),
 			 errmsg("consumer \"%s\" already exists", consumer),
-			 OidIsValid(found.owner) ?
-			 errdetail("It is owned by role \"%s\".", role_name_for_message(found.owner)) :
-			 errdetail("It was created under version 1.0 and has no owner."),
+			 errdetail("It is owned by role \"%s\".", role_name_for_message(found.owner)),
 			 errhint("Use idem_consumer_set_owner() to change the owner of an existing consumer.")));
 	PG_RETURN_VOID();
 }
 
 /*
  * idem_consumer_set_owner(consumer, owner): gives a consumer to another
- * owner.  Allowed to members of the present owner that are members of the
- * new one too, as ALTER ... OWNER TO is; a consumer without an owner is
- * given one by superusers only.
+ * owner.  Allowed to roles with the privileges of the present owner that
+ * may SET ROLE to the new one, as ALTER ... OWNER TO is; a consumer
+ * without an owner is given one by superusers only.
  */
 Datum
 idem_consumer_set_owner(PG_FUNCTION_ARGS)
@@ -434,12 +606,12 @@ idem_consumer_set_owner(PG_FUNCTION_ARGS)
 				 errdetail("The consumer was created under version 1.0 and has no owner."),
 				 errhint("A superuser gives owners to such consumers.")));
 	check_consumer_access(consumer, found.owner);
-	if (!is_member_of_role(GetUserId(), owner))
+	if (!role_can_become(owner))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("permission denied to give consumer \"%s\" to role \"%s\"",
 						consumer, role_name_for_message(owner)),
-				 errdetail("Only members of a role may give it consumers.")));
+				 errdetail("Only roles that may SET ROLE to a role may give it consumers.")));
 
 	args[0] = Int32GetDatum(found.consumer_id);
 	args[1] = ObjectIdGetDatum(owner);
@@ -488,10 +660,11 @@ void
 consumers_init(void)
 {
 	DefineCustomBoolVariable("idem_consumer.create_consumers",
-							 "Allows the role to create consumers.",
+							 "Allows this session to create consumers.",
 							 "When off, idem_apply and the other functions refuse a consumer that does not "
 							 "exist yet, and idem_consumer_create() is refused, for roles other than superusers. "
-							 "Set it per role with ALTER ROLE ... SET.",
+							 "It is a setting of the session, which SET ROLE does not change: which roles may "
+							 "create consumers is EXECUTE on idem_consumer_create(text, regrole).",
 							 &create_consumers,
 							 true,
 							 PGC_SUSET,

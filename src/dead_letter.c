@@ -524,21 +524,48 @@ entry_from_result(DeadLetterEntry *entry)
 }
 
 /*
+ * Tells whether an entry exists and belongs to a consumer the current role
+ * may act on.  Read without a lock, so that a role never waits for
+ * another team's transaction.
+ */
+static bool
+entry_visible(int64 id)
+{
+	Datum		arg = Int64GetDatum(id);
+	bool		isnull;
+
+	keystore_execute(KS_DL_CONSUMER, &arg, NULL, 1);
+	return SPI_processed > 0 &&
+		keystore_may_act_on_consumer_id(DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
+																	 SPI_tuptable->tupdesc,
+																	 1, &isnull)));
+}
+
+/*
  * Locks an entry by id and reads it, or raises an error if there is none.
+ * An entry of another team's consumer is, to the caller, one that does not
+ * exist: the same error tells it nothing.
  */
 static void
 lock_entry(int64 id, DeadLetterEntry *entry)
 {
 	Datum		arg = Int64GetDatum(id);
 
-	keystore_execute(KS_DL_LOCK, &arg, NULL, 1);
-	if (SPI_processed == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_OBJECT),
-				 errmsg("dead-letter entry %lld does not exist", (long long) id),
-				 errhint("The view idem_dead_letters lists the entries.")));
-	entry_from_result(entry);
-	keystore_check_consumer_id(entry->consumer_id);
+	if (entry_visible(id))
+	{
+		keystore_execute(KS_DL_LOCK, &arg, NULL, 1);
+		if (SPI_processed > 0)
+		{
+			entry_from_result(entry);
+			/* its consumer may have changed owner meanwhile */
+			if (keystore_may_act_on_consumer_id(entry->consumer_id))
+				return;
+		}
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_UNDEFINED_OBJECT),
+			 errmsg("dead-letter entry %lld does not exist", (long long) id),
+			 errhint("The view idem_dead_letters lists the entries.")));
 }
 
 /*

@@ -172,8 +172,14 @@ static const EffectStmtDef effect_stmt_defs[EF_NUM_STMTS] = {
 	 * the default window, NULL for forever; a NULL window keeps all.  $2 is
 	 * the only consumer to purge, or 0 for all.
 	 */
+	/*
+	 * Completed effects older than their consumer's window; one that
+	 * another transaction holds is left to a later run, so that no role can
+	 * stall the purge (as for keys, keystore_sql.c's LOCK_REMOVABLE).
+	 */
 	[EF_PURGE] = {
-		"DELETE FROM " EFFECTS_TABLE " AS e USING"
+		"DELETE FROM " EFFECTS_TABLE " AS e WHERE e.ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
+		"SELECT x.ctid FROM " EFFECTS_TABLE " AS x,"
 		" (SELECT l.consumer_id, LEAST(l.latest, pg_catalog.now()) OPERATOR(pg_catalog.-)"
 		"   CASE WHEN s.consumer_id IS NULL THEN $1 ELSE s.retention END AS cutoff"
 		"  FROM (SELECT consumer_id, pg_catalog.max(completed_at) AS latest FROM " EFFECTS_TABLE
@@ -181,9 +187,10 @@ static const EffectStmtDef effect_stmt_defs[EF_NUM_STMTS] = {
 		"        AND $2 OPERATOR(pg_catalog.=) ANY (ARRAY[0, consumer_id]) GROUP BY consumer_id) AS l"
 		"  LEFT JOIN " STORAGE_SCHEMA ".retention_settings AS s"
 		"  ON s.consumer_id OPERATOR(pg_catalog.=) l.consumer_id) AS w"
-		" WHERE e.consumer_id OPERATOR(pg_catalog.=) w.consumer_id"
-		" AND e.state OPERATOR(pg_catalog.=) 'completed'"
-		" AND e.completed_at OPERATOR(pg_catalog.<) w.cutoff",
+		" WHERE x.consumer_id OPERATOR(pg_catalog.=) w.consumer_id"
+		" AND x.state OPERATOR(pg_catalog.=) 'completed'"
+		" AND x.completed_at OPERATOR(pg_catalog.<) w.cutoff"
+		" FOR UPDATE OF x SKIP LOCKED))",
 		2, {INTERVALOID, INT4OID}
 	},
 };

@@ -18,6 +18,7 @@
  *	  consumers.c		consumers, their owners and who may act on them;
  *						idem_consumer_create(), idem_consumer_set_owner(),
  *						idem_set_fingerprint()
+ *	  consumer_names.c	which names a new consumer may have
  *	  fingerprint.c		fingerprints of messages and the key-reuse error
  *	  apply.c			the SQL-callable idem_apply() family
  *	  batch.c			idem_record_batch(): recording a batch of keys
@@ -88,6 +89,7 @@ typedef enum KeystoreStmt
 	KS_DL_INSERT,
 	KS_DL_INSERT_ROLE,
 	KS_DL_ROLE,
+	KS_DL_CONSUMER,
 	KS_DL_KEY_STATUS,
 	KS_DL_LOCK,
 	KS_DL_ENTRY_KEY,
@@ -166,7 +168,12 @@ extern int32 keystore_consumer_id(const char *consumer, bool create);
 extern int32 keystore_consumer_id_ext(const char *consumer, bool create,
 									  bool *check_fingerprint);
 extern void keystore_check_consumer_id(int32 consumer_id);
+extern bool keystore_may_act_on_consumer_id(int32 consumer_id);
 extern void keystore_check_every_consumer(const char *what);
+extern bool role_can_become(Oid roleid);
+
+/* consumer_names.c */
+extern void consumer_name_check_new(const char *name);
 
 /* fingerprint.c */
 extern int32 fingerprint_of_message(const char *sql, ArrayType *params);

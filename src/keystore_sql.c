@@ -94,6 +94,45 @@ typedef struct KeystoreStmtDef
 	" (SELECT d.consumer_id, d.key FROM " STORAGE_SCHEMA ".dead_letters AS d" \
 	" WHERE d.status OPERATOR(pg_catalog.=) 'pending')"
 
+/*
+ * A purge never waits for a lock: a transaction of any role that holds an
+ * expired row (an idem_forget not yet committed, say) would otherwise stall
+ * the purge of every consumer for as long as it stays open.  So a removal
+ * first locks its rows with SKIP LOCKED, and leaves to a later run each key
+ * that it could not lock, or whose resolved dead-letter entry (which
+ * expires with it) it could not lock.  "candidate" is the CTE of the rows
+ * named by TID ($1) that are still older than their consumer's cutoff ($2,
+ * $3) and locked; "busy_entry" that of the keys whose entry someone holds.
+ * Every set of TIDs is passed as an array, so that each lookup is a TID
+ * scan.
+ */
+#define LOCK_REMOVABLE(table) \
+	"WITH candidate AS MATERIALIZED (SELECT k.ctid AS tid, k.consumer_id, k.key" \
+	" FROM " STORAGE_SCHEMA "." table " AS k" \
+	" JOIN ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS w (consumer_id, cutoff)" \
+	" ON k.consumer_id OPERATOR(pg_catalog.=) w.consumer_id" \
+	" WHERE k.ctid OPERATOR(pg_catalog.=) ANY ($1)" \
+	" AND k.processed_at OPERATOR(pg_catalog.<) w.cutoff" \
+	AND_NO_PENDING_DEAD_LETTER("k") \
+	" FOR UPDATE OF k SKIP LOCKED)," \
+	" entry AS MATERIALIZED (SELECT d.ctid AS tid, d.consumer_id, d.key" \
+	" FROM " STORAGE_SCHEMA ".dead_letters AS d JOIN candidate AS c" \
+	" ON d.consumer_id OPERATOR(pg_catalog.=) c.consumer_id" \
+	" AND d.key OPERATOR(pg_catalog.=) c.key" \
+	" WHERE d.status OPERATOR(pg_catalog.<>) 'pending')," \
+	" locked_entry AS MATERIALIZED (SELECT d.ctid AS tid" \
+	" FROM " STORAGE_SCHEMA ".dead_letters AS d" \
+	" WHERE d.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT tid FROM entry))" \
+	" FOR UPDATE OF d SKIP LOCKED)," \
+	" busy_entry AS (SELECT e.consumer_id, e.key FROM entry AS e" \
+	" WHERE NOT EXISTS (SELECT FROM locked_entry AS l WHERE l.tid OPERATOR(pg_catalog.=) e.tid))"
+
+/* a candidate whose resolved entry no other transaction holds */
+#define CANDIDATE_ENTRY_FREE \
+	" NOT EXISTS (SELECT FROM busy_entry AS b" \
+	" WHERE b.consumer_id OPERATOR(pg_catalog.=) c.consumer_id" \
+	" AND b.key OPERATOR(pg_catalog.=) c.key)"
+
 /* rows of a range of heap blocks: ctid from (first, 0) up to (end, 0) */
 #define IN_BLOCK_RANGE(ctid, lo, hi) \
 	ctid " OPERATOR(pg_catalog.>=) " lo " AND " ctid " OPERATOR(pg_catalog.<) " hi
@@ -165,11 +204,14 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 		" WHERE consumer_id OPERATOR(pg_catalog.=) $1",
 		1, {INT4OID}
 	},
-	/* a consumer the role $1 may not act on, if there is one */
+	/*
+	 * a consumer the role $1 may not act on, if there is one: one whose
+	 * owner's privileges it does not have (USAGE is has_privs_of_role)
+	 */
 	[KS_FOREIGN_CONSUMER] = {
 		"SELECT name, owner FROM " STORAGE_SCHEMA ".consumers"
 		" WHERE owner IS NOT NULL"
-		" AND NOT pg_catalog.pg_has_role($1, owner, 'MEMBER')"
+		" AND NOT pg_catalog.pg_has_role($1, owner, 'USAGE')"
 		" ORDER BY name LIMIT 1",
 		1, {OIDOID}
 	},
@@ -293,6 +335,12 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 		" WHERE d.dead_letter_id OPERATOR(pg_catalog.=) $1",
 		1, {INT8OID}
 	},
+	/* the consumer of an entry, read without a lock before it is checked */
+	[KS_DL_CONSUMER] = {
+		"SELECT consumer_id FROM " STORAGE_SCHEMA ".dead_letters"
+		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1",
+		1, {INT8OID}
+	},
 	[KS_DL_KEY_STATUS] = {
 		"SELECT status, dead_letter_id FROM " STORAGE_SCHEMA ".dead_letters"
 		" WHERE " SAME_KEY_AS_ARGS,
@@ -402,28 +450,42 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 	 * whole table, though they lie in the few blocks of one chunk.  They
 	 * check the rows again against the cutoffs ($2 and $3, as for
 	 * PURGEABLE_IN_BLOCKS): between the two statements a row may have been
-	 * deleted and vacuumed away, and its TID given to a new key.
+	 * deleted and vacuumed away, and its TID given to a new key.  They
+	 * remove only what they could lock at once (LOCK_REMOVABLE).
 	 */
 	[KS_REMOVE_COLLISIONS] = {
-		"WITH removed AS (DELETE FROM " STORAGE_SCHEMA ".key_collisions AS k"
-		" USING ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS w (consumer_id, cutoff)"
-		" WHERE k.ctid OPERATOR(pg_catalog.=) ANY ($1)"
-		" AND k.consumer_id OPERATOR(pg_catalog.=) w.consumer_id"
-		" AND k.processed_at OPERATOR(pg_catalog.<) w.cutoff"
-		AND_NO_PENDING_DEAD_LETTER("k")
+		LOCK_REMOVABLE("key_collisions") ","
+		" removed AS (DELETE FROM " STORAGE_SCHEMA ".key_collisions AS k"
+		" WHERE k.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT c.tid FROM candidate AS c"
+		" WHERE " CANDIDATE_ENTRY_FREE "))"
 		" RETURNING k.consumer_id, k.key)"
 		AND_RESOLVED_ENTRIES_EXPIRE
 		" SELECT FROM removed",
 		3, {TIDARRAYOID, INT4ARRAYOID, INT4ARRAYOID}, CURSOR_OPT_GENERIC_PLAN
 	},
-	/* returns the hashes whose occupants it removed */
+	/*
+	 * Returns the hashes whose occupants it removed.  An occupant leaves
+	 * only if every collision of its hash is locked too, since one of them
+	 * moves into its place (keystore_remove_rows()).
+	 */
 	[KS_REMOVE_KEYS] = {
-		"WITH removed AS (DELETE FROM " STORAGE_SCHEMA ".processed_keys AS k"
-		" USING ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS w (consumer_id, cutoff)"
-		" WHERE k.ctid OPERATOR(pg_catalog.=) ANY ($1)"
-		" AND k.consumer_id OPERATOR(pg_catalog.=) w.consumer_id"
-		" AND k.processed_at OPERATOR(pg_catalog.<) w.cutoff"
-		AND_NO_PENDING_DEAD_LETTER("k")
+		LOCK_REMOVABLE("processed_keys") ","
+		" colliding AS MATERIALIZED (SELECT x.ctid AS tid,"
+		" " STORAGE_SCHEMA ".key_hash(x.consumer_id, x.key) AS hash"
+		" FROM " STORAGE_SCHEMA ".key_collisions AS x"
+		" WHERE " STORAGE_SCHEMA ".key_hash(x.consumer_id, x.key) OPERATOR(pg_catalog.=) ANY"
+		" (ARRAY(SELECT " STORAGE_SCHEMA ".key_hash(consumer_id, key) FROM candidate)))," 
+		" locked_colliding AS MATERIALIZED (SELECT x.ctid AS tid"
+		" FROM " STORAGE_SCHEMA ".key_collisions AS x"
+		" WHERE x.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT tid FROM colliding))"
+		" FOR UPDATE OF x SKIP LOCKED),"
+		" busy_hash AS (SELECT x.hash FROM colliding AS x"
+		" WHERE NOT EXISTS (SELECT FROM locked_colliding AS l WHERE l.tid OPERATOR(pg_catalog.=) x.tid)),"
+		" removed AS (DELETE FROM " STORAGE_SCHEMA ".processed_keys AS k"
+		" WHERE k.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT c.tid FROM candidate AS c"
+		" WHERE " CANDIDATE_ENTRY_FREE
+		" AND NOT EXISTS (SELECT FROM busy_hash AS h WHERE h.hash OPERATOR(pg_catalog.=) "
+		STORAGE_SCHEMA ".key_hash(c.consumer_id, c.key))))"
 		" RETURNING k.consumer_id, k.key)"
 		AND_RESOLVED_ENTRIES_EXPIRE
 		" SELECT " STORAGE_SCHEMA ".key_hash(consumer_id, key) FROM removed",

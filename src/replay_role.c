@@ -16,9 +16,11 @@
  *	  pg_catalog where the server searched it and pg_temp last: "$user"
  *	  and a missing schema cannot resolve differently later, and no
  *	  temporary object of the replaying session comes first.
- *	- A replay is refused (42501) unless the calling user is a member of
- *	  that role, as SET ROLE would require; superusers are members of
- *	  every role.
+ *	- A replay is refused (42501) unless the calling user may SET ROLE to
+ *	  that role (role_can_become(): membership on PostgreSQL 15, a grant
+ *	  WITH SET from 16 on); superusers may become every role.  Acting on
+ *	  the entry's consumer at all takes its owner's privileges
+ *	  (consumers.c).
  *	- The SQL runs with SetUserIdAndSecContext() as that role, as a
  *	  security-restricted operation whose setting changes are undone, the
  *	  way PostgreSQL runs index expressions as a table's owner during
@@ -121,7 +123,7 @@ replay_role_check(int64 entry_id, const char *consumer, Oid roleid,
 				 errhint("Discard the entry with idem_dlq_discard and have the producer send the message again.")));
 
 	rolename = GetUserNameFromId(roleid, false);
-	if (!is_member_of_role(GetUserId(), roleid))
+	if (!role_can_become(roleid))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("permission denied to replay dead-letter entry %lld of consumer \"%s\"",

@@ -52,9 +52,12 @@ is($applied, $node->safe_psql('postgres',
 	"SELECT keys_stored FROM idem_consumers WHERE consumer = 'load'"),
 	'applied equals the keys stored');
 
-# promtool validates the exposition, including an awkward label
+# promtool validates the exposition, including an awkward label: a name
+# that no new consumer may have, stored as one from before that rule
 $node->safe_psql('postgres',
-	q{SELECT idem_apply('x', E'tab\there "quoted" back\\\\slash\nnewline', 'select 1', event_time => now())});
+	q{INSERT INTO idem_consumer.consumers (name, owner)
+	  VALUES (E'tab\there "quoted" back\\\\slash\nnewline', current_user::regrole);
+	  SELECT idem_apply('x', E'tab\there "quoted" back\\\\slash\nnewline', 'select 1', event_time => now())});
 my $metrics = $node->safe_psql('postgres', 'SELECT idem_metrics()');
 PostgreSQL::Test::Utils::append_to_file("$dir/metrics.txt", "$metrics\n");
 # the acceptance below proves something only if promtool runs and rejects
