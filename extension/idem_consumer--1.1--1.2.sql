@@ -84,3 +84,21 @@ CREATE OR REPLACE VIEW idem_dead_letters WITH (security_barrier) AS
       FROM idem_consumer.dead_letters AS d
       JOIN idem_consumer.consumers AS c USING (consumer_id)
      WHERE c.owner IS NULL OR pg_catalog.pg_has_role(c.owner, 'USAGE');
+
+--
+-- Counters per database (src/stats.c, src/metrics.c).
+--
+-- The counters in shared memory are kept per database and consumer, and
+-- each database's idem_stats and idem_stats_info show its own (the SRFs of
+-- 1.0 and 1.1 do so too, unchanged in shape).  idem_metrics() gains a
+-- database label on every sample, and returns the counters of every
+-- database to a role with the privileges of pg_read_all_stats, so that one
+-- scrape covers the cluster; the 1.0 and 1.1 function keeps its output.
+-- CREATE OR REPLACE keeps the function's grants (pg_monitor's, and any the
+-- DBA added).
+--
+CREATE OR REPLACE FUNCTION idem_metrics()
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_metrics_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_metrics() IS 'counters in the Prometheus text exposition format 0.0.4, labelled by database and consumer';
