@@ -227,7 +227,7 @@ static HTAB *db_hash = NULL;
 static HTAB *slot_refs = NULL;
 static uint64 slot_refs_generation = 0;
 static HTAB *warned = NULL;
-static TimestampTz last_reclaim = 0;
+static TimestampTz next_reclaim = 0;
 
 static MemoryContext pending_cxt = NULL;
 static HTAB *pending_index = NULL;
@@ -523,6 +523,11 @@ stats_load_file(void)
 		goto done;
 	}
 	pos += (size_t) ndbs * sizeof(DatabaseStatsEntry);
+	if (len - pos < sizeof(int32) + sizeof(pg_crc32c))
+	{
+		ignore_stats_file("Its count of databases is wrong.");
+		goto done;
+	}
 	memcpy(&nentries, data + pos, sizeof(int32));
 	pos += sizeof(int32);
 	if (nentries < 0 ||
@@ -869,7 +874,8 @@ slots_full(void)
 /*
  * When the table of slots is full, removes the entries of databases that
  * were dropped, of this database's consumers that no longer exist, and of
- * counters that are all zero.  At most once a second per backend, and only
+ * counters that are all zero.  At most once a second per backend (less
+ * often when a pass takes more than a tenth of that), and only
  * where a fresh snapshot sees every consumer committed before the pass: a
  * transaction-snapshot isolation level could miss a consumer created since
  * and remove a slot its creator has just taken.
@@ -892,10 +898,8 @@ reclaim_slots(void)
 	int			removed = 0;
 
 	if (!IsTransactionState() || IsolationUsesXactSnapshot() ||
-		!TimestampDifferenceExceeds(last_reclaim, now, RECLAIM_INTERVAL_MS) ||
-		!slots_full())
+		now < next_reclaim || !slots_full())
 		return;
-	last_reclaim = now;
 
 	cxt = AllocSetContextCreate(CurrentMemoryContext, "idem_consumer reclaim",
 								ALLOCSET_DEFAULT_SIZES);
@@ -968,6 +972,13 @@ reclaim_slots(void)
 
 	MemoryContextSwitchTo(old);
 	MemoryContextDelete(cxt);
+
+	/* a pass costs a lookup per slot of this database: keep it under 10% */
+	{
+		TimestampTz end = GetCurrentTimestamp();
+
+		next_reclaim = end + Max((int64) RECLAIM_INTERVAL_MS * 1000, 10 * (end - now));
+	}
 }
 
 /*

@@ -1,7 +1,7 @@
 # The counters file carries a CRC-32C of its contents: a file truncated or
 # corrupted between a clean shutdown and the next start is ignored, with a
 # line in the server log, and the counters start from zero rather than
-# from garbage.
+# from garbage.  A file saved by the 1.1 library is not loaded either.
 use strict;
 use warnings;
 
@@ -75,6 +75,21 @@ fill(3);
 $node->restart;
 is($node->safe_psql('postgres', 'SELECT sum(applied) FROM idem_stats'), '30',
 	'counting starts again from zero and survives the next restart');
+
+# the file of the 1.1 library, whose counters were not per database, is
+# not loaded, and the log says so
+$node->stop;
+$saved = slurp_file($file);
+substr($saved, 0, 4) = pack('V', 0x20261203);
+rewrite($saved);
+$offset = -s $node->logfile;
+$node->start;
+is($node->safe_psql('postgres', 'SELECT count(*) FROM idem_stats'), '0',
+	'a counters file of 1.1 loads nothing');
+ok($node->log_contains(
+		qr/not loading the counters of file "pg_stat\/idem_consumer\.stat", saved by idem_consumer 1\.1 or earlier/,
+		$offset),
+	'the server log says the counters start from zero once');
 
 $node->stop;
 done_testing();
