@@ -116,3 +116,21 @@ COMMENT ON FUNCTION idem_consumer_create(text, regrole) IS
     'create a consumer owned by owner (the current role when NULL); EXECUTE on it is the privilege to create consumers, also by their first use';
 COMMENT ON COLUMN idem_consumer.consumers.owner IS
     'role whose privileges a role must have to act on the consumer; NULL for consumers created under 1.0, open to every role with EXECUTE';
+
+--
+-- Counters per database (src/stats.c, src/metrics.c).
+--
+-- The counters in shared memory are kept per database and consumer, and
+-- each database's idem_stats and idem_stats_info show its own (the SRFs of
+-- 1.0 and 1.1 do so too, unchanged in shape).  idem_metrics() gains a
+-- database label on every sample, and returns the counters of every
+-- database to a role with the privileges of pg_read_all_stats, so that one
+-- scrape covers the cluster; the 1.0 and 1.1 function keeps its output.
+-- CREATE OR REPLACE keeps the function's grants (pg_monitor's, and any the
+-- DBA added).
+--
+CREATE OR REPLACE FUNCTION idem_metrics()
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_metrics_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_metrics() IS 'counters in the Prometheus text exposition format 0.0.4, labelled by database and consumer';

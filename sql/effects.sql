@@ -260,7 +260,7 @@ SELECT consumer, effects_executed, effects_replayed, effects_busy, effects_fence
        effects_request_mismatches, effects_unknown_outcomes, effects_dead
   FROM idem_stats WHERE consumer IN ('pay', 'mail') ORDER BY consumer;
 SELECT line FROM regexp_split_to_table(idem_metrics(), E'\n') AS line
- WHERE line LIKE 'idem_effect_%{consumer="pay"}%' ORDER BY line;
+ WHERE line LIKE 'idem_effect_%{database="contrib_regression",consumer="pay"}%' ORDER BY line;
 
 -- retention: completed effects older than the window go; effects in flight,
 -- waiting or dead stay, however old

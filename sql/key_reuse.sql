@@ -99,7 +99,7 @@ SELECT id, paid FROM reuse_orders ORDER BY id;
 -- transaction committed or not; the batch's reused keys are no duplicates
 SELECT consumer, applied, duplicates, dead_lettered, key_reuse
   FROM idem_stats WHERE consumer IN ('reuse', 'reuse-batch') ORDER BY consumer;
-SELECT pg_catalog.regexp_replace(idem_metrics(), '.*(idem_key_reuse_total\{consumer="reuse"\} [0-9]+).*', '\1') AS metric;
+SELECT pg_catalog.regexp_replace(idem_metrics(), '.*(idem_key_reuse_total\{database="contrib_regression",consumer="reuse"\} [0-9]+).*', '\1') AS metric;
 
 -- bad arguments
 SELECT reuse_error($$SELECT idem_set_fingerprint(NULL, true)$$);

@@ -19,7 +19,7 @@ SELECT idem_apply('m-1', 'mdl-b', 'update mdl set n = n + 1 where id = 1');
 CREATE FUNCTION mdl_lines() RETURNS SETOF text LANGUAGE sql AS $$
     SELECT line FROM regexp_split_to_table(idem_metrics(), E'\n') AS line
      WHERE line ~ '^# (HELP|TYPE) idem_dlq_(pending|oldest)'
-        OR line ~ '^idem_dlq_(pending|oldest_pending_age_seconds)\{consumer="mdl-'
+        OR line ~ '^idem_dlq_(pending|oldest_pending_age_seconds)\{database="contrib_regression",consumer="mdl-'
 $$;
 
 -- the pending count of every consumer (0 included); an age only where
@@ -43,7 +43,7 @@ UPDATE idem_consumer.dead_letters SET sql = 'update mdl set n = n + 1 where id =
  WHERE key = 'm-1';
 SELECT idem_dlq_replay(id)
   FROM idem_dead_letters WHERE consumer = 'mdl-a' AND key = 'm-1';
-SELECT line ~ '^idem_dlq_oldest_pending_age_seconds\{consumer="mdl-a"\} [0-9]+\.[0-9]{3}$'
+SELECT line ~ '^idem_dlq_oldest_pending_age_seconds\{database="contrib_regression",consumer="mdl-a"\} [0-9]+\.[0-9]{3}$'
        AS age_format,
        substring(line from ' (\S+)$')::float8 < 60 AS younger
   FROM mdl_lines() AS line WHERE line LIKE 'idem_dlq_oldest%{%';
@@ -54,7 +54,7 @@ CREATE ROLE mdl_monitor;
 GRANT pg_monitor TO mdl_monitor;
 SET ROLE mdl_monitor;
 SELECT count(*) AS pending_lines FROM regexp_split_to_table(idem_metrics(), E'\n') AS line
- WHERE line ~ '^idem_dlq_pending\{consumer="mdl-';
+ WHERE line ~ '^idem_dlq_pending\{database="contrib_regression",consumer="mdl-';
 RESET ROLE;
 DROP ROLE mdl_monitor;
 DROP FUNCTION mdl_lines();

@@ -76,7 +76,7 @@ SELECT idem_metrics() IS NOT NULL;
 RESET ROLE;
 GRANT pg_monitor TO stats_reader;
 SET ROLE stats_reader;
-SELECT idem_metrics() LIKE '%idem_applied_total{consumer="stats-b"} 1%' AS monitor_reads_metrics;
+SELECT idem_metrics() LIKE '%idem_applied_total{database="contrib_regression",consumer="stats-b"} 1%' AS monitor_reads_metrics;
 RESET ROLE;
 DROP ROLE stats_reader;
 
@@ -91,8 +91,8 @@ CREATE TEMP TABLE expo AS
 -- every line is a HELP, a TYPE or a sample of the grammar
 SELECT count(*) AS malformed_lines FROM expo
  WHERE line !~ '^# (HELP|TYPE) idem_[a-z_]+ .+$'
-   AND line !~ '^idem_[a-z_]+\{consumer="([^"\\]|\\[\\"n])*"(,le="([0-9.e+-]+|\+Inf)")?\} [0-9][0-9.e+-]*$'
-   AND line !~ '^idem_keys_stored [0-9]+$';
+   AND line !~ '^idem_[a-z_]+\{database="([^"\\]|\\[\\"n])*",consumer="([^"\\]|\\[\\"n])*"(,le="([0-9.e+-]+|\+Inf)")?\} [0-9][0-9.e+-]*$'
+   AND line !~ '^idem_keys_stored\{database="([^"\\]|\\[\\"n])*"\} [0-9]+$';
 -- every family has HELP and TYPE, in that order, before its samples
 SELECT substring(line from '^# TYPE (\S+)') AS family, substring(line from '(\S+)$') AS type
   FROM expo WHERE line LIKE '# TYPE %' ORDER BY n;
@@ -101,14 +101,14 @@ SELECT count(*) AS families_without_help FROM expo t
    AND NOT EXISTS (SELECT FROM expo h WHERE h.n = t.n - 1
                    AND h.line LIKE '# HELP ' || substring(t.line from '^# TYPE (\S+)') || ' %');
 -- the label escapes quote, backslash and newline
-SELECT line FROM expo WHERE line LIKE 'idem_applied_total{consumer="we%';
+SELECT line FROM expo WHERE line LIKE 'idem_applied_total{database="contrib_regression",consumer="we%';
 -- cumulative buckets never decrease and end with +Inf = _count = applied
 CREATE TEMP TABLE buckets AS
     SELECT n, substring(line from '^(idem_[a-z_]+)_bucket') AS family,
            substring(line from 'consumer="((?:[^"\\]|\\.)*)"') AS consumer,
            substring(line from 'le="([^"]+)"') AS le,
            substring(line from ' (\S+)$')::numeric AS value
-      FROM expo WHERE line ~ '_bucket\{';
+      FROM expo WHERE line ~ '_bucket\{database="contrib_regression",';
 SELECT count(*) AS decreasing_buckets FROM (
     SELECT value < lag(value) OVER (PARTITION BY family, consumer ORDER BY n) AS decreasing FROM buckets) d
  WHERE decreasing;
@@ -121,7 +121,7 @@ SELECT s.consumer, s.applied,
            AND b.consumer = replace(replace(replace(s.consumer, E'\\', E'\\\\'), '"', E'\\"'), E'\n', E'\\n')
            AND b.le = '+Inf') AS inf_bucket,
        (SELECT substring(line from ' (\S+)$')::numeric FROM expo
-         WHERE starts_with(line, 'idem_processing_latency_seconds_count{consumer="'
+         WHERE starts_with(line, 'idem_processing_latency_seconds_count{database="contrib_regression",consumer="'
                          || replace(replace(replace(s.consumer, E'\\', E'\\\\'), '"', E'\\"'), E'\n', E'\\n') || '"}')) AS count
   FROM idem_stats s WHERE s.consumer IN ('stats-b', 'stats-lag', E'we"ird\\na\nme')
  ORDER BY s.consumer;
@@ -129,9 +129,9 @@ SELECT s.consumer, s.applied,
 -- cumulative statistics (a scrape reads no key), which equals the keys in
 -- the tables once this session's statistics are flushed (an autovacuum
 -- ANALYZE meanwhile may replace it with its estimate, hence the 1%)
-SELECT count(*) AS keys_stored_samples FROM expo WHERE line ~ '^idem_keys_stored \d+$';
+SELECT count(*) AS keys_stored_samples FROM expo WHERE line ~ '^idem_keys_stored\{database="contrib_regression"\} \d+$';
 SELECT pg_stat_force_next_flush();
-SELECT abs(substring(idem_metrics() from E'\nidem_keys_stored (\\d+)\n')::bigint - k.n) <= k.n / 100
+SELECT abs(substring(idem_metrics() from E'\nidem_keys_stored\\{database="contrib_regression"\\} (\\d+)\n')::bigint - k.n) <= k.n / 100
        AS keys_stored_close
   FROM (SELECT count(*) AS n FROM idem_processed_keys) AS k;
 SELECT consumer, keys_stored FROM idem_consumers WHERE consumer IN ('stats-a', 'stats-lag') ORDER BY consumer;
@@ -150,7 +150,7 @@ SELECT idem_try_apply('d-3', 'stats-dlq', 'update st set n = n / 0');
 ROLLBACK;
 SELECT applied, duplicates, failed, dead_lettered FROM idem_stats WHERE consumer = 'stats-dlq';
 SELECT line FROM regexp_split_to_table(idem_metrics(), E'\n') AS line
- WHERE line LIKE 'idem_dlq_enqueue_total{consumer="stats-dlq"}%';
+ WHERE line LIKE 'idem_dlq_enqueue_total{database="contrib_regression",consumer="stats-dlq"}%';
 SELECT consumer, keys_stored, dead_letters_pending, oldest_pending_age < interval '1 minute' AS recent
   FROM idem_consumers WHERE consumer = 'stats-dlq';
 
@@ -160,4 +160,4 @@ SELECT count(*) FROM idem_record_batch('stats-batch', ARRAY['b1', 'b2', 'b3']);
 SELECT count(*) FROM idem_record_batch('stats-batch', ARRAY['b3', 'b4', 'b4']);
 SELECT applied, duplicates, failed FROM idem_stats WHERE consumer = 'stats-batch';
 SELECT line FROM regexp_split_to_table(idem_metrics(), E'\n') AS line
- WHERE line LIKE 'idem_processing_latency_seconds_count{consumer="stats-batch"}%';
+ WHERE line LIKE 'idem_processing_latency_seconds_count{database="contrib_regression",consumer="stats-batch"}%';

@@ -24,8 +24,9 @@
  *	  batch.c			idem_record_batch(): recording a batch of keys
  *	  dead_letter.c		idem_try_apply(), the dead-letter queue and its
  *						replay and discard functions
- *	  stats.c			per-consumer counters in shared memory, counted
- *						when the transaction ends, and the idem_stats view
+ *	  stats.c			per-consumer counters in shared memory, one set
+ *						per database and consumer, counted when the
+ *						transaction ends, and the idem_stats view
  *	  histogram.c		log-scale duration histograms
  *	  metrics.c			the Prometheus text exposition
  *	  retention.c		retention windows, latest activity and purge runs
@@ -255,6 +256,7 @@ typedef struct ConsumerCounters
 
 typedef struct ConsumerStatsCopy
 {
+	Oid			dbid;			/* the database the consumer belongs to */
 	char		consumer[IDEM_MAX_CONSUMER_BYTES + 1];
 	ConsumerCounters counters;
 } ConsumerStatsCopy;
@@ -264,7 +266,8 @@ extern int	stats_call_begin(const char *consumer);
 extern void stats_call_end(int call, int applied, int duplicates,
 						   int dead_lettered, TimestampTz event_time);
 extern void stats_call_key_reuse(int call);
-extern void stats_foreach(void (*fn) (const ConsumerStatsCopy *copy, void *arg),
+extern void stats_foreach(Oid dbid,
+						  void (*fn) (const ConsumerStatsCopy *copy, void *arg),
 						  void *arg);
 extern void stats_count_effect(const char *consumer, EffectEvent event);
 

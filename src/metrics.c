@@ -19,8 +19,12 @@
 
 #include <math.h>
 
+#include "catalog/pg_authid.h"
+#include "commands/dbcommands.h"
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
+#include "miscadmin.h"
+#include "utils/acl.h"
 #include "utils/memutils.h"
 #include "utils/builtins.h"
 
@@ -34,6 +38,7 @@
 #define BOUNDARY_STEP			12	/* half a decade */
 
 PG_FUNCTION_INFO_V1(idem_metrics);
+PG_FUNCTION_INFO_V1(idem_metrics_1_2);
 
 /*
  * Appends a label value escaped as the exposition format requires.
@@ -62,13 +67,22 @@ append_label_value(StringInfo buf, const char *value)
 }
 
 /*
- * Appends "name{consumer="..."" without the closing brace, so that the
- * caller can add more labels.
+ * Appends "name{database="...",consumer="..."" (without the database
+ * label when database is NULL) and no closing brace, so that the caller
+ * can add more labels.
  */
 static void
-append_series_start(StringInfo buf, const char *name, const char *consumer)
+append_series_start(StringInfo buf, const char *name, const char *database,
+					const char *consumer)
 {
-	appendStringInfo(buf, "%s{consumer=\"", name);
+	appendStringInfo(buf, "%s{", name);
+	if (database != NULL)
+	{
+		appendStringInfoString(buf, "database=\"");
+		append_label_value(buf, database);
+		appendStringInfoString(buf, "\",");
+	}
+	appendStringInfoString(buf, "consumer=\"");
 	append_label_value(buf, consumer);
 	appendStringInfoChar(buf, '"');
 }
@@ -141,10 +155,10 @@ static const MetricFamilyDef family_defs[NUM_FAMILIES] = {
  * Appends one counter sample.
  */
 static void
-append_counter(StringInfo buf, MetricFamily family, const char *consumer,
-			   int64 value)
+append_counter(StringInfo buf, MetricFamily family, const char *database,
+			   const char *consumer, int64 value)
 {
-	append_series_start(buf, family_defs[family].name, consumer);
+	append_series_start(buf, family_defs[family].name, database, consumer);
 	appendStringInfo(buf, "} " INT64_FORMAT "\n", value);
 }
 
@@ -152,8 +166,9 @@ append_counter(StringInfo buf, MetricFamily family, const char *consumer,
  * Appends the samples of one histogram, from durations in microseconds.
  */
 static void
-append_histogram(StringInfo buf, MetricFamily family, const char *consumer,
-				 const IdemHistogram *hist, int first_boundary, int last_boundary)
+append_histogram(StringInfo buf, MetricFamily family, const char *database,
+				 const char *consumer, const IdemHistogram *hist,
+				 int first_boundary, int last_boundary)
 {
 	const char *name = family_defs[family].name;
 	char		series[NAMEDATALEN];
@@ -163,20 +178,62 @@ append_histogram(StringInfo buf, MetricFamily family, const char *consumer,
 	{
 		double		le_seconds = pow(10.0, (double) b / HIST_BUCKETS_PER_DECADE - 6.0);
 
-		append_series_start(buf, series, consumer);
+		append_series_start(buf, series, database, consumer);
 		appendStringInfo(buf, ",le=\"%.6g\"} " UINT64_FORMAT "\n",
 						 le_seconds, histogram_count_below(hist, b));
 	}
-	append_series_start(buf, series, consumer);
+	append_series_start(buf, series, database, consumer);
 	appendStringInfo(buf, ",le=\"+Inf\"} " UINT64_FORMAT "\n", hist->total);
 
 	snprintf(series, sizeof(series), "%s_sum", name);
-	append_series_start(buf, series, consumer);
+	append_series_start(buf, series, database, consumer);
 	appendStringInfo(buf, "} %.9g\n", hist->sum_us / 1e6);
 
 	snprintf(series, sizeof(series), "%s_count", name);
-	append_series_start(buf, series, consumer);
+	append_series_start(buf, series, database, consumer);
 	appendStringInfo(buf, "} " UINT64_FORMAT "\n", hist->total);
+}
+
+/* A database named in a scrape. */
+typedef struct NamedDatabase
+{
+	Oid			dbid;
+	char	   *name;			/* NULL: the database was dropped */
+} NamedDatabase;
+
+/* What append_consumer() needs: the buffers, and the databases' names. */
+typedef struct MetricsPass
+{
+	StringInfoData families[NUM_FAMILIES];
+	bool		labelled;		/* with a database label */
+	NamedDatabase *databases;
+	int			ndatabases;
+	int			maxdatabases;
+} MetricsPass;
+
+/*
+ * Returns the name of a database, remembered for the rest of the pass, or
+ * NULL for one that was dropped (whose slots wait for a reclaim pass).
+ */
+static const char *
+database_name(MetricsPass *pass, Oid dbid)
+{
+	NamedDatabase *named;
+
+	for (int i = 0; i < pass->ndatabases; i++)
+		if (pass->databases[i].dbid == dbid)
+			return pass->databases[i].name;
+	if (pass->ndatabases == pass->maxdatabases)
+	{
+		pass->maxdatabases = Max(8, pass->maxdatabases * 2);
+		pass->databases = pass->databases == NULL ?
+			palloc(pass->maxdatabases * sizeof(NamedDatabase)) :
+			repalloc(pass->databases, pass->maxdatabases * sizeof(NamedDatabase));
+	}
+	named = &pass->databases[pass->ndatabases++];
+	named->dbid = dbid;
+	named->name = get_database_name(dbid);
+	return named->name;
 }
 
 /*
@@ -186,39 +243,50 @@ append_histogram(StringInfo buf, MetricFamily family, const char *consumer,
 static void
 append_consumer(const ConsumerStatsCopy *copy, void *arg)
 {
-	StringInfo	families = (StringInfo) arg;
+	MetricsPass *pass = (MetricsPass *) arg;
+	StringInfo	families = pass->families;
 	const ConsumerCounters *c = &copy->counters;
+	const char *consumer = copy->consumer;
+	const char *db = NULL;
 
-	append_counter(&families[FAMILY_APPLIED], FAMILY_APPLIED, copy->consumer, c->applied);
-	append_counter(&families[FAMILY_DUPLICATES], FAMILY_DUPLICATES, copy->consumer,
+	if (pass->labelled)
+	{
+		db = database_name(pass, copy->dbid);
+		if (db == NULL)
+			return;
+	}
+
+	append_counter(&families[FAMILY_APPLIED], FAMILY_APPLIED, db, consumer, c->applied);
+	append_counter(&families[FAMILY_DUPLICATES], FAMILY_DUPLICATES, db, consumer,
 				   c->duplicates);
-	append_counter(&families[FAMILY_FAILED], FAMILY_FAILED, copy->consumer, c->failed);
-	append_counter(&families[FAMILY_DLQ_ENQUEUE], FAMILY_DLQ_ENQUEUE, copy->consumer,
+	append_counter(&families[FAMILY_FAILED], FAMILY_FAILED, db, consumer, c->failed);
+	append_counter(&families[FAMILY_DLQ_ENQUEUE], FAMILY_DLQ_ENQUEUE, db, consumer,
 				   c->dead_lettered);
-	append_counter(&families[FAMILY_KEY_REUSE], FAMILY_KEY_REUSE, copy->consumer,
+	append_counter(&families[FAMILY_KEY_REUSE], FAMILY_KEY_REUSE, db, consumer,
 				   c->key_reuse);
 	for (int e = 0; e < EFFECT_NUM_EVENTS; e++)
-		append_counter(&families[FAMILY_EFFECTS + e], FAMILY_EFFECTS + e, copy->consumer,
+		append_counter(&families[FAMILY_EFFECTS + e], FAMILY_EFFECTS + e, db, consumer,
 					   c->effects[e]);
-	append_histogram(&families[FAMILY_LATENCY], FAMILY_LATENCY, copy->consumer,
+	append_histogram(&families[FAMILY_LATENCY], FAMILY_LATENCY, db, consumer,
 					 &c->latency, LATENCY_FIRST_BOUNDARY, LATENCY_LAST_BOUNDARY);
 	if (c->has_lag)
 	{
 		append_series_start(&families[FAMILY_LAG], family_defs[FAMILY_LAG].name,
-							copy->consumer);
+							db, consumer);
 		appendStringInfo(&families[FAMILY_LAG], "} %.6f\n", c->lag_last_us / 1e6);
 	}
-	append_histogram(&families[FAMILY_LAG_OBSERVED], FAMILY_LAG_OBSERVED, copy->consumer,
+	append_histogram(&families[FAMILY_LAG_OBSERVED], FAMILY_LAG_OBSERVED, db, consumer,
 					 &c->lag, LAG_FIRST_BOUNDARY, LAG_LAST_BOUNDARY);
 }
 
 /*
  * Appends the depth of each consumer's dead-letter queue and the age of its
  * oldest pending entry, read from the tables (the counters only know what
- * was enqueued, not what is still waiting).  Needs an SPI connection.
+ * was enqueued, not what is still waiting), labelled with database unless
+ * it is NULL.  Needs an SPI connection.
  */
 static void
-append_dead_letter_gauges(StringInfo buf)
+append_dead_letter_gauges(StringInfo buf, const char *database)
 {
 	StringInfoData ages;
 
@@ -237,51 +305,65 @@ append_dead_letter_gauges(StringInfo buf)
 		bool		isnull;
 		Datum		age;
 
-		append_series_start(buf, "idem_dlq_pending", consumer);
+		append_series_start(buf, "idem_dlq_pending", database, consumer);
 		appendStringInfo(buf, "} %s\n", SPI_getvalue(row, desc, 2));
 
 		age = SPI_getbinval(row, desc, 3, &isnull);
 		if (isnull)
 			continue;			/* nothing pending: no age */
-		append_series_start(&ages, "idem_dlq_oldest_pending_age_seconds", consumer);
+		append_series_start(&ages, "idem_dlq_oldest_pending_age_seconds", database,
+							consumer);
 		appendStringInfo(&ages, "} %.3f\n", DatumGetFloat8(age));
 	}
 	appendBinaryStringInfo(buf, ages.data, ages.len);
 }
 
 /*
- * idem_metrics(): every family as one text, ready for a scraper.  Each
- * consumer's samples go to a buffer per family, which are then joined.
+ * Returns every family as one text, ready for a scraper: the counters of
+ * database dbid (of every database if InvalidOid), with a database label
+ * if labelled.  Each consumer's samples go to a buffer per family, which
+ * are then joined.
  */
-Datum
-idem_metrics(PG_FUNCTION_ARGS)
+static text *
+metrics_text(Oid dbid, bool labelled)
 {
-	StringInfoData families[NUM_FAMILIES];
+	MetricsPass pass = {0};
 	StringInfoData tail;
 	Size		total;
 	text	   *result;
 	char	   *out;
+	const char *current = NULL;
 
+	pass.labelled = labelled;
 	for (int f = 0; f < NUM_FAMILIES; f++)
 	{
-		initStringInfo(&families[f]);
-		append_family(&families[f], family_defs[f].name, family_defs[f].type,
+		initStringInfo(&pass.families[f]);
+		append_family(&pass.families[f], family_defs[f].name, family_defs[f].type,
 					  family_defs[f].help);
 	}
-	stats_foreach(append_consumer, families);
+	if (labelled)
+		current = database_name(&pass, MyDatabaseId);
+	stats_foreach(dbid, append_consumer, &pass);
 
 	initStringInfo(&tail);
 	append_family(&tail, "idem_keys_stored", "gauge",
 				  "Processed keys stored, all consumers, from the tables' statistics.");
-	appendStringInfo(&tail, "idem_keys_stored %.0f\n", keystore_keys_estimate());
+	if (labelled)
+	{
+		appendStringInfoString(&tail, "idem_keys_stored{database=\"");
+		append_label_value(&tail, current);
+		appendStringInfo(&tail, "\"} %.0f\n", keystore_keys_estimate());
+	}
+	else
+		appendStringInfo(&tail, "idem_keys_stored %.0f\n", keystore_keys_estimate());
 	SPI_connect();
-	append_dead_letter_gauges(&tail);
+	append_dead_letter_gauges(&tail, current);
 	SPI_finish();
 
 	/* join the families into the result, freeing each as it is copied */
 	total = tail.len;
 	for (int f = 0; f < NUM_FAMILIES; f++)
-		total += families[f].len;
+		total += pass.families[f].len;
 	if (total > MaxAllocSize - VARHDRSZ)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
@@ -292,12 +374,35 @@ idem_metrics(PG_FUNCTION_ARGS)
 	out = VARDATA(result);
 	for (int f = 0; f < NUM_FAMILIES; f++)
 	{
-		memcpy(out, families[f].data, families[f].len);
-		out += families[f].len;
-		pfree(families[f].data);
+		memcpy(out, pass.families[f].data, pass.families[f].len);
+		out += pass.families[f].len;
+		pfree(pass.families[f].data);
 	}
 	memcpy(out, tail.data, tail.len);
 	pfree(tail.data);
 
-	PG_RETURN_TEXT_P(result);
+	return result;
+}
+
+/*
+ * idem_metrics() of versions 1.0 and 1.1: the counters of the database
+ * connected to, labelled by consumer only.
+ */
+Datum
+idem_metrics(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_TEXT_P(metrics_text(MyDatabaseId, false));
+}
+
+/*
+ * idem_metrics() of version 1.2: labelled by database and consumer; every
+ * database for a role with the privileges of pg_read_all_stats, the
+ * database connected to for any other.
+ */
+Datum
+idem_metrics_1_2(PG_FUNCTION_ARGS)
+{
+	bool		all = has_privs_of_role(GetUserId(), ROLE_PG_READ_ALL_STATS);
+
+	PG_RETURN_TEXT_P(metrics_text(all ? InvalidOid : MyDatabaseId, true));
 }

@@ -174,10 +174,27 @@ BEGIN ATOMIC
       FROM public.idem_stats AS s CROSS JOIN shop.shard_info AS i;
 END;
 
--- This shard's counters in the Prometheus text format.
+-- This shard's counters in the Prometheus text format, without the
+-- database label (the proxy sums a series over the shards, whose databases
+-- differ): idem_metrics() gives a role with the privileges of
+-- pg_read_all_stats the counters of every database of the server, so the
+-- samples of other databases (other shards on the same server) are left
+-- out.
 CREATE FUNCTION shop.shard_metrics() RETURNS text
 LANGUAGE sql
-RETURN public.idem_metrics();
+BEGIN ATOMIC
+    SELECT pg_catalog.string_agg(
+               pg_catalog.regexp_replace(
+                   pg_catalog.regexp_replace(l.line, '\{database="(?:[^"\\]|\\.)*"\}', ''),
+                   'database="(?:[^"\\]|\\.)*",', ''),
+               E'\n' ORDER BY l.n) OPERATOR(pg_catalog.||) E'\n'
+      FROM pg_catalog.regexp_split_to_table(pg_catalog.rtrim(public.idem_metrics(), E'\n'), E'\n')
+               WITH ORDINALITY AS l(line, n)
+     WHERE pg_catalog.substring(l.line, '\{database="((?:[^"\\]|\\.)*)"') IS NULL
+        OR pg_catalog.substring(l.line, '\{database="((?:[^"\\]|\\.)*)"') OPERATOR(pg_catalog.=)
+           pg_catalog.replace(pg_catalog.replace(pg_catalog.replace(pg_catalog.current_database(),
+               E'\\', E'\\\\'), '"', E'\\"'), E'\n', E'\\n');
+END;
 
 -- This shard's dead letters, labelled with its partition number.
 CREATE FUNCTION shop.shard_dead_letters()

@@ -184,7 +184,7 @@ SELECT 'first ' || idem_apply('order-paid:1', 'smoke', 'update orders set paid =
 SELECT 'again ' || idem_apply('order-paid:1', 'smoke', 'update orders set paid = paid + $1 where id = 1', ARRAY['10']);
 SELECT 'paid ' || paid FROM orders;
 SELECT line FROM regexp_split_to_table(idem_metrics(), E'\n') AS line
- WHERE line LIKE 'idem_%total{consumer="smoke"}%';
+ WHERE line LIKE 'idem_%total{database="postgres",consumer="smoke"}%';
 EOF
 )
     echo "$out"
@@ -192,18 +192,18 @@ EOF
 first true
 again false
 paid 10
-idem_applied_total{consumer=\"smoke\"} 1
-idem_duplicate_detected_total{consumer=\"smoke\"} 1
-idem_failed_total{consumer=\"smoke\"} 0
-idem_dlq_enqueue_total{consumer=\"smoke\"} 0
-idem_key_reuse_total{consumer=\"smoke\"} 0
-idem_effect_executed_total{consumer=\"smoke\"} 0
-idem_effect_replayed_total{consumer=\"smoke\"} 0
-idem_effect_busy_total{consumer=\"smoke\"} 0
-idem_effect_fenced_off_total{consumer=\"smoke\"} 0
-idem_effect_request_mismatch_total{consumer=\"smoke\"} 0
-idem_effect_unknown_outcome_total{consumer=\"smoke\"} 0
-idem_effect_dead_total{consumer=\"smoke\"} 0" ]
+idem_applied_total{database=\"postgres\",consumer=\"smoke\"} 1
+idem_duplicate_detected_total{database=\"postgres\",consumer=\"smoke\"} 1
+idem_failed_total{database=\"postgres\",consumer=\"smoke\"} 0
+idem_dlq_enqueue_total{database=\"postgres\",consumer=\"smoke\"} 0
+idem_key_reuse_total{database=\"postgres\",consumer=\"smoke\"} 0
+idem_effect_executed_total{database=\"postgres\",consumer=\"smoke\"} 0
+idem_effect_replayed_total{database=\"postgres\",consumer=\"smoke\"} 0
+idem_effect_busy_total{database=\"postgres\",consumer=\"smoke\"} 0
+idem_effect_fenced_off_total{database=\"postgres\",consumer=\"smoke\"} 0
+idem_effect_request_mismatch_total{database=\"postgres\",consumer=\"smoke\"} 0
+idem_effect_unknown_outcome_total{database=\"postgres\",consumer=\"smoke\"} 0
+idem_effect_dead_total{database=\"postgres\",consumer=\"smoke\"} 0" ]
     step "smoke test: create extension, apply, duplicate, idem_metrics" $?
     (cd "$cluster" && as_pg "$bindir/pg_ctl" -D "$cluster/data" -m fast -w stop) >/dev/null 2>&1
     step "the server stops cleanly" $?

@@ -16,13 +16,16 @@ $node->append_conf('postgresql.conf',
 $node->start;
 $node->safe_psql('postgres', q{
 	CREATE EXTENSION idem_consumer;
+	SELECT idem_consumer_create('load');
 	CREATE TABLE ledger (id int PRIMARY KEY, n bigint NOT NULL DEFAULT 0);
 	INSERT INTO ledger VALUES (1);
 });
 
 # Four clients: 90% of transactions apply a random key of 300 and commit,
 # 10% apply one and roll back.  A committed call also logs a row in its
-# transaction, so the log counts exactly the calls that committed.
+# transaction, so the log counts exactly the calls that committed.  The
+# consumer exists beforehand: a rollback that undoes its creation would
+# take its failed calls with it.
 $node->safe_psql('postgres', 'CREATE TABLE committed_calls (n int)');
 my $dir = PostgreSQL::Test::Utils::tempdir;
 my $apply = q{select idem_apply('k-' || :k, 'load', 'update ledger set n = n + 1 where id = 1');};
@@ -68,7 +71,7 @@ like($bad, qr/parsing error.*\nrc=1$/s, 'promtool runs and rejects a malformed e
 my ($pout, $perr) = run_command([ 'sh', '-c', "promtool check metrics < $dir/metrics.txt; echo rc=\$?" ]);
 like($pout, qr/rc=0$/, 'promtool check metrics accepts idem_metrics()')
   or diag("$pout\n$perr");
-like($metrics, qr/^idem_applied_total\{consumer="load"\} $applied$/m,
+like($metrics, qr/^idem_applied_total\{database="postgres",consumer="load"\} $applied$/m,
 	'the exposition carries the counter');
 
 # a clean restart keeps the counters

@@ -105,7 +105,7 @@ ok(counter('hangs', 'effects_unknown_outcomes') > 0, 'hangs: their leases expire
 check_database('hangs', $s);
 
 like($node->safe_psql('postgres', 'SELECT idem_metrics()'),
-	qr/^idem_effect_unknown_outcome_total\{consumer="charges-hangs"\} [1-9]/m,
+	qr/^idem_effect_unknown_outcome_total\{database="postgres",consumer="charges-hangs"\} [1-9]/m,
 	'idem_metrics exports the unknown outcomes');
 
 $node->stop;

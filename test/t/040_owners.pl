@@ -84,7 +84,7 @@ is($out, '0', 'and no key of shipping');
 ($out, $err) = as_role('monitoring',
 	q{SELECT string_agg(consumer || '=' || applied || '/' || dead_lettered, ',' ORDER BY consumer) FROM idem_stats});
 is($out, 'payments=1/1,shipping=1/0', 'the monitoring role reads the counters of every consumer');
-($out, $err) = as_role('monitoring', q{SELECT idem_metrics() LIKE '%idem_applied_total{consumer="shipping"} 1%'});
+($out, $err) = as_role('monitoring', q{SELECT idem_metrics() LIKE '%idem_applied_total{database="postgres",consumer="shipping"} 1%'});
 is($out, 't', 'and the metrics');
 ($out, $err) = as_role('monitoring', q{SELECT count(*) FROM idem_processed_keys});
 like($err, qr/permission denied for view idem_processed_keys/, 'but no key');
