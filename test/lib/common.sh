@@ -71,7 +71,8 @@ ensure_packages() {
         # the broker test (test/broker/run) starts a RabbitMQ node of its own
         pkgs="$pkgs rabbitmq-server"
         # the Debian package build, its lint and the PGXN zip check (test/lib/release.sh)
-        pkgs="$pkgs postgresql-server-dev-all debhelper dpkg-dev lintian unzip"
+        # (make dist archives the committed tree with git)
+        pkgs="$pkgs postgresql-server-dev-all debhelper dpkg-dev lintian unzip git"
     fi
     local missing="" p n log
     for p in $pkgs; do
