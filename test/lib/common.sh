@@ -120,8 +120,10 @@ ensure_node_modules() {
 
 # Warnings are errors.  (PostgreSQL 15's own headers are not clean for
 # -Wunused-parameter; the Makefile's PG_CFLAGS, which come after COPT,
-# turn that one off.)
-BUILD_COPT='-Wall -Wextra -Werror'
+# turn that one off.)  EXTRA_COPT in the environment is appended: an
+# installation compiled with other optimization flags can need a warning
+# of PostgreSQL's own macros turned off.
+BUILD_COPT="-Wall -Wextra -Werror${EXTRA_COPT:+ $EXTRA_COPT}"
 
 # make clean; make with warnings as errors; make install.
 build_and_install() {
