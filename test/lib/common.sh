@@ -121,8 +121,10 @@ ensure_node_modules() {
 
 # Warnings are errors.  (PostgreSQL 15's own headers are not clean for
 # -Wunused-parameter; the Makefile's PG_CFLAGS, which come after COPT,
-# turn that one off.)
-BUILD_COPT='-Wall -Wextra -Werror'
+# turn that one off.)  EXTRA_COPT in the environment is appended: an
+# installation compiled with other optimization flags can need a warning
+# of PostgreSQL's own macros turned off.
+BUILD_COPT="-Wall -Wextra -Werror${EXTRA_COPT:+ $EXTRA_COPT}"
 
 # make clean; make with warnings as errors; make install.
 build_and_install() {
@@ -165,6 +167,10 @@ make_pg_tempdir() {
 # needed, must be writable by the server's user); data in DIR/data, socket in
 # DIR, server log in DIR/log.  Exports PGHOST, PGPORT, PGUSER for clients and
 # registers stopping it and removing DIR on exit.
+# SCRATCH_POSTGRES in the environment names the program pg_ctl starts
+# instead of PG_BINDIR's postgres (a wrapper that runs it under valgrind,
+# say); TEST_LOG_DIR, if set, receives a copy of the server log once the
+# server has stopped.
 start_scratch_cluster() {
     local dir=$1 port=$2
     mkdir -p "$dir"
@@ -183,8 +189,11 @@ shared_preload_libraries = 'idem_consumer'
 fsync = off
 max_connections = 100
 EOF
+    [ -n "${TEST_LOG_DIR:-}" ] && add_cleanup "cp '$dir/log' '$TEST_LOG_DIR/server.log'"
     add_cleanup "(cd '$dir' && as_pg '$PG_BINDIR/pg_ctl' -D '$dir/data' -m immediate -w stop >/dev/null 2>&1)"
-    if ! (cd "$dir" && as_pg "$PG_BINDIR/pg_ctl" -D "$dir/data" -l "$dir/log" -w start) >/dev/null 2>&1; then
+    local -a postgres_opt=()
+    [ -n "${SCRATCH_POSTGRES:-}" ] && postgres_opt=(-p "$SCRATCH_POSTGRES")
+    if ! (cd "$dir" && as_pg "$PG_BINDIR/pg_ctl" -D "$dir/data" -l "$dir/log" "${postgres_opt[@]}" -w start) >/dev/null 2>&1; then
         cat "$dir/log" 2>/dev/null
         die "could not start the scratch cluster"
     fi
