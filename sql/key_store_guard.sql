@@ -178,6 +178,29 @@ INSERT INTO ksg_other_inbox VALUES (2);
 RESET ROLE;
 SELECT idem_is_processed('o1', 'ksg_other_c') AS o1_recorded;
 
+
+-- a purge in a transaction that records keys is refused, whoever calls it
+-- and when: with a window shorter than the transaction's age it could
+-- remove a key the transaction recorded, as a forget would
+CREATE FUNCTION ksg_purge_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM idem_purge('ksg');
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER ksg_purge_at_commit AFTER UPDATE ON ksg_orders
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION ksg_purge_at_commit();
+SELECT paid AS paid_before FROM ksg_orders;
+SELECT idem_apply('pu1', 'ksg', 'update ksg_orders set paid = paid + 1 where id = 1');
+SELECT paid AS paid_after FROM ksg_orders;
+SELECT idem_is_processed('pu1', 'ksg') AS pu1_recorded;
+DROP TRIGGER ksg_purge_at_commit ON ksg_orders;
+BEGIN;
+SELECT idem_record_batch('ksg', ARRAY['pu2']);
+SELECT ksg_error($$SELECT idem_purge('ksg')$$);
+ROLLBACK;
+-- in a transaction of its own the purge runs
+SELECT idem_purge('ksg') >= 0 AS purge_ran;
+
 DROP TABLE ksg_other_inbox;
 DROP FUNCTION ksg_other_forget();
 REVOKE USAGE, CREATE ON SCHEMA public FROM ksg_app, ksg_other;
@@ -187,4 +210,4 @@ SELECT idem_consumer_set_owner(c, 'postgres') FROM unnest(ARRAY['ksg_app_c', 'ks
 DROP ROLE ksg_app;
 DROP ROLE ksg_other;
 DROP TABLE ksg_touch, ksg_audit, ksg_orders;
-DROP FUNCTION ksg_forget_old(), ksg_run_stmt(), ksg_forget_applied(), ksg_error(text);
+DROP FUNCTION ksg_forget_old(), ksg_run_stmt(), ksg_forget_applied(), ksg_purge_at_commit(), ksg_error(text);

@@ -152,6 +152,7 @@ extern bool keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 								 bool require_fastpath, bool *isnew,
 								 RecordedKey *recorded);
 extern bool keystore_key_exists(int32 consumer_id, text *key);
+extern void keystore_refuse_purge_after_recording(const char *function_name);
 extern bool keystore_forget_key(int32 consumer_id, text *key);
 
 extern uint64 keystore_insert_batch(int32 consumer_id, ArrayType *keys);
