@@ -152,7 +152,6 @@ extern bool keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 								 bool require_fastpath, bool *isnew,
 								 RecordedKey *recorded);
 extern bool keystore_key_exists(int32 consumer_id, text *key);
-extern void keystore_refuse_purge_after_recording(const char *function_name);
 extern bool keystore_forget_key(int32 consumer_id, text *key);
 
 extern uint64 keystore_insert_batch(int32 consumer_id, ArrayType *keys);
@@ -308,6 +307,8 @@ extern void inflight_check_keys(int32 consumer_id, const char *consumer, Datum *
 extern void inflight_check_dead_letter(const char *function_name, const char *action,
 									   int64 entry_id, int32 consumer_id, text *key);
 extern void inflight_check_none(const char *function_name);
+extern void inflight_note_recording(void);
+extern void inflight_check_not_recording(const char *function_name);
 
 /* replay_role.c */
 typedef struct ReplayRoleState

@@ -25,7 +25,9 @@
  * whenever no business SQL runs; a transaction's end clears it as well,
  * in case an error escaped some caller's cleanup.  Deferred triggers run
  * at commit, after the list is empty: keystore.c refuses to forget a key
- * in the transaction that recorded it, whoever asks.
+ * in the transaction that recorded it, whoever asks, and a purge is
+ * refused in a transaction that has recorded keys (noted here, and cleared
+ * by the same transaction-end callback).
  *
  *-------------------------------------------------------------------------
  */
@@ -50,8 +52,17 @@ static int	maxinflight = 0;
 static bool callback_registered = false;
 
 /*
+ * Whether the current transaction has recorded keys, or tried to.  A purge
+ * in the same transaction, from a deferred trigger at commit say, could
+ * remove a key this transaction recorded whose window is shorter than the
+ * transaction's age: the message's changes would commit without its
+ * record, as a forget would leave them (keystore.c refuses that forget).
+ */
+static bool recording_in_xact = false;
+
+/*
  * Forgets every held key when a transaction ends: no business SQL can be
- * running then.
+ * running then, and the next transaction has recorded nothing yet.
  */
 static void
 inflight_xact_callback(XactEvent event, void *arg)
@@ -59,13 +70,28 @@ inflight_xact_callback(XactEvent event, void *arg)
 	switch (event)
 	{
 		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
 		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
 		case XACT_EVENT_PREPARE:
 			inflight_pop(0);
+			recording_in_xact = false;
 			break;
 		default:
 			break;
 	}
+}
+
+/*
+ * Registers the transaction-end callback once per backend.
+ */
+static void
+inflight_register_callback(void)
+{
+	if (callback_registered)
+		return;
+	RegisterXactCallback(inflight_xact_callback, NULL);
+	callback_registered = true;
 }
 
 /*
@@ -75,11 +101,7 @@ inflight_xact_callback(XactEvent event, void *arg)
 int
 inflight_push(int32 consumer_id, const char *consumer, text *key)
 {
-	if (!callback_registered)
-	{
-		RegisterXactCallback(inflight_xact_callback, NULL);
-		callback_registered = true;
-	}
+	inflight_register_callback();
 	if (ninflight == maxinflight)
 	{
 		int			newmax = Max(4, maxinflight * 2);
@@ -246,5 +268,32 @@ inflight_check_none(const char *function_name)
 			 errdetail("An idem_apply, idem_try_apply, idem_dlq_replay or idem_effect_complete call of this session "
 					   "is running its business SQL, which must not change the record of messages, "
 					   "nor may the triggers it fires."),
+			 errhint("Call %s in a transaction of its own.", function_name)));
+}
+
+/*
+ * Notes that the current transaction records keys.
+ */
+void
+inflight_note_recording(void)
+{
+	inflight_register_callback();
+	recording_in_xact = true;
+}
+
+/*
+ * Raises object_in_use if the current transaction has recorded keys:
+ * function_name, a purge, may not run in it.
+ */
+void
+inflight_check_not_recording(const char *function_name)
+{
+	if (!recording_in_xact)
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_IN_USE),
+			 errmsg("%s cannot run in a transaction that records keys", function_name),
+			 errdetail("A purge could remove a key this transaction recorded before it commits, "
+					   "and the next delivery of its message would be applied again."),
 			 errhint("Call %s in a transaction of its own.", function_name)));
 }

@@ -96,64 +96,6 @@ processed_at_now(void)
 }
 
 /*
- * Whether the current transaction has recorded keys, or tried to.  A purge
- * in the same transaction, from a deferred trigger at commit say, could
- * remove a key this transaction recorded whose window is shorter than the
- * transaction's age: the message's changes would commit without its
- * record, as a forget would leave them (see refuse_forget_recorded_here).
- */
-static bool recording_in_xact = false;
-static bool recording_callback_registered = false;
-
-static void
-recording_xact_callback(XactEvent event, void *arg)
-{
-	switch (event)
-	{
-		case XACT_EVENT_COMMIT:
-		case XACT_EVENT_PARALLEL_COMMIT:
-		case XACT_EVENT_ABORT:
-		case XACT_EVENT_PARALLEL_ABORT:
-		case XACT_EVENT_PREPARE:
-			recording_in_xact = false;
-			break;
-		default:
-			break;
-	}
-}
-
-/*
- * Notes that the current transaction records keys.
- */
-static void
-note_recording(void)
-{
-	if (!recording_callback_registered)
-	{
-		RegisterXactCallback(recording_xact_callback, NULL);
-		recording_callback_registered = true;
-	}
-	recording_in_xact = true;
-}
-
-/*
- * Raises object_in_use if the current transaction has recorded keys:
- * function_name, a purge, may not run in it.
- */
-void
-keystore_refuse_purge_after_recording(const char *function_name)
-{
-	if (!recording_in_xact)
-		return;
-	ereport(ERROR,
-			(errcode(ERRCODE_OBJECT_IN_USE),
-			 errmsg("%s cannot run in a transaction that records keys", function_name),
-			 errdetail("A purge could remove a key this transaction recorded before it commits, "
-					   "and the next delivery of its message would be applied again."),
-			 errhint("Call %s in a transaction of its own.", function_name)));
-}
-
-/*
  * Fetches a column of the first row an SPI statement returned.
  */
 static inline Datum
@@ -306,7 +248,7 @@ keystore_record_key_fp(int32 consumer_id, text *key, const int32 *fingerprint,
 	FastPath	fp;
 	bool		isnew;
 
-	note_recording();
+	inflight_note_recording();
 	if (!fastpath_open(&fp, true))
 		return record_key_sql(consumer_id, processed_at_now(), key,
 							  fingerprint, recorded);
@@ -403,7 +345,7 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 	MemoryContext keycxt;
 	bool		insert_first = false;
 
-	note_recording();
+	inflight_note_recording();
 
 	fast = fastpath_open(&fp, true);
 	if (!fast && require_fastpath)
@@ -487,7 +429,7 @@ keystore_insert_batch(int32 consumer_id, ArrayType *keys)
 {
 	Datum		args[3];
 
-	note_recording();
+	inflight_note_recording();
 	args[0] = Int32GetDatum(consumer_id);
 	args[1] = Int32GetDatum(processed_at_now());
 	args[2] = PointerGetDatum(keys);

@@ -736,7 +736,7 @@ idem_purge(PG_FUNCTION_ARGS)
 
 	batch_size = get_count_arg(fcinfo, 1, "batch_size");
 	inflight_check_none("idem_purge");
-	keystore_refuse_purge_after_recording("idem_purge");
+	inflight_check_not_recording("idem_purge");
 
 	SPI_connect();
 	if (!PG_ARGISNULL(0))
