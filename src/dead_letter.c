@@ -534,7 +534,7 @@ entry_visible(int64 id)
 	Datum		arg = Int64GetDatum(id);
 	bool		isnull;
 
-	keystore_execute(KS_DL_CONSUMER, &arg, NULL, 1);
+	keystore_execute(KS_DL_ENTRY_KEY, &arg, NULL, 1);
 	return SPI_processed > 0 &&
 		keystore_may_act_on_consumer_id(DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
 																	 SPI_tuptable->tupdesc,

@@ -335,12 +335,6 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 		" WHERE d.dead_letter_id OPERATOR(pg_catalog.=) $1",
 		1, {INT8OID}
 	},
-	/* the consumer of an entry, read without a lock before it is checked */
-	[KS_DL_CONSUMER] = {
-		"SELECT consumer_id FROM " STORAGE_SCHEMA ".dead_letters"
-		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1",
-		1, {INT8OID}
-	},
 	[KS_DL_KEY_STATUS] = {
 		"SELECT status, dead_letter_id FROM " STORAGE_SCHEMA ".dead_letters"
 		" WHERE " SAME_KEY_AS_ARGS,
@@ -351,7 +345,11 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1 FOR NO KEY UPDATE",
 		1, {INT8OID}
 	},
-	/* an entry's message, without waiting for a replay that holds it */
+	/*
+	 * an entry's consumer and key, read without a lock: before the caller's
+	 * right to it is checked, and before a refusal inside business SQL, so
+	 * that neither waits for a replay that holds the entry
+	 */
 	[KS_DL_ENTRY_KEY] = {
 		"SELECT consumer_id, key FROM " STORAGE_SCHEMA ".dead_letters"
 		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1",
