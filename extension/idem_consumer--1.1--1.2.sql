@@ -134,3 +134,76 @@ RETURNS text
 AS 'MODULE_PATHNAME', 'idem_metrics_1_2'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION idem_metrics() IS 'counters in the Prometheus text exposition format 0.0.4, labelled by database and consumer';
+
+--
+-- The rows a message's business SQL must affect (src/expect_rows.c).
+--
+-- An UPDATE that matches no row succeeds, so a message delivered before
+-- the one that creates its row (an order-paid event before its order)
+-- would be recorded as applied with nothing changed, and its redeliveries
+-- skipped.  idem_apply_rows and idem_try_apply_rows take expect_rows, the
+-- least number of rows the SQL must affect (0, the default, demands
+-- nothing), raise IK002 when it affects fewer, and return the rows it
+-- affected.  They are functions of their own rather than overloads of
+-- idem_apply and idem_try_apply: a driver that sends its parameters
+-- untyped (node-postgres sends every $n as unknown) would find a call of
+-- five or six arguments ambiguous between two functions with defaults.
+-- A dead letter keeps the demand, so that a replay demands the rows
+-- again; NULL is no demand.
+--
+ALTER TABLE idem_consumer.dead_letters ADD COLUMN expect_rows bigint
+    CHECK (expect_rows OPERATOR(pg_catalog.>) 0);
+COMMENT ON COLUMN idem_consumer.dead_letters.expect_rows IS
+    'least number of rows the SQL must affect, NULL for no demand; a replay demands it again';
+
+CREATE FUNCTION idem_apply_rows(key text, consumer text, sql text,
+                                params text[] DEFAULT NULL,
+                                expect_rows bigint DEFAULT 0,
+                                event_time timestamptz DEFAULT NULL,
+                                fingerprint text DEFAULT NULL)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'idem_apply_rows'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_apply_rows(text, text, text, text[], bigint, timestamptz, text) IS
+    'idem_apply demanding that sql affect at least expect_rows rows (IK002 if fewer); the rows it affected, NULL for a duplicate';
+REVOKE ALL ON FUNCTION idem_apply_rows(text, text, text, text[], bigint, timestamptz, text) FROM PUBLIC;
+
+CREATE FUNCTION idem_try_apply_rows(key text, consumer text, sql text,
+                                    params text[] DEFAULT NULL,
+                                    expect_rows bigint DEFAULT 0,
+                                    event_time timestamptz DEFAULT NULL,
+                                    fingerprint text DEFAULT NULL,
+                                    OUT outcome idem_outcome, OUT rows bigint)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idem_try_apply_rows'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_try_apply_rows(text, text, text, text[], bigint, timestamptz, text) IS
+    'idem_try_apply demanding that sql affect at least expect_rows rows (IK002, transient by default); the outcome and the rows affected';
+REVOKE ALL ON FUNCTION idem_try_apply_rows(text, text, text, text[], bigint, timestamptz, text) FROM PUBLIC;
+
+CREATE OR REPLACE VIEW idem_dead_letters WITH (security_barrier) AS
+    SELECT d.dead_letter_id AS id,
+           c.name AS consumer,
+           d.key,
+           d.status,
+           d.sqlstate,
+           d.message,
+           d.detail,
+           d.hint,
+           d.context,
+           d.attempts,
+           d.first_failed_at,
+           d.last_failed_at,
+           d.event_time,
+           d.sql,
+           d.params,
+           d.settings,
+           d.dead_lettered_by,
+           d.resolved_at,
+           d.resolved_by,
+           d.discard_reason,
+           d.kind,
+           d.expect_rows
+      FROM idem_consumer.dead_letters AS d
+      JOIN idem_consumer.consumers AS c USING (consumer_id)
+     WHERE c.owner IS NULL OR pg_catalog.pg_has_role(c.owner, 'USAGE');

@@ -1,8 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * apply.c
- *	  The SQL-callable API: idem_apply(), idem_is_processed() and
- *	  idem_forget().  Puts the argument validators (args.c), the key
+ *	  The SQL-callable API: idem_apply(), idem_apply_rows(),
+ *	  idem_is_processed() and idem_forget().  Puts the argument validators (args.c), the key
  *	  store and business plans together.
  *
  * idem_apply() checks everything that can be checked before it records the
@@ -24,18 +24,22 @@
 #include "idem_consumer.h"
 
 PG_FUNCTION_INFO_V1(idem_apply);
+PG_FUNCTION_INFO_V1(idem_apply_rows);
 PG_FUNCTION_INFO_V1(idem_is_processed);
 PG_FUNCTION_INFO_V1(idem_forget);
 
 /*
- * idem_apply(key, consumer, sql, params, event_time, fingerprint): records
- * (consumer, key) and runs sql with params; returns false, running
- * nothing, if the key was already recorded for the same message, and
- * raises IK001 if it was recorded for another one.  The fingerprint
- * argument exists from version 1.1 of the SQL on.
+ * Records (consumer, key) and runs sql with params, the first four
+ * arguments of the call, demanding that it affect at least expect_rows
+ * rows (0: any number); sets *rows to the rows it affected.  Returns false,
+ * running nothing, if the key was already recorded for the same message,
+ * and raises IK001 if it was recorded for another one.  event_time and the
+ * fingerprint are the arguments at the positions given; a fingerprint
+ * position past the last argument means none (the idem_apply of 1.0).
  */
-Datum
-idem_apply(PG_FUNCTION_ARGS)
+static bool
+apply_message(FunctionCallInfo fcinfo, int event_time_argno,
+			  int fingerprint_argno, int64 expect_rows, uint64 *rows)
 {
 	text	   *key = get_key_arg(fcinfo, 0);
 	char	   *consumer = get_consumer_arg(fcinfo, 1);
@@ -43,8 +47,9 @@ idem_apply(PG_FUNCTION_ARGS)
 	ArrayType  *params = PG_ARGISNULL(3) ? NULL : PG_GETARG_ARRAYTYPE_P(3);
 	BusinessPlan *bplan;
 	ParamListInfo bound_params;
-	TimestampTz event_time = PG_ARGISNULL(4) ? DT_NOBEGIN : PG_GETARG_TIMESTAMPTZ(4);
-	text	   *explicit_fingerprint = get_fingerprint_arg(fcinfo, 5);
+	TimestampTz event_time = PG_ARGISNULL(event_time_argno) ? DT_NOBEGIN :
+		PG_GETARG_TIMESTAMPTZ(event_time_argno);
+	text	   *explicit_fingerprint = get_fingerprint_arg(fcinfo, fingerprint_argno);
 	int32		consumer_id;
 	bool		check_fingerprint;
 	int32		fingerprint;
@@ -52,7 +57,7 @@ idem_apply(PG_FUNCTION_ARGS)
 	bool		applied;
 	int			call;
 
-	check_event_time_arg(fcinfo, 4);
+	check_event_time_arg(fcinfo, event_time_argno);
 
 	/* a role refused for the consumer must not show in its counters */
 	SPI_connect();
@@ -61,6 +66,7 @@ idem_apply(PG_FUNCTION_ARGS)
 
 	bplan = business_plan_get(sql);
 	bound_params = business_plan_bind(bplan, params);
+	expect_rows_check_sql(expect_rows, sql);
 
 	if (consumer_id == 0)
 		consumer_id = keystore_consumer_id_ext(consumer, true, &check_fingerprint);
@@ -71,7 +77,10 @@ idem_apply(PG_FUNCTION_ARGS)
 									 check_fingerprint ? &fingerprint : NULL,
 									 &recorded);
 	if (applied)
-		inflight_execute(consumer_id, consumer, key, bplan, bound_params);
+	{
+		*rows = inflight_execute(consumer_id, consumer, key, bplan, bound_params);
+		expect_rows_demand(expect_rows, *rows, consumer, key);
+	}
 	else if (check_fingerprint && fingerprint_differs(fingerprint, &recorded))
 	{
 		stats_call_key_reuse(call);
@@ -81,7 +90,36 @@ idem_apply(PG_FUNCTION_ARGS)
 	SPI_finish();
 	stats_call_end(call, applied ? 1 : 0, applied ? 0 : 1, 0, event_time);
 
-	PG_RETURN_BOOL(applied);
+	return applied;
+}
+
+/*
+ * idem_apply(key, consumer, sql, params, event_time, fingerprint): records
+ * (consumer, key) and runs sql with params; returns whether it ran.  The
+ * fingerprint argument exists from version 1.1 of the SQL on.
+ */
+Datum
+idem_apply(PG_FUNCTION_ARGS)
+{
+	uint64		rows;
+
+	PG_RETURN_BOOL(apply_message(fcinfo, 4, 5, 0, &rows));
+}
+
+/*
+ * idem_apply_rows(key, consumer, sql, params, expect_rows, event_time,
+ * fingerprint): idem_apply, raising IK002 if sql affects fewer than
+ * expect_rows rows; returns the rows it affected, NULL for a duplicate.
+ */
+Datum
+idem_apply_rows(PG_FUNCTION_ARGS)
+{
+	int64		expect_rows = get_expect_rows_arg(fcinfo, 4);
+	uint64		rows;
+
+	if (!apply_message(fcinfo, 5, 6, expect_rows, &rows))
+		PG_RETURN_NULL();
+	PG_RETURN_INT64((int64) rows);
 }
 
 /*

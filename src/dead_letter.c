@@ -19,8 +19,9 @@
  * (insufficient resources), class 57 (operator intervention, including
  * 57014 query canceled), class 08 (connection exception), class 58 (system
  * error: I/O, a missing file), class XX (internal error, data or index
- * corruption), and whatever idem_consumer.transient_sqlstates adds.  The
- * last two are the server's trouble: parking every message that meets a
+ * corruption), and whatever idem_consumer.transient_sqlstates adds (by
+ * default IK002, too few rows affected: see DEFAULT_TRANSIENT_SQLSTATES).
+ * Classes 58 and XX are the server's trouble: parking every message that meets a
  * failing disk or a corrupt index would empty the broker into the queue.  They are re-raised unchanged
  * once the subtransaction is rolled back, so the caller's transaction fails
  * and the broker redelivers.  Any other error is permanent: the message
@@ -120,7 +121,18 @@ static TransientSqlstates *extra_transient = NULL;
 /* The idem_consumer.transient_sqlstates text; extra_transient is what it parses to. */
 static char *transient_sqlstates_setting = NULL;
 
+/*
+ * Its default: IK002, business SQL that affected fewer rows than its
+ * message demands (expect_rows.c).  Its usual cause is a message delivered
+ * before the one that creates its rows, which a later redelivery finds;
+ * but unlike the built-in classes it is the message's own business, so
+ * the setting can leave it out, and a list that does parks such messages
+ * instead.
+ */
+#define DEFAULT_TRANSIENT_SQLSTATES "IK002"
+
 PG_FUNCTION_INFO_V1(idem_try_apply);
+PG_FUNCTION_INFO_V1(idem_try_apply_rows);
 PG_FUNCTION_INFO_V1(idem_dlq_replay);
 PG_FUNCTION_INFO_V1(idem_dlq_replay_consumer);
 PG_FUNCTION_INFO_V1(idem_dlq_discard);
@@ -331,7 +343,8 @@ apply_settings(ArrayType *settings)
 /*
  * Runs the business SQL of (consumer_id, key) of consumer in a
  * subtransaction: as the current user, or as run_as with settings when
- * replaying (run_as valid).
+ * replaying (run_as valid).  Affecting fewer than expect_rows rows is an
+ * error of the SQL (IK002); *rows is set to the rows it affected.
  * Returns NULL if it succeeded.  If it failed, its effects are rolled
  * back; a permanent error is returned, allocated in the caller's memory
  * context, and a transient one is re-raised.
@@ -342,7 +355,7 @@ apply_settings(ArrayType *settings)
 static ErrorData *
 run_business_sql(int32 consumer_id, const char *consumer, text *key,
 				 const char *sql, ArrayType *params, ArrayType *settings,
-				 Oid run_as)
+				 Oid run_as, int64 expect_rows, uint64 *rows)
 {
 	MemoryContext oldcontext = CurrentMemoryContext;
 	ResourceOwner oldowner = CurrentResourceOwner;
@@ -370,7 +383,8 @@ run_business_sql(int32 consumer_id, const char *consumer, text *key,
 
 		bplan = business_plan_get(sql);
 		bound_params = business_plan_bind(bplan, params);
-		business_plan_execute(bplan, bound_params);
+		*rows = business_plan_execute(bplan, bound_params);
+		expect_rows_demand(expect_rows, *rows, consumer, key);
 
 		if (OidIsValid(run_as))
 		{
@@ -426,12 +440,12 @@ error_values(ErrorData *edata, Datum *values, char *nulls)
 
 /*
  * Stores a message whose business SQL failed permanently as a new pending
- * dead-letter entry.
+ * dead-letter entry, with the rows it demands (0: none).
  */
 static void
 dead_letter_insert(int32 consumer_id, text *key, const char *sql,
 				   ArrayType *params, NullableDatum event_time,
-				   ErrorData *edata)
+				   ErrorData *edata, int64 expect_rows)
 {
 	Datum		values[KS_MAX_ARGS];
 	char		nulls[KS_MAX_ARGS];
@@ -449,9 +463,38 @@ dead_letter_insert(int32 consumer_id, text *key, const char *sql,
 	values[11] = current_user_datum();
 	values[12] = ObjectIdGetDatum(GetUserId());
 
-	/* a database still at version 1.0 has no column for the role */
-	keystore_execute(replay_role_supported() ? KS_DL_INSERT_ROLE : KS_DL_INSERT,
-					 values, nulls, 0);
+	values[13] = Int64GetDatum(expect_rows);
+	nulls[13] = expect_rows > 0 ? ' ' : 'n';
+
+	/*
+	 * A database still at version 1.0 has no column for the role, one at
+	 * 1.1 none for the demand, and cannot be given a demand: only the
+	 * functions of 1.2 take one.
+	 */
+	if (expect_rows_stored())
+		keystore_execute(KS_DL_INSERT_ROWS, values, nulls, 0);
+	else
+		keystore_execute(replay_role_supported() ? KS_DL_INSERT_ROLE : KS_DL_INSERT,
+						 values, nulls, 0);
+}
+
+/*
+ * Returns the rows a dead-letter entry's SQL must affect (0: any number).
+ */
+static int64
+dead_letter_expect_rows(int64 id)
+{
+	Datum		arg = Int64GetDatum(id);
+	bool		isnull;
+	Datum		value;
+
+	if (!expect_rows_stored())
+		return 0;
+	keystore_execute(KS_DL_EXPECT_ROWS, &arg, NULL, 1);
+	if (SPI_processed == 0)
+		return 0;
+	value = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	return isnull ? 0 : DatumGetInt64(value);
 }
 
 /*
@@ -626,6 +669,7 @@ replay_entry(const DeadLetterEntry *entry)
 	char		nulls[KS_MAX_ARGS];
 	Oid			run_as;
 	char	   *consumer;
+	uint64		rows;
 
 	/* the entry of a dead external effect: replaying it re-arms the effect */
 	if (effects_rearm(entry->id))
@@ -647,9 +691,10 @@ replay_entry(const DeadLetterEntry *entry)
 	 */
 	(void) keystore_record_key(entry->consumer_id, entry->key);
 
+	/* a message parked by idem_try_apply_rows demands its rows again */
 	edata = run_business_sql(entry->consumer_id, consumer, entry->key,
 							 entry->sql, entry->params, entry->settings,
-							 run_as);
+							 run_as, dead_letter_expect_rows(entry->id), &rows);
 
 	values[0] = Int64GetDatum(entry->id);
 	nulls[0] = ' ';
@@ -704,20 +749,24 @@ get_id_arg(FunctionCallInfo fcinfo, int argno)
 }
 
 /*
- * idem_try_apply(key, consumer, sql, params, event_time): like idem_apply,
- * but a permanent failure of the business SQL parks the message in the
- * dead-letter queue instead of raising.  Returns applied, duplicate or
- * dead_lettered.
+ * Like idem_apply, but a permanent failure of the business SQL parks the
+ * message in the dead-letter queue instead of raising; returns applied,
+ * duplicate or dead_lettered.  key, consumer, sql and params are the
+ * first four arguments of the call, event_time and the fingerprint those
+ * at the positions given (a fingerprint position past the last argument:
+ * none).  The SQL must affect at least expect_rows rows (0: any number);
+ * *rows is set to the rows it affected when applied.
  */
-Datum
-idem_try_apply(PG_FUNCTION_ARGS)
+static Outcome
+try_apply_message(FunctionCallInfo fcinfo, int event_time_argno,
+				  int fingerprint_argno, int64 expect_rows, uint64 *rows)
 {
 	text	   *key = get_key_arg(fcinfo, 0);
 	char	   *consumer = get_consumer_arg(fcinfo, 1);
 	char	   *sql = get_sql_arg(fcinfo, 2);
 	ArrayType  *params = PG_ARGISNULL(3) ? NULL : PG_GETARG_ARRAYTYPE_P(3);
 	NullableDatum event_time;
-	text	   *explicit_fingerprint = get_fingerprint_arg(fcinfo, 5);
+	text	   *explicit_fingerprint = get_fingerprint_arg(fcinfo, fingerprint_argno);
 	int32		consumer_id;
 	bool		check_fingerprint;
 	int32		fingerprint;
@@ -726,12 +775,13 @@ idem_try_apply(PG_FUNCTION_ARGS)
 	bool		redelivered;
 	int			call;
 
-	check_event_time_arg(fcinfo, 4);
-	event_time.isnull = PG_ARGISNULL(4);
-	event_time.value = event_time.isnull ? (Datum) 0 : PG_GETARG_DATUM(4);
+	check_event_time_arg(fcinfo, event_time_argno);
+	event_time.isnull = PG_ARGISNULL(event_time_argno);
+	event_time.value = event_time.isnull ? (Datum) 0 : PG_GETARG_DATUM(event_time_argno);
 	if (params != NULL)
 		business_params_check(params);
 	business_sql_check(sql);
+	expect_rows_check_sql(expect_rows, sql);
 
 	SPI_connect();
 	consumer_id = keystore_consumer_id_ext(consumer, true, &check_fingerprint);
@@ -764,7 +814,8 @@ idem_try_apply(PG_FUNCTION_ARGS)
 		else
 		{
 			edata = fingerprint_refusal(consumer, key, fingerprint, &recorded);
-			dead_letter_insert(consumer_id, key, sql, params, event_time, edata);
+			dead_letter_insert(consumer_id, key, sql, params, event_time, edata,
+							   expect_rows);
 			outcome = OUTCOME_DEAD_LETTERED;
 			redelivered = false;
 		}
@@ -774,13 +825,15 @@ idem_try_apply(PG_FUNCTION_ARGS)
 	else
 	{
 		ErrorData  *edata = run_business_sql(consumer_id, consumer, key, sql,
-											 params, NULL, InvalidOid);
+											 params, NULL, InvalidOid,
+											 expect_rows, rows);
 
 		if (edata == NULL)
 			outcome = OUTCOME_APPLIED;
 		else
 		{
-			dead_letter_insert(consumer_id, key, sql, params, event_time, edata);
+			dead_letter_insert(consumer_id, key, sql, params, event_time, edata,
+							   expect_rows);
 			outcome = OUTCOME_DEAD_LETTERED;
 		}
 	}
@@ -794,7 +847,50 @@ idem_try_apply(PG_FUNCTION_ARGS)
 				   outcome == OUTCOME_DEAD_LETTERED && !redelivered ? 1 : 0,
 				   event_time.isnull ? DT_NOBEGIN : DatumGetTimestampTz(event_time.value));
 
+	return outcome;
+}
+
+/*
+ * idem_try_apply(key, consumer, sql, params, event_time, fingerprint):
+ * returns applied, duplicate or dead_lettered.  The fingerprint argument
+ * exists from version 1.1 of the SQL on.
+ */
+Datum
+idem_try_apply(PG_FUNCTION_ARGS)
+{
+	uint64		rows;
+	Outcome		outcome = try_apply_message(fcinfo, 4, 5, 0, &rows);
+
 	PG_RETURN_DATUM(outcome_result(fcinfo, outcome));
+}
+
+/*
+ * idem_try_apply_rows(key, consumer, sql, params, expect_rows, event_time,
+ * fingerprint): idem_try_apply, where affecting fewer than expect_rows
+ * rows is an error of the SQL (IK002, transient unless
+ * idem_consumer.transient_sqlstates leaves it out); returns the outcome and
+ * the rows the SQL affected, NULL unless applied.
+ */
+Datum
+idem_try_apply_rows(PG_FUNCTION_ARGS)
+{
+	int64		expect_rows = get_expect_rows_arg(fcinfo, 4);
+	TupleDesc	tupdesc;
+	Datum		values[2];
+	bool		nulls[2] = {false, false};
+	uint64		rows = 0;
+	Outcome		outcome;
+
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type must be a row type");
+	outcome = try_apply_message(fcinfo, 5, 6, expect_rows, &rows);
+
+	values[0] = ObjectIdGetDatum(outcome_label_oids(fcinfo->flinfo,
+													TupleDescAttr(tupdesc, 0)->atttypid)[outcome]);
+	values[1] = Int64GetDatum((int64) rows);
+	nulls[1] = outcome != OUTCOME_APPLIED;
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(tupdesc),
+													  values, nulls)));
 }
 
 /*
@@ -918,9 +1014,11 @@ dead_letter_init(void)
 	DefineCustomStringVariable("idem_consumer.transient_sqlstates",
 							   "Adds SQLSTATEs that idem_try_apply re-raises instead of dead-lettering.",
 							   "A comma-separated list of five-character SQLSTATEs and two-character "
-							   "SQLSTATE classes, on top of the built-in transient ones.",
+							   "SQLSTATE classes, on top of the built-in transient ones.  The default, "
+							   "IK002, retries a message whose SQL affected fewer rows than it demands; "
+							   "a list without it parks such messages.",
 							   &transient_sqlstates_setting,
-							   "",
+							   DEFAULT_TRANSIENT_SQLSTATES,
 							   PGC_USERSET,
 							   GUC_LIST_INPUT,
 							   check_transient_sqlstates,

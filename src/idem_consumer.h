@@ -24,6 +24,8 @@
  *	  batch.c			idem_record_batch(): recording a batch of keys
  *	  dead_letter.c		idem_try_apply(), the dead-letter queue and its
  *						replay and discard functions
+ *	  expect_rows.c		the rows business SQL must affect, and the error
+ *						of too few
  *	  stats.c			per-consumer counters in shared memory, one set
  *						per database and consumer, counted when the
  *						transaction ends, and the idem_stats view
@@ -112,11 +114,13 @@ typedef enum KeystoreStmt
 	KS_COLLIDING_HASHES,
 	KS_INSERT_BATCH,
 	KS_UNRESOLVED_BATCH,
+	KS_DL_INSERT_ROWS,
+	KS_DL_EXPECT_ROWS,
 	KS_NUM_STMTS
 } KeystoreStmt;
 
 /* The most parameters a storage statement takes. */
-#define KS_MAX_ARGS 13
+#define KS_MAX_ARGS 14
 
 /* The tables that hold keys, in the order a purge walks them. */
 typedef enum KeystoreTable
@@ -278,7 +282,8 @@ extern void business_sql_check(const char *sql);
 extern void business_params_check(ArrayType *params);
 extern BusinessPlan *business_plan_get(const char *sql);
 extern ParamListInfo business_plan_bind(BusinessPlan *bplan, ArrayType *params);
-extern void business_plan_execute(BusinessPlan *bplan, ParamListInfo params);
+extern uint64 business_plan_execute(BusinessPlan *bplan, ParamListInfo params);
+extern bool business_sql_is_call(const char *sql);
 
 /* args.c */
 extern text *get_name_arg(FunctionCallInfo fcinfo, int argno, const char *argname,
@@ -296,8 +301,8 @@ extern void fastpath_init(void);
 /* inflight.c */
 extern int	inflight_push(int32 consumer_id, const char *consumer, text *key);
 extern void inflight_pop(int depth);
-extern void inflight_execute(int32 consumer_id, const char *consumer, text *key,
-							 BusinessPlan *bplan, ParamListInfo params);
+extern uint64 inflight_execute(int32 consumer_id, const char *consumer, text *key,
+							   BusinessPlan *bplan, ParamListInfo params);
 extern bool inflight_any(void);
 extern void inflight_check_key(int32 consumer_id, const char *consumer, text *key,
 							   const char *action);
@@ -326,6 +331,13 @@ extern void replay_role_end(ReplayRoleState state);
 
 /* dead_letter.c */
 extern void dead_letter_init(void);
+
+/* expect_rows.c */
+extern int64 get_expect_rows_arg(FunctionCallInfo fcinfo, int argno);
+extern void expect_rows_check_sql(int64 expect_rows, const char *sql);
+extern void expect_rows_demand(int64 expect_rows, uint64 rows,
+							   const char *consumer, text *key);
+extern bool expect_rows_stored(void);
 
 /* keystore_fastpath.c: idem_consumer.fast_path, which effects_fastpath.c follows too */
 extern bool idem_fast_path;

@@ -136,23 +136,25 @@ inflight_pop(int depth)
 
 /*
  * Runs business SQL of (consumer_id, key), holding the key for as long as
- * it runs.
+ * it runs; returns the rows it affected.
  */
-void
+uint64
 inflight_execute(int32 consumer_id, const char *consumer, text *key,
 				 BusinessPlan *bplan, ParamListInfo params)
 {
 	int			depth = inflight_push(consumer_id, consumer, key);
+	uint64		rows = 0;
 
 	PG_TRY();
 	{
-		business_plan_execute(bplan, params);
+		rows = business_plan_execute(bplan, params);
 	}
 	PG_FINALLY();
 	{
 		inflight_pop(depth);
 	}
 	PG_END_TRY();
+	return rows;
 }
 
 /*

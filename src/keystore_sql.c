@@ -540,6 +540,24 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 		"  WHERE c.consumer_id OPERATOR(pg_catalog.=) $1 AND c.key OPERATOR(pg_catalog.=) d.key)",
 		3, {INT4OID, TEXTARRAYOID, TEXTARRAYOID}
 	},
+
+	/*
+	 * Dead letters of version 1.2 of the SQL objects, which keep the rows
+	 * a message demands (expect_rows.c) for its replays: KS_DL_INSERT_ROLE
+	 * with the demand, NULL for none.
+	 */
+	[KS_DL_INSERT_ROWS] = {
+		"INSERT INTO " STORAGE_SCHEMA ".dead_letters (" DL_INSERT_COLUMNS ", dead_lettered_role, expect_rows)"
+		" VALUES (" DL_INSERT_VALUES ", $13, $14)" DL_INSERT_CONFLICT
+		", dead_lettered_role = excluded.dead_lettered_role, expect_rows = excluded.expect_rows"
+		DL_INSERT_UNLESS_PENDING " AND dead_letters.kind OPERATOR(pg_catalog.=) 'message'",
+		14, {DL_INSERT_TYPES, REGROLEOID, INT8OID}
+	},
+	[KS_DL_EXPECT_ROWS] = {
+		"SELECT expect_rows FROM " STORAGE_SCHEMA ".dead_letters"
+		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1",
+		1, {INT8OID}
+	},
 };
 
 /* Prepared plans, valid for the storage of plans_generation. */

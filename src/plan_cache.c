@@ -31,6 +31,7 @@
 #include "utils/hsearch.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/plancache.h"
 
 #include "idem_consumer.h"
 
@@ -445,7 +446,8 @@ business_plan_bind(BusinessPlan *bplan, ArrayType *params)
 }
 
 /*
- * Runs a business plan as the current user, discarding any result rows.
+ * Runs a business plan as the current user, discarding any result rows;
+ * returns the rows it affected, as its command tag counts them.
  *
  * Every caller runs business SQL through here, at a GUC nesting level of
  * its own: whatever it sets with set_config(), for the session or for the
@@ -454,11 +456,12 @@ business_plan_bind(BusinessPlan *bplan, ArrayType *params)
  * session with another search_path.  An error leaves the level to the
  * abort of the (sub)transaction that catches it, which undoes it too.
  */
-void
+uint64
 business_plan_execute(BusinessPlan *bplan, ParamListInfo params)
 {
 	SPIExecuteOptions options;
 	int			save_nestlevel;
+	uint64		processed;
 
 	memset(&options, 0, sizeof(options));
 	options.params = params;
@@ -480,7 +483,41 @@ business_plan_execute(BusinessPlan *bplan, ParamListInfo params)
 		executing_depth--;
 	}
 	PG_END_TRY();
+	processed = SPI_processed;
 	AtEOXact_GUC(false, save_nestlevel);
+	return processed;
+}
+
+/*
+ * Returns whether a business SQL text is a CALL statement.  The text has
+ * passed business_sql_check(); a cached one is not parsed again.
+ */
+bool
+business_sql_is_call(const char *sql)
+{
+	BusinessPlan *bplan = NULL;
+	ErrorContextCallback errcallback;
+	RawStmt    *raw;
+
+	if (plan_cache != NULL)
+		bplan = hash_search(plan_cache, &sql, HASH_FIND, NULL);
+	if (bplan != NULL)
+	{
+		List	   *sources = SPI_plan_get_plan_sources(bplan->plan);
+
+		return sources != NIL &&
+			((CachedPlanSource *) linitial(sources))->commandTag == CMDTAG_CALL;
+	}
+
+	errcallback.callback = business_sql_error_callback;
+	errcallback.arg = unconstify(char *, sql);
+	errcallback.previous = error_context_stack;
+	error_context_stack = &errcallback;
+
+	raw = parse_business_sql(sql);
+
+	error_context_stack = errcallback.previous;
+	return IsA(raw->stmt, CallStmt);
 }
 
 /*

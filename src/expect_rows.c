@@ -1,0 +1,119 @@
+/*-------------------------------------------------------------------------
+ *
+ * expect_rows.c
+ *	  The rows a message's business SQL must affect: the expect_rows
+ *	  argument of idem_apply_rows() and idem_try_apply_rows(), the error
+ *	  of a statement that affected fewer (SQLSTATE IK002), and whether the
+ *	  dead-letter queue can keep the demand for a replay.
+ *
+ * An UPDATE that finds no row succeeds: a payment for an order that has
+ * not arrived yet (brokers deliver out of order) would be recorded as
+ * applied, and its redeliveries skipped as duplicates, with nothing paid.
+ * A caller that knows how many rows its message must change says so, and
+ * a statement that changes fewer raises an error instead: the error
+ * aborts the transaction (or, for idem_try_apply_rows, the subtransaction
+ * of the business SQL), so the key is not recorded and a redelivery runs
+ * the message again.  Whether idem_try_apply_rows re-raises the error or
+ * parks the message follows the transient SQLSTATEs of dead_letter.c,
+ * whose default setting lists IK002: the usual cause is a row that comes
+ * later.
+ *
+ * "Affected" is what the statement's command tag counts (SPI_processed):
+ * rows inserted, updated or deleted by INSERT, UPDATE, DELETE and MERGE,
+ * with or without RETURNING; rows returned by a SELECT, including one
+ * whose data-modifying WITH queries change other rows.  A CALL counts
+ * none, so a demand on one is refused before anything is recorded.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/namespace.h"
+#include "fmgr.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+
+#include "idem_consumer.h"
+
+/* The schema of the storage tables, fixed by the install script. */
+#define STORAGE_SCHEMA "idem_consumer"
+
+/* SQLSTATE of business SQL that affected fewer rows than expected. */
+#define ERRCODE_TOO_FEW_ROWS	MAKE_SQLSTATE('I','K','0','0','2')
+
+/*
+ * Returns the expect_rows argument: a number of rows of at least 0, where
+ * 0 demands nothing.  NULL is refused rather than read as 0, so that a
+ * demand lost on its way from the caller does not pass silently.
+ */
+int64
+get_expect_rows_arg(FunctionCallInfo fcinfo, int argno)
+{
+	int64		value;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("expect_rows must not be null"),
+				 errhint("Pass 0 to demand no rows.")));
+	value = PG_GETARG_INT64(argno);
+	if (value < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("expect_rows must not be negative"),
+				 errdetail("The value given is " INT64_FORMAT ".", value)));
+	return value;
+}
+
+/*
+ * Raises an error if business SQL cannot meet a demand for rows because
+ * it is a CALL, whose count is always zero.
+ */
+void
+expect_rows_check_sql(int64 expect_rows, const char *sql)
+{
+	if (expect_rows == 0 || !business_sql_is_call(sql))
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("expect_rows cannot be used with a CALL statement"),
+			 errdetail("A procedure call reports no affected rows."),
+			 errhint("Check the rows inside the procedure and raise an error there, or pass expect_rows => 0.")));
+}
+
+/*
+ * Raises IK002 if business SQL of (consumer, key) affected fewer than
+ * expect_rows rows.
+ */
+void
+expect_rows_demand(int64 expect_rows, uint64 rows, const char *consumer,
+				   text *key)
+{
+	if (rows >= (uint64) expect_rows)
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_TOO_FEW_ROWS),
+			 errmsg("business SQL of key \"%s\" of consumer \"%s\" affected too few rows",
+					text_to_cstring(key), consumer),
+			 errdetail_plural("The statement affected " UINT64_FORMAT " row; expect_rows demands at least " INT64_FORMAT ".",
+							  "The statement affected " UINT64_FORMAT " rows; expect_rows demands at least " INT64_FORMAT ".",
+							  rows, rows, expect_rows),
+			 errhint("The rows the message changes may not exist yet, when it arrives before the message that creates them.")));
+}
+
+/*
+ * Returns whether the dead-letter queue keeps the rows a message demands:
+ * from version 1.2 of the SQL objects on.
+ */
+bool
+expect_rows_stored(void)
+{
+	Oid			nspid = get_namespace_oid(STORAGE_SCHEMA, true);
+	Oid			relid;
+
+	if (!OidIsValid(nspid))
+		return false;
+	relid = get_relname_relid("dead_letters", nspid);
+	return OidIsValid(relid) &&
+		get_attnum(relid, "expect_rows") != InvalidAttrNumber;
+}
