@@ -1,5 +1,8 @@
 // Type declarations of idem-consumer (hand-written; the package is plain
-// JavaScript and has no build step).
+// JavaScript and has no build step).  They use node-postgres's types and
+// Node's Buffer: @types/pg and @types/node are dependencies of the package.
+
+/// <reference types="node" />
 
 import type { Client, Pool, PoolClient, QueryResult, QueryResultRow } from 'pg';
 
@@ -26,6 +29,19 @@ export interface Message {
   params?: ParamValue[] | null;
   /** When the message was produced (Date, timestamp text, or ms since the epoch); feeds the lag counters. */
   eventTime?: Date | string | number | null;
+  /**
+   * The least number of rows sql must affect (rows changed by INSERT,
+   * UPDATE, DELETE, MERGE; rows returned by a SELECT); fewer raises IK002
+   * and records nothing. Calls idem_apply_rows / idem_try_apply_rows
+   * (extension 1.2). Leave it out for no demand; null is refused.
+   */
+  expectRows?: number | bigint;
+  /**
+   * Your own fingerprint of the message, compared on redeliveries instead
+   * of the hash of sql and params (the six-argument idem_apply of 1.1).
+   * null or undefined: computed by the server.
+   */
+  fingerprint?: string | null;
 }
 
 export interface RetryOptions {
@@ -51,8 +67,65 @@ export type Outcome = 'applied' | 'duplicate' | 'dead_lettered';
  */
 export function apply(db: Queryable, message: Message, options?: RetryOptions): Promise<boolean>;
 
+/**
+ * apply through idem_apply_rows (extension 1.2): the rows the SQL affected,
+ * or null for a duplicate (nothing ran). message.expectRows defaults to 0.
+ */
+export function applyRows(db: Queryable, message: Message, options?: RetryOptions): Promise<number | null>;
+
 /** Like apply, but a permanent error of the SQL parks the message in the dead-letter queue. */
 export function tryApply(db: Queryable, message: Message, options?: RetryOptions): Promise<Outcome>;
+
+/** What tryApplyRows resolves to. */
+export interface TryApplyResult {
+  outcome: Outcome;
+  /** The rows the SQL affected when outcome is 'applied'; null otherwise. */
+  rows: number | null;
+}
+
+/**
+ * tryApply through idem_try_apply_rows (extension 1.2). IK002 (too few
+ * rows) is transient by default: the promise rejects with it and nothing
+ * is recorded.
+ */
+export function tryApplyRows(db: Queryable, message: Message, options?: RetryOptions): Promise<TryApplyResult>;
+
+/**
+ * One consumer's counters (view idem_stats), decoded whatever type parsers
+ * pg has: bigint counts as numbers (a count above 2^53 - 1 rejects with a
+ * RangeError instead of rounding), times as Dates.
+ */
+export interface ConsumerStats {
+  consumer: string;
+  applied: number;
+  duplicates: number;
+  failed: number;
+  deadLettered: number;
+  duplicateRatio: number | null;
+  latencyP50Ms: number | null;
+  latencyP95Ms: number | null;
+  latencyP99Ms: number | null;
+  latencyMaxMs: number | null;
+  lagLastMs: number | null;
+  lagP95Ms: number | null;
+  lastAppliedAt: Date | null;
+  lastDuplicateAt: Date | null;
+  statsReset: Date | null;
+  /** Extension 1.1 and later. */
+  effectsExecuted?: number;
+  effectsReplayed?: number;
+  effectsBusy?: number;
+  effectsFencedOff?: number;
+  effectsRequestMismatches?: number;
+  effectsUnknownOutcomes?: number;
+  effectsDead?: number;
+  keyReuse?: number;
+}
+
+/** The counters of every consumer of the database connected to, by consumer name. */
+export function stats(db: Queryable, consumer?: undefined, options?: RetryOptions): Promise<ConsumerStats[]>;
+/** One consumer's counters, or null if it has none (not counted yet, or untracked). */
+export function stats(db: Queryable, consumer: string, options?: RetryOptions): Promise<ConsumerStats | null>;
 
 export interface Batch<M> {
   consumer: string;

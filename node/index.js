@@ -3,7 +3,8 @@
 // or Pool (pg is a peer dependency).
 'use strict';
 
-const { apply, tryApply, recordBatch, batchParams } = require('./lib/apply');
+const { apply, applyRows, tryApply, tryApplyRows, recordBatch, batchParams } = require('./lib/apply');
+const { stats } = require('./lib/stats');
 const { transaction, isRetryable } = require('./lib/retry');
 const { toText, paramsText, ParamError } = require('./lib/params');
 const {
@@ -13,7 +14,9 @@ const {
 
 module.exports = {
   apply,
+  applyRows,
   tryApply,
+  tryApplyRows,
   recordBatch,
   batchParams,
   transaction,
@@ -29,4 +32,5 @@ module.exports = {
   claimEffects,
   withEffect,
   FencedOffError,
+  stats,
 };

@@ -1,4 +1,5 @@
-// Owns: the calls of one message (idem_apply, idem_try_apply) and of a batch
+// Owns: the calls of one message (idem_apply, idem_try_apply, and their
+// rows forms idem_apply_rows, idem_try_apply_rows) and of a batch
 // (idem_record_batch and the caller's batch statement), with their
 // arguments checked and converted before anything reaches the server.
 'use strict';
@@ -23,21 +24,99 @@ function messageArgs(msg) {
   return [key, consumer, sql, paramsText(params), time];
 }
 
-// Send one message's call; select is the function call's select list.
-async function callMessage(db, select, msg, opts) {
-  const res = await statement(db, { text: `SELECT ${select} AS result`, values: messageArgs(msg) }, opts);
-  return res.rows[0].result;
+// The message's demand for rows as the bigint's text, or undefined when
+// it makes none.  The type is checked here; the server refuses a negative
+// count (22023).  null is refused, as the server refuses it: a demand lost
+// on its way must not pass as no demand.
+function expectRowsArg(msg) {
+  const { expectRows } = msg;
+  if (expectRows === undefined) return undefined;
+  if (typeof expectRows === 'bigint' || (typeof expectRows === 'number' && Number.isSafeInteger(expectRows)))
+    return String(expectRows);
+  throw new TypeError('expectRows must be an integer (a number or a bigint), not ' +
+    `${expectRows === null ? 'null' : typeof expectRows}; leave it out for no demand`);
 }
 
-// Record the message's key and run its SQL, or skip it as a duplicate.
-function apply(db, msg, opts) {
-  return callMessage(db, 'idem_apply($1, $2, $3, $4::text[], $5::timestamptz)', msg, opts);
+// The caller's fingerprint of the message, or undefined to let the server
+// compute it from the SQL and parameters.
+function fingerprintArg(msg) {
+  const { fingerprint } = msg;
+  if (fingerprint === undefined || fingerprint === null) return undefined;
+  if (typeof fingerprint !== 'string') throw new TypeError(`fingerprint must be a string, not ${typeof fingerprint}`);
+  return fingerprint;
+}
+
+// The function call of one message and its values: the five-argument
+// function of 1.0 unless the message has a fingerprint (the six-argument
+// overload of 1.1) or a demand for rows (the rows form of 1.2), so that
+// a role granted only the 1.0 function keeps working.
+function messageCall(name, msg, rowsForm) {
+  const args = messageArgs(msg);
+  const expectRows = expectRowsArg(msg);
+  const fingerprint = fingerprintArg(msg);
+  if (rowsForm || expectRows !== undefined)
+    return {
+      call: `${name}_rows($1, $2, $3, $4::text[], $5::bigint, $6::timestamptz, $7::text)`,
+      values: [...args.slice(0, 3), args[3], expectRows === undefined ? '0' : expectRows, args[4],
+        fingerprint === undefined ? null : fingerprint],
+      rows: true,
+    };
+  if (fingerprint !== undefined)
+    return { call: `${name}($1, $2, $3, $4::text[], $5::timestamptz, $6::text)`, values: [...args, fingerprint], rows: false };
+  return { call: `${name}($1, $2, $3, $4::text[], $5::timestamptz)`, values: args, rows: false };
+}
+
+// The rows a call affected, from the bigint's text (NULL: none ran).
+function rowsCount(text) {
+  if (text === null) return null;
+  const n = Number(text);
+  if (!Number.isSafeInteger(n)) throw new RangeError(`the business SQL affected ${text} rows, more than a number holds exactly`);
+  return n;
+}
+
+// Send one message's call of idem_apply or idem_apply_rows; resolves to
+// the rows affected (text, NULL for a duplicate) or the boolean.
+async function applyCall(db, msg, opts, rowsForm) {
+  const { call, values, rows } = messageCall('idem_apply', msg, rowsForm);
+  const res = await statement(db, { text: `SELECT ${call}${rows ? '::text' : ''} AS result`, values }, opts);
+  return { rows, result: res.rows[0].result };
+}
+
+// Send one message's call of idem_try_apply or idem_try_apply_rows;
+// resolves to the outcome and the rows affected (text, NULL unless applied).
+async function tryApplyCall(db, msg, opts, rowsForm) {
+  const { call, values, rows } = messageCall('idem_try_apply', msg, rowsForm);
+  const text = rows ?
+    `SELECT r.outcome::text AS outcome, r.rows::text AS rows FROM ${call} AS r` :
+    `SELECT ${call}::text AS outcome, NULL::text AS rows`;
+  const res = await statement(db, { text, values }, opts);
+  return res.rows[0];
+}
+
+// Record the message's key and run its SQL, or skip it as a duplicate:
+// true if applied.  With expectRows, an SQL that affects fewer rows raises
+// IK002 and records nothing.
+async function apply(db, msg, opts) {
+  const { rows, result } = await applyCall(db, msg, opts, false);
+  return rows ? result !== null : result;
+}
+
+// apply, resolving to the rows the SQL affected, or null for a duplicate.
+async function applyRows(db, msg, opts) {
+  return rowsCount((await applyCall(db, msg, opts, true)).result);
 }
 
 // Like apply, but a permanent error of the SQL parks the message in the
 // dead-letter queue: 'applied', 'duplicate' or 'dead_lettered'.
-function tryApply(db, msg, opts) {
-  return callMessage(db, 'idem_try_apply($1, $2, $3, $4::text[], $5::timestamptz)::text', msg, opts);
+async function tryApply(db, msg, opts) {
+  return (await tryApplyCall(db, msg, opts, false)).outcome;
+}
+
+// tryApply, resolving to { outcome, rows }: rows the SQL affected when
+// applied, null otherwise.
+async function tryApplyRows(db, msg, opts) {
+  const { outcome, rows } = await tryApplyCall(db, msg, opts, true);
+  return { outcome, rows: rowsCount(rows) };
 }
 
 // Build the batch statement's arrays: the keys, then one array per column,
@@ -80,4 +159,4 @@ async function recordBatch(db, batch, opts) {
   return statement(db, { text: sql === undefined ? RECORD_ONLY : sql, values }, opts);
 }
 
-module.exports = { apply, tryApply, recordBatch, batchParams };
+module.exports = { apply, applyRows, tryApply, tryApplyRows, recordBatch, batchParams };
