@@ -64,6 +64,7 @@
 #include "utils/tuplestore.h"
 #include "utils/varlena.h"
 
+#include "compat.h"
 #include "idem_consumer.h"
 
 /* Longest discard reason accepted, in bytes. */
@@ -145,8 +146,8 @@ check_transient_sqlstates(char **newval, void **extra, GucSource source)
 		return false;
 	}
 
-	parsed = malloc(offsetof(TransientSqlstates, items) +
-					Max(list_length(elems), 1) * sizeof(TransientSqlstate));
+	parsed = compat_guc_extra_alloc(offsetof(TransientSqlstates, items) +
+									Max(list_length(elems), 1) * sizeof(TransientSqlstate));
 	if (parsed == NULL)
 	{
 		GUC_check_errcode(ERRCODE_OUT_OF_MEMORY);
@@ -167,7 +168,7 @@ check_transient_sqlstates(char **newval, void **extra, GucSource source)
 		{
 			GUC_check_errdetail("\"%s\" is neither a SQLSTATE nor a SQLSTATE class.", item);
 			GUC_check_errhint("Give five-character SQLSTATEs such as 23505 or two-character classes such as 23.");
-			free(parsed);
+			compat_guc_extra_free(parsed);
 			return false;
 		}
 		parsed->items[n].is_class = (len == 2);
