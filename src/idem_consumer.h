@@ -178,6 +178,12 @@ extern void consumer_name_check_new(const char *name);
 /* fingerprint.c */
 extern int32 fingerprint_of_message(const char *sql, ArrayType *params);
 extern int32 fingerprint_of_text(text *fingerprint);
+extern int32 fingerprint_of_bound(const char *sql, ParamListInfo params);
+extern int32 fingerprint_of_bound_call(text *explicit_fingerprint,
+									   const char *sql, ParamListInfo params);
+extern bool fingerprint_admits(text *explicit_fingerprint, int32 fingerprint,
+							   const RecordedKey *recorded, const char *sql,
+							   ArrayType *params);
 extern int32 fingerprint_of_call(text *explicit_fingerprint, const char *sql,
 								 ArrayType *params);
 extern bool fingerprint_differs(int32 fingerprint, const RecordedKey *recorded);
