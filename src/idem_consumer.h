@@ -21,6 +21,7 @@
  *	  consumer_names.c	which names a new consumer may have
  *	  fingerprint.c		fingerprints of messages and the key-reuse error
  *	  apply.c			the SQL-callable idem_apply() family
+ *	  apply_typed.c		idem_apply_v(), idem_try_apply_v(): typed parameters
  *	  batch.c			idem_record_batch(): recording a batch of keys
  *	  dead_letter.c		idem_try_apply(), the dead-letter queue and its
  *						replay and discard functions
