@@ -705,6 +705,57 @@ get_id_arg(FunctionCallInfo fcinfo, int argno)
 }
 
 /*
+ * Returns the fingerprint of a call of idem_try_apply, the one idem_apply
+ * computes for the same call.  The typed values need the plan and the
+ * parameters' input conversion, either of which can fail where
+ * idem_try_apply parks the message instead of raising; so they run in a
+ * subtransaction, and a message that cannot be bound is fingerprinted by
+ * its parameters' text, as 1.1 did: every delivery of it fails the same
+ * way until the cause is fixed, and fingerprint_admits() accepts the text
+ * fingerprint of a redelivery after that.
+ */
+static int32
+fingerprint_of_try_call(text *explicit_fingerprint, const char *sql,
+						ArrayType *params)
+{
+	MemoryContext oldcontext = CurrentMemoryContext;
+	ResourceOwner oldowner = CurrentResourceOwner;
+	volatile int32 fingerprint = 0;
+
+	if (explicit_fingerprint != NULL)
+		return fingerprint_of_text(explicit_fingerprint);
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcontext);
+	PG_TRY();
+	{
+		BusinessPlan *bplan = business_plan_get(sql);
+
+		fingerprint = fingerprint_of_bound(sql, business_plan_bind(bplan, params));
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcontext);
+		CurrentResourceOwner = oldowner;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(oldcontext);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcontext);
+		CurrentResourceOwner = oldowner;
+		if (sqlstate_is_transient(edata->sqlerrcode))
+			ReThrowError(edata);
+		FreeErrorData(edata);
+		fingerprint = fingerprint_of_message(sql, params);
+	}
+	PG_END_TRY();
+	return fingerprint;
+}
+
+/*
  * idem_try_apply(key, consumer, sql, params, event_time): like idem_apply,
  * but a permanent failure of the business SQL parks the message in the
  * dead-letter queue instead of raising.  Returns applied, duplicate or
@@ -739,13 +790,14 @@ idem_try_apply(PG_FUNCTION_ARGS)
 	call = stats_call_begin(consumer);
 
 	if (check_fingerprint)
-		fingerprint = fingerprint_of_call(explicit_fingerprint, sql, params);
+		fingerprint = fingerprint_of_try_call(explicit_fingerprint, sql, params);
 	inflight_check_key(consumer_id, consumer, key, "record");
 	redelivered = !keystore_record_key_fp(consumer_id, key,
 										  check_fingerprint ? &fingerprint : NULL,
 										  &recorded);
 	if (redelivered && check_fingerprint &&
-		fingerprint_differs(fingerprint, &recorded))
+		!fingerprint_admits(explicit_fingerprint, fingerprint, &recorded,
+							sql, params))
 	{
 		ErrorData  *edata;
 		char	   *status;
