@@ -136,6 +136,46 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION idem_metrics() IS 'counters in the Prometheus text exposition format 0.0.4, labelled by database and consumer';
 
 --
+-- Typed parameters (src/apply_typed.c).
+--
+-- Drivers that bind each value with its own type (psycopg, JDBC) cannot
+-- pass one text[] of mixed types.  idem_apply_v and idem_try_apply_v take
+-- the values as they are, write them with their types' output and run
+-- idem_apply and idem_try_apply: same privileges checks, counters, dead
+-- letters and fingerprints.  EXECUTE is granted as for those.
+--
+CREATE FUNCTION idem_apply_v(key text, consumer text, sql text,
+                             VARIADIC params "any")
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_apply_v'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_apply_v(text, text, text, "any") IS
+    'idem_apply with parameter values of their own types';
+CREATE FUNCTION idem_apply_v(key text, consumer text, sql text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_apply_v'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_apply_v(text, text, text) IS
+    'idem_apply of SQL without parameters';
+CREATE FUNCTION idem_try_apply_v(key text, consumer text, sql text,
+                                 VARIADIC params "any")
+RETURNS idem_outcome
+AS 'MODULE_PATHNAME', 'idem_try_apply_v'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_try_apply_v(text, text, text, "any") IS
+    'idem_try_apply with parameter values of their own types';
+CREATE FUNCTION idem_try_apply_v(key text, consumer text, sql text)
+RETURNS idem_outcome
+AS 'MODULE_PATHNAME', 'idem_try_apply_v'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_try_apply_v(text, text, text) IS
+    'idem_try_apply of SQL without parameters';
+REVOKE ALL ON FUNCTION idem_apply_v(text, text, text, "any") FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_apply_v(text, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_try_apply_v(text, text, text, "any") FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_try_apply_v(text, text, text) FROM PUBLIC;
+
+--
 -- The rows a message's business SQL must affect (src/expect_rows.c).
 --
 -- An UPDATE that matches no row succeeds, so a message delivered before

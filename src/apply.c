@@ -71,7 +71,8 @@ apply_message(FunctionCallInfo fcinfo, int event_time_argno,
 	if (consumer_id == 0)
 		consumer_id = keystore_consumer_id_ext(consumer, true, &check_fingerprint);
 	if (check_fingerprint)
-		fingerprint = fingerprint_of_call(explicit_fingerprint, sql, params);
+		fingerprint = fingerprint_of_bound_call(explicit_fingerprint, sql,
+												bound_params);
 	inflight_check_key(consumer_id, consumer, key, "record");
 	applied = keystore_record_key_fp(consumer_id, key,
 									 check_fingerprint ? &fingerprint : NULL,
@@ -81,7 +82,9 @@ apply_message(FunctionCallInfo fcinfo, int event_time_argno,
 		*rows = inflight_execute(consumer_id, consumer, key, bplan, bound_params);
 		expect_rows_demand(expect_rows, *rows, consumer, key);
 	}
-	else if (check_fingerprint && fingerprint_differs(fingerprint, &recorded))
+	else if (check_fingerprint &&
+			 !fingerprint_admits(explicit_fingerprint, fingerprint, &recorded,
+								 sql, params))
 	{
 		stats_call_key_reuse(call);
 		fingerprint_refuse(consumer, key, fingerprint, &recorded);

@@ -68,6 +68,7 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 
+#include "compat.h"
 #include "keystore_internal.h"
 
 /* A consumer as the storage knows it. */
@@ -141,11 +142,7 @@ role_name_for_message(Oid roleid)
 bool
 role_can_become(Oid roleid)
 {
-#if PG_VERSION_NUM >= 160000
-	return member_can_set_role(GetUserId(), roleid);
-#else
-	return is_member_of_role(GetUserId(), roleid);
-#endif
+	return compat_member_can_set_role(GetUserId(), roleid);
 }
 
 /*
@@ -263,11 +260,7 @@ has_create_privilege(void)
 							 2, argtypes, true);
 	if (!OidIsValid(funcoid))
 		return superuser();
-#if PG_VERSION_NUM >= 160000
-	return object_aclcheck(ProcedureRelationId, funcoid, GetUserId(), ACL_EXECUTE) == ACLCHECK_OK;
-#else
-	return pg_proc_aclcheck(funcoid, GetUserId(), ACL_EXECUTE) == ACLCHECK_OK;
-#endif
+	return compat_function_executable(funcoid, GetUserId());
 }
 
 /*

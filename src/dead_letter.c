@@ -65,6 +65,7 @@
 #include "utils/tuplestore.h"
 #include "utils/varlena.h"
 
+#include "compat.h"
 #include "idem_consumer.h"
 
 /* Longest discard reason accepted, in bytes. */
@@ -157,8 +158,8 @@ check_transient_sqlstates(char **newval, void **extra, GucSource source)
 		return false;
 	}
 
-	parsed = malloc(offsetof(TransientSqlstates, items) +
-					Max(list_length(elems), 1) * sizeof(TransientSqlstate));
+	parsed = compat_guc_extra_alloc(offsetof(TransientSqlstates, items) +
+									Max(list_length(elems), 1) * sizeof(TransientSqlstate));
 	if (parsed == NULL)
 	{
 		GUC_check_errcode(ERRCODE_OUT_OF_MEMORY);
@@ -179,7 +180,7 @@ check_transient_sqlstates(char **newval, void **extra, GucSource source)
 		{
 			GUC_check_errdetail("\"%s\" is neither a SQLSTATE nor a SQLSTATE class.", item);
 			GUC_check_errhint("Give five-character SQLSTATEs such as 23505 or two-character classes such as 23.");
-			free(parsed);
+			compat_guc_extra_free(parsed);
 			return false;
 		}
 		parsed->items[n].is_class = (len == 2);
@@ -749,6 +750,57 @@ get_id_arg(FunctionCallInfo fcinfo, int argno)
 }
 
 /*
+ * Returns the fingerprint of a call of idem_try_apply, the one idem_apply
+ * computes for the same call.  The typed values need the plan and the
+ * parameters' input conversion, either of which can fail where
+ * idem_try_apply parks the message instead of raising; so they run in a
+ * subtransaction, and a message that cannot be bound is fingerprinted by
+ * its parameters' text, as 1.1 did: every delivery of it fails the same
+ * way until the cause is fixed, and fingerprint_admits() accepts the text
+ * fingerprint of a redelivery after that.
+ */
+static int32
+fingerprint_of_try_call(text *explicit_fingerprint, const char *sql,
+						ArrayType *params)
+{
+	MemoryContext oldcontext = CurrentMemoryContext;
+	ResourceOwner oldowner = CurrentResourceOwner;
+	volatile int32 fingerprint = 0;
+
+	if (explicit_fingerprint != NULL)
+		return fingerprint_of_text(explicit_fingerprint);
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcontext);
+	PG_TRY();
+	{
+		BusinessPlan *bplan = business_plan_get(sql);
+
+		fingerprint = fingerprint_of_bound(sql, business_plan_bind(bplan, params));
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcontext);
+		CurrentResourceOwner = oldowner;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(oldcontext);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcontext);
+		CurrentResourceOwner = oldowner;
+		if (sqlstate_is_transient(edata->sqlerrcode))
+			ReThrowError(edata);
+		FreeErrorData(edata);
+		fingerprint = fingerprint_of_message(sql, params);
+	}
+	PG_END_TRY();
+	return fingerprint;
+}
+
+/*
  * Like idem_apply, but a permanent failure of the business SQL parks the
  * message in the dead-letter queue instead of raising; returns applied,
  * duplicate or dead_lettered.  key, consumer, sql and params are the
@@ -788,13 +840,14 @@ try_apply_message(FunctionCallInfo fcinfo, int event_time_argno,
 	call = stats_call_begin(consumer);
 
 	if (check_fingerprint)
-		fingerprint = fingerprint_of_call(explicit_fingerprint, sql, params);
+		fingerprint = fingerprint_of_try_call(explicit_fingerprint, sql, params);
 	inflight_check_key(consumer_id, consumer, key, "record");
 	redelivered = !keystore_record_key_fp(consumer_id, key,
 										  check_fingerprint ? &fingerprint : NULL,
 										  &recorded);
 	if (redelivered && check_fingerprint &&
-		fingerprint_differs(fingerprint, &recorded))
+		!fingerprint_admits(explicit_fingerprint, fingerprint, &recorded,
+							sql, params))
 	{
 		ErrorData  *edata;
 		char	   *status;

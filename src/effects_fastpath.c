@@ -62,6 +62,7 @@
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 
+#include "compat.h"
 #include "idem_consumer.h"
 #include "effects.h"
 
@@ -214,11 +215,13 @@ index_is_outbox(Relation index)
 }
 
 /*
- * Inserts the index entries of a new row version that was not a HOT
- * update, as ExecUpdate does.
+ * Inserts the index entries a new row version needs, as ExecUpdate does:
+ * all of them after an update that was not HOT, and from 16 those of the
+ * summarizing indexes after a HOT one.
  */
 static void
-insert_index_entries(Relation rel, TupleTableSlot *slot)
+insert_index_entries(Relation rel, TupleTableSlot *slot,
+					 CompatIndexUpdate index_update)
 {
 	EState	   *estate = CreateExecutorState();
 	ResultRelInfo *rinfo = makeNode(ResultRelInfo);
@@ -230,7 +233,7 @@ insert_index_entries(Relation rel, TupleTableSlot *slot)
 	 */
 	InitResultRelInfo(rinfo, rel, 0, NULL, 0);
 	ExecOpenIndices(rinfo, false);
-	ExecInsertIndexTuples(rinfo, slot, estate, true, false, NULL, NIL);
+	compat_insert_index_entries(rinfo, slot, estate, index_update);
 	ExecCloseIndices(rinfo);
 	FreeExecutorState(estate);
 }
@@ -382,7 +385,7 @@ begin_key_scan(Relation rel, Relation pk, int32 consumer_id, text *key)
 	ScanKeyInit(&skeys[0], 1, BTEqualStrategyNumber, F_INT4EQ, Int32GetDatum(consumer_id));
 	ScanKeyEntryInitialize(&skeys[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
 						   C_COLLATION_OID, F_TEXTEQ, PointerGetDatum(key));
-	scan = index_beginscan(rel, pk, GetActiveSnapshot(), 2, 0);
+	scan = compat_index_beginscan(rel, pk, GetActiveSnapshot(), 2, 0);
 	index_rescan(scan, skeys, 2, NULL, 0);
 	return scan;
 }
@@ -423,7 +426,7 @@ effects_fast_complete(Oid relid, int32 consumer_id, text *key, int64 fence,
 			TimestampTz now = GetCurrentTransactionStartTimestamp();
 			TM_FailureData tmfd;
 			LockTupleMode lockmode;
-			bool		update_indexes;
+			CompatIndexUpdate index_update;
 			TM_Result	res;
 
 			/* EF_COMPLETE's SET list */
@@ -442,15 +445,15 @@ effects_fast_complete(Oid relid, int32 consumer_id, text *key, int64 fence,
 			/* the new version must not point into the old one's buffer */
 			ExecMaterializeSlot(newslot);
 
-			res = table_tuple_update(rel, &oldslot->tts_tid, newslot,
-									 GetCurrentCommandId(true), GetActiveSnapshot(),
-									 InvalidSnapshot, true, &tmfd, &lockmode,
-									 &update_indexes);
+			res = compat_table_tuple_update(rel, &oldslot->tts_tid, newslot,
+											GetCurrentCommandId(true), GetActiveSnapshot(),
+											InvalidSnapshot, true, &tmfd, &lockmode,
+											&index_update);
 			/* anything but TM_Ok left the row as it was */
 			if (res == TM_Ok)
 			{
-				if (update_indexes)
-					insert_index_entries(rel, newslot);
+				if (index_update != COMPAT_INDEXES_NONE)
+					insert_index_entries(rel, newslot, index_update);
 				done = true;
 			}
 		}

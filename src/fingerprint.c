@@ -16,6 +16,14 @@
  * fingerprint with a chance of one in 2^32, so the check misses about one
  * reused key in four billion and never refuses a true redelivery.
  *
+ * From 1.2 on, idem_apply() hashes the parameters as the typed values they
+ * are bound to, through each type's own equality (its extended hash
+ * support function, else its binary send form), so that a redelivery
+ * that writes a value another way (10.0 and 10.00, a timestamptz with
+ * another offset, jsonb with keys in another order) is still the same
+ * message.  Keys recorded by 1.1 hold the hash of the parameters' text;
+ * fingerprint_matches() also accepts that one.
+ *
  * This file only computes and compares; the key store keeps the values.
  *
  *-------------------------------------------------------------------------
@@ -24,8 +32,11 @@
 
 #include "catalog/pg_type.h"
 #include "common/hashfn.h"
+#include "nodes/params.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
+#include "utils/lsyscache.h"
+#include "utils/typcache.h"
 #include "utils/timestamp.h"
 
 #include "idem_consumer.h"
@@ -38,6 +49,9 @@
 
 /* Seed of explicit fingerprints, so that they never equal a computed one by design. */
 #define EXPLICIT_SEED			0x66707274U
+
+/* Seed of fingerprints of bound (typed) parameters. */
+#define TYPED_SEED				0x74797065U
 
 /*
  * Returns the fingerprint of a message: its SQL text and parameter values
@@ -72,6 +86,104 @@ fingerprint_of_message(const char *sql, ArrayType *params)
 		}
 	}
 	return (int32) hash;
+}
+
+/*
+ * Returns the hash of one non-NULL bound value: its type's extended hash
+ * (values equal by the type's default equality hash alike), else its
+ * binary send form, else its output text, which input conversion has
+ * made canonical for most types.
+ */
+static uint32
+typed_value_hash(Oid typid, Datum value)
+{
+	TypeCacheEntry *typentry = lookup_type_cache(typid,
+												 TYPECACHE_HASH_EXTENDED_PROC_FINFO);
+	Oid			func;
+	bool		isvarlena;
+
+	if (OidIsValid(typentry->hash_extended_proc))
+		return (uint32) DatumGetUInt64(FunctionCall2Coll(&typentry->hash_extended_proc_finfo,
+														 typentry->typcollation,
+														 value, Int64GetDatum(0)));
+
+	getTypeBinaryOutputInfo(typid, &func, &isvarlena);
+	if (OidIsValid(func))
+	{
+		bytea	   *bytes = OidSendFunctionCall(func, value);
+
+		return hash_bytes((const unsigned char *) VARDATA(bytes),
+						  VARSIZE(bytes) - VARHDRSZ);
+	}
+	else
+	{
+		char	   *str;
+
+		getTypeOutputInfo(typid, &func, &isvarlena);
+		str = OidOutputFunctionCall(func, value);
+		return hash_bytes((const unsigned char *) str, strlen(str));
+	}
+}
+
+/*
+ * Returns the fingerprint of a message from its SQL text and its bound
+ * parameters (see business_plan_bind): the parameter types go in with the
+ * values, so that a hash is always of a value of a known type.
+ */
+int32
+fingerprint_of_bound(const char *sql, ParamListInfo params)
+{
+	/* a seed of its own, so that a bound hash is not a text one by design */
+	uint32		hash = hash_combine(TYPED_SEED,
+									hash_bytes((const unsigned char *) sql, strlen(sql)));
+	int			nparams = params != NULL ? params->numParams : 0;
+
+	hash = hash_combine(hash, hash_bytes_uint32((uint32) nparams));
+	for (int i = 0; i < nparams; i++)
+	{
+		ParamExternData *param = &params->params[i];
+
+		hash = hash_combine(hash, hash_bytes_uint32((uint32) param->ptype));
+		if (param->isnull)
+			hash = hash_combine(hash, NULL_PARAM_HASH);
+		else
+			hash = hash_combine(hash, typed_value_hash(param->ptype, param->value));
+	}
+	return (int32) hash;
+}
+
+/*
+ * Returns whether a recorded key's fingerprint admits this message, whose
+ * typed fingerprint is fingerprint: a key recorded without a fingerprint
+ * admits any.  A key recorded by 1.1 holds the hash of the parameters'
+ * text, so on a mismatch the text hash is tried too.  That is safe for
+ * keys recorded from 1.2 on as well: an exact redelivery matches the typed
+ * hash first, and another message passes the text hash check only by the
+ * same one in 2^32 chance that lets it pass the typed one, so the check is
+ * no weaker; and it costs nothing on the paths that find no mismatch.
+ */
+bool
+fingerprint_admits(text *explicit_fingerprint, int32 fingerprint,
+				   const RecordedKey *recorded, const char *sql,
+				   ArrayType *params)
+{
+	if (!fingerprint_differs(fingerprint, recorded))
+		return true;
+	return explicit_fingerprint == NULL &&
+		fingerprint_of_message(sql, params) == recorded->fingerprint;
+}
+
+/*
+ * Returns the fingerprint of a call whose parameters are bound: of the
+ * caller's fingerprint text when it gave one, else of the typed message.
+ */
+int32
+fingerprint_of_bound_call(text *explicit_fingerprint, const char *sql,
+						  ParamListInfo params)
+{
+	return explicit_fingerprint != NULL ?
+		fingerprint_of_text(explicit_fingerprint) :
+		fingerprint_of_bound(sql, params);
 }
 
 /*

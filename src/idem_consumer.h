@@ -21,6 +21,7 @@
  *	  consumer_names.c	which names a new consumer may have
  *	  fingerprint.c		fingerprints of messages and the key-reuse error
  *	  apply.c			the SQL-callable idem_apply() family
+ *	  apply_typed.c		idem_apply_v(), idem_try_apply_v(): typed parameters
  *	  batch.c			idem_record_batch(): recording a batch of keys
  *	  dead_letter.c		idem_try_apply(), the dead-letter queue and its
  *						replay and discard functions
@@ -182,6 +183,12 @@ extern void consumer_name_check_new(const char *name);
 /* fingerprint.c */
 extern int32 fingerprint_of_message(const char *sql, ArrayType *params);
 extern int32 fingerprint_of_text(text *fingerprint);
+extern int32 fingerprint_of_bound(const char *sql, ParamListInfo params);
+extern int32 fingerprint_of_bound_call(text *explicit_fingerprint,
+									   const char *sql, ParamListInfo params);
+extern bool fingerprint_admits(text *explicit_fingerprint, int32 fingerprint,
+							   const RecordedKey *recorded, const char *sql,
+							   ArrayType *params);
 extern int32 fingerprint_of_call(text *explicit_fingerprint, const char *sql,
 								 ArrayType *params);
 extern bool fingerprint_differs(int32 fingerprint, const RecordedKey *recorded);

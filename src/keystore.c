@@ -76,6 +76,7 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
+#include "compat.h"
 #include "keystore_internal.h"
 
 /*
@@ -792,7 +793,7 @@ keystore_keys_estimate(void)
 		tabentry = pgstat_fetch_stat_tabentry(relids[i]);
 		if (tabentry != NULL)
 		{
-			total += Max(tabentry->n_live_tuples, 0);
+			total += Max(compat_live_tuples(tabentry), 0);
 			continue;
 		}
 

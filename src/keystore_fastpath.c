@@ -37,6 +37,7 @@
 #include "utils/guc.h"
 #include "utils/snapmgr.h"
 
+#include "compat.h"
 #include "keystore_internal.h"
 
 /* Whether keys may be recorded and probed in C (idem_consumer.fast_path). */
@@ -203,7 +204,7 @@ fastpath_probe(FastPath *fp, int32 hash, int32 consumer_id, text *key,
 	oldcxt = MemoryContextSwitchTo(fp->cxt);
 	if (fp->scan == NULL)
 	{
-		fp->scan = index_beginscan(fp->keys, fp->hash_index, fp->snapshot, 1, 0);
+		fp->scan = compat_index_beginscan(fp->keys, fp->hash_index, fp->snapshot, 1, 0);
 		fp->slot = table_slot_create(fp->keys, NULL);
 	}
 	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_INT4EQ, Int32GetDatum(hash));

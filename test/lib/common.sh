@@ -66,6 +66,9 @@ ensure_packages() {
     fi
     if [ "$profile" = all ]; then
         pkgs="$pkgs libipc-run-perl prometheus"
+        # the prometheus suite runs Debian's postgres_exporter with the
+        # queries file of docs/prometheus and scrapes it with curl
+        pkgs="$pkgs prometheus-postgres-exporter curl"
         # PL/Proxy: test/t/020_plproxy.pl and test/bench/plproxy (docs/plproxy)
         pkgs="$pkgs postgresql-15-plproxy"
         # the broker test (test/broker/run) starts a RabbitMQ node of its own

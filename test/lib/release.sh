@@ -1,7 +1,8 @@
 # test/lib/release.sh -- the release suites of test/run-tests.
 #
 # Owns: the PGXN distribution check (test/pgxn/dist.t), the Prometheus
-# rules check and unit tests (docs/prometheus, test/prometheus), and the
+# rules check and unit tests (docs/prometheus, test/prometheus), the
+# postgres_exporter queries file under Debian's exporter, and the
 # Debian package: build with dpkg-buildpackage in a copy of the tree,
 # lintian, install into the system, smoke test in a scratch cluster of
 # Debian's own binaries.
@@ -36,9 +37,11 @@ run_pgxn_suite() {
     echo "-- pgxn took $((SECONDS - t0)) s"
 }
 
-# Prometheus: promtool check rules on each rules file (one test each), and
+# Prometheus: promtool check rules on each rules file (one test each),
 # promtool test rules on each unit-test file (one test per evaluation,
-# eval_time, in it; the ones promtool reports as failed count as failed).
+# eval_time, in it; the ones promtool reports as failed count as failed),
+# and test/prometheus/exporter.t (postgres_exporter with the queries file
+# of docs/prometheus, each assertion one test).
 run_prometheus_suite() {
     local t0=$SECONDS f log status n failed
     echo
@@ -69,6 +72,18 @@ run_prometheus_suite() {
         total_pass=$((total_pass + n - failed))
         total_fail=$((total_fail + failed))
     done
+    # postgres_exporter with docs/prometheus/postgres_exporter-queries.yaml
+    # against the scratch cluster; the exporter runs as the server's user
+    local xdir="$WORK/exporter"
+    mkdir -p "$xdir"
+    [ "$(id -u)" -eq 0 ] && chown postgres: "$xdir"
+    log="$WORK/exporter.log"
+    (cd "$REPO_ROOT" && timeout -k 30 300 env PG_BINDIR="$PG_BINDIR" EXPORTER_WORK="$xdir" \
+        prove -v test/prometheus/exporter.t) >"$log" 2>&1
+    status=$?
+    cat "$log"
+    [ "$status" -eq 124 ] && echo "--- exporter.t: killed after 300 s"
+    count_tap "$log" "$status"
     echo "-- prometheus took $((SECONDS - t0)) s"
 }
 

@@ -482,6 +482,48 @@ for my $what (sort keys %state_queries_1_1)
 	is($node->safe_psql('upgraded_1_1', $state_queries_1_1{$what}), $before_1_1{$what},
 		"1.1: $what are unchanged by the update");
 }
+# Keys recorded by the 1.1 library hold the hash of their parameters'
+# text, not of the typed values.  legacy_fingerprint computes that hash in
+# SQL (hashtext is the same hash_bytes, hashint4 the same hash of the
+# count), pinned to a value the 1.1 library reported in key_reuse's
+# expected output; the keys get it as if 1.1 had recorded them.
+$node->safe_psql('upgraded_1_1', q{
+	CREATE FUNCTION legacy_fingerprint(sql text, params text[]) RETURNS integer
+	LANGUAGE plpgsql IMMUTABLE AS $f$
+	DECLARE
+	    m constant bigint := 4294967295;
+	    h bigint := hashtext(sql)::bigint & m;
+	    b bigint;
+	    v text;
+	BEGIN
+	    IF cardinality(params) > 0 THEN
+	        b := hashint4(cardinality(params))::bigint & m;
+	        h := h # ((b + 2654435769 + ((h << 6) & m) + (h >> 2)) & m);
+	        FOREACH v IN ARRAY params LOOP
+	            b := CASE WHEN v IS NULL THEN 1853189228 ELSE hashtext(v)::bigint & m END;
+	            h := h # ((b + 2654435769 + ((h << 6) & m) + (h >> 2)) & m);
+	        END LOOP;
+	    END IF;
+	    RETURN (h - CASE WHEN h >= 2147483648 THEN 4294967296 ELSE 0 END)::integer;
+	END
+	$f$});
+is($node->safe_psql('upgraded_1_1', q{
+	SELECT to_hex(legacy_fingerprint('update reuse_orders set paid = paid + $1 where id = $2', ARRAY['10', '1']))}),
+	'eb525adb', 'the test computes the fingerprint of 1.1');
+is($node->safe_psql('upgraded_1_1', q{
+	WITH legacy AS (
+	    UPDATE idem_consumer.processed_keys AS p
+	       SET fingerprint = legacy_fingerprint('update ledger set n = n + $1 where id = 1',
+	                                            ARRAY[substr(p.key, 6)])
+	      FROM idem_consumer.consumers AS c
+	     WHERE c.consumer_id = p.consumer_id AND c.name = 'payments'
+	    RETURNING p.fingerprint)
+	SELECT count(*) FROM legacy WHERE fingerprint IS NOT NULL}),
+	'200', '1.1: the keys hold the text fingerprints 1.1 recorded');
+is($node->safe_psql('upgraded_1_1', q{
+	SELECT count(*) FROM idem_consumer.key_collisions AS k
+	  JOIN idem_consumer.consumers AS c USING (consumer_id) WHERE c.name = 'payments'}),
+	'0', '1.1: no key of the test is a collision (all were rewritten above)');
 is($node->safe_psql('upgraded_1_1', q{
 	SET ROLE team_a;
 	SELECT count(*) FILTER (WHERE NOT idem_apply('paid:' || g, 'payments',
@@ -489,6 +531,14 @@ is($node->safe_psql('upgraded_1_1', q{
 	  FROM generate_series(1, 200) g}),
 	'200', '1.1: every key applied before the update is a duplicate after it, fingerprint and all');
 is($node->safe_psql('upgraded_1_1', 'SELECT n FROM ledger'), $before_1_1{ledger}, '1.1: and changed nothing');
+my ($reuse_rc, $reuse_out, $reuse_err) = $node->psql('upgraded_1_1', q{
+	SET ROLE team_a;
+	\set VERBOSITY verbose
+	SELECT idem_apply('paid:7', 'payments', 'update ledger set n = n + $1 where id = 1', ARRAY['8'])});
+like($reuse_err, qr/ERROR:  IK001: key "paid:7" of consumer "payments" was recorded for another message/,
+	'1.1: another message under a key with a text fingerprint is still refused');
+is($node->safe_psql('upgraded_1_1', 'SELECT n FROM ledger'), $before_1_1{ledger}, '1.1: and ran nothing');
+$node->safe_psql('upgraded_1_1', 'DROP FUNCTION legacy_fingerprint(text, text[])');
 is($node->safe_psql('upgraded_1_1', q{
 	SELECT action, result FROM idem_effect_begin('mail', 'welcome:1', '{"to": "a@example.com"}')}),
 	'replay|{"id": "m-1"}', '1.1: a completed effect returns its stored result after the update');

@@ -1,0 +1,163 @@
+/*-------------------------------------------------------------------------
+ *
+ * compat.h
+ *	  The differences between the PostgreSQL major versions idem_consumer
+ *	  builds against (15 to 18), and the only place that tests
+ *	  PG_VERSION_NUM for them.
+ *
+ * Each wrapper takes the arguments of the newest server and drops or
+ * supplies what an older one lacks, so that the code that calls it reads
+ * the same on every version.
+ *
+ * Copyright (c) 2026, idem_consumer maintainers
+ *
+ * src/compat.h
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEM_COMPAT_H
+#define IDEM_COMPAT_H
+
+#include "access/genam.h"
+#include "access/tableam.h"
+#include "catalog/pg_proc.h"
+#include "executor/executor.h"
+#include "pgstat.h"
+#include "utils/acl.h"
+#include "utils/guc.h"
+
+#if PG_VERSION_NUM < 150000
+#error "idem_consumer needs PostgreSQL 15 or later"
+#endif
+
+/*
+ * Whether member may SET ROLE to role.  From 16 a grant can give the
+ * privileges of a role without the right to become it; 15 grants both
+ * together, so membership is the test there.
+ */
+static inline bool
+compat_member_can_set_role(Oid member, Oid role)
+{
+#if PG_VERSION_NUM >= 160000
+	return member_can_set_role(member, role);
+#else
+	return is_member_of_role(member, role);
+#endif
+}
+
+/* Whether roleid may execute function funcoid. */
+static inline bool
+compat_function_executable(Oid funcoid, Oid roleid)
+{
+#if PG_VERSION_NUM >= 160000
+	return object_aclcheck(ProcedureRelationId, funcoid, roleid, ACL_EXECUTE) == ACLCHECK_OK;
+#else
+	return pg_proc_aclcheck(funcoid, roleid, ACL_EXECUTE) == ACLCHECK_OK;
+#endif
+}
+
+/* An index scan without instrumentation (18 added the argument). */
+static inline IndexScanDesc
+compat_index_beginscan(Relation heap, Relation index, Snapshot snapshot,
+					   int nkeys, int norderbys)
+{
+#if PG_VERSION_NUM >= 180000
+	return index_beginscan(heap, index, snapshot, NULL, nkeys, norderbys);
+#else
+	return index_beginscan(heap, index, snapshot, nkeys, norderbys);
+#endif
+}
+
+/* The live tuples the statistics system counts for a table. */
+static inline PgStat_Counter
+compat_live_tuples(const PgStat_StatTabEntry *tabentry)
+{
+#if PG_VERSION_NUM >= 160000
+	return tabentry->live_tuples;
+#else
+	return tabentry->n_live_tuples;
+#endif
+}
+
+/*
+ * Which index entries a row version written by table_tuple_update needs:
+ * none (a HOT update), all, or from 16 only those of summarizing indexes
+ * (BRIN), which a HOT update must still maintain.
+ */
+typedef enum CompatIndexUpdate
+{
+	COMPAT_INDEXES_NONE,
+	COMPAT_INDEXES_ALL,
+	COMPAT_INDEXES_SUMMARIZING
+} CompatIndexUpdate;
+
+/* table_tuple_update, telling which index entries the new version needs. */
+static inline TM_Result
+compat_table_tuple_update(Relation rel, ItemPointer otid, TupleTableSlot *slot,
+						  CommandId cid, Snapshot snapshot, Snapshot crosscheck,
+						  bool wait, TM_FailureData *tmfd, LockTupleMode *lockmode,
+						  CompatIndexUpdate *index_update)
+{
+	TM_Result	result;
+#if PG_VERSION_NUM >= 160000
+	TU_UpdateIndexes update_indexes = TU_None;
+
+	result = table_tuple_update(rel, otid, slot, cid, snapshot, crosscheck,
+								wait, tmfd, lockmode, &update_indexes);
+	*index_update = update_indexes == TU_All ? COMPAT_INDEXES_ALL :
+		update_indexes == TU_Summarizing ? COMPAT_INDEXES_SUMMARIZING :
+		COMPAT_INDEXES_NONE;
+#else
+	bool		update_indexes = false;
+
+	result = table_tuple_update(rel, otid, slot, cid, snapshot, crosscheck,
+								wait, tmfd, lockmode, &update_indexes);
+	*index_update = update_indexes ? COMPAT_INDEXES_ALL : COMPAT_INDEXES_NONE;
+#endif
+	return result;
+}
+
+/*
+ * ExecInsertIndexTuples for a new row version of an update, into the
+ * indexes index_update names.  15 knows no summarizing-only update.
+ */
+static inline List *
+compat_insert_index_entries(ResultRelInfo *rinfo, TupleTableSlot *slot,
+							EState *estate, CompatIndexUpdate index_update)
+{
+#if PG_VERSION_NUM >= 160000
+	return ExecInsertIndexTuples(rinfo, slot, estate, true, false, NULL, NIL,
+								 index_update == COMPAT_INDEXES_SUMMARIZING);
+#else
+	Assert(index_update == COMPAT_INDEXES_ALL);
+	return ExecInsertIndexTuples(rinfo, slot, estate, true, false, NULL, NIL);
+#endif
+}
+
+/*
+ * Memory for a GUC check hook's extra data, which the server frees: from 16
+ * with guc_free, so it must come from guc_malloc; 15 frees it with free.
+ * Returns NULL when out of memory, having reported nothing.
+ */
+static inline void *
+compat_guc_extra_alloc(size_t size)
+{
+#if PG_VERSION_NUM >= 160000
+	return guc_malloc(LOG, size);
+#else
+	return malloc(size);
+#endif
+}
+
+/* Frees extra data allocated by compat_guc_extra_alloc and never handed over. */
+static inline void
+compat_guc_extra_free(void *extra)
+{
+#if PG_VERSION_NUM >= 160000
+	guc_free(extra);
+#else
+	free(extra);
+#endif
+}
+
+#endif							/* IDEM_COMPAT_H */
