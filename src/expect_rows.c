@@ -35,9 +35,6 @@
 
 #include "idem_consumer.h"
 
-/* The schema of the storage tables, fixed by the install script. */
-#define STORAGE_SCHEMA "idem_consumer"
-
 /* SQLSTATE of business SQL that affected fewer rows than expected. */
 #define ERRCODE_TOO_FEW_ROWS	MAKE_SQLSTATE('I','K','0','0','2')
 
@@ -108,12 +105,5 @@ expect_rows_demand(int64 expect_rows, uint64 rows, const char *consumer,
 bool
 expect_rows_stored(void)
 {
-	Oid			nspid = get_namespace_oid(STORAGE_SCHEMA, true);
-	Oid			relid;
-
-	if (!OidIsValid(nspid))
-		return false;
-	relid = get_relname_relid("dead_letters", nspid);
-	return OidIsValid(relid) &&
-		get_attnum(relid, "expect_rows") != InvalidAttrNumber;
+	return dead_letters_has_column("expect_rows");
 }

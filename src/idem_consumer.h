@@ -328,6 +328,7 @@ typedef struct ReplayRoleState
 	int			save_sec_context;
 } ReplayRoleState;
 
+extern bool dead_letters_has_column(const char *column);
 extern bool replay_role_supported(void);
 extern void replay_role_require_supported(void);
 extern char *replay_role_search_path(void);

@@ -50,11 +50,11 @@
 #define STORAGE_SCHEMA "idem_consumer"
 
 /*
- * Tells whether the dead-letter table has the column of version 1.1 that
- * holds the parking role.
+ * Tells whether the dead-letter table has a column, which tells the
+ * version of the SQL objects that made it.
  */
 bool
-replay_role_supported(void)
+dead_letters_has_column(const char *column)
 {
 	Oid			nspid = get_namespace_oid(STORAGE_SCHEMA, true);
 	Oid			relid;
@@ -63,7 +63,17 @@ replay_role_supported(void)
 		return false;
 	relid = get_relname_relid("dead_letters", nspid);
 	return OidIsValid(relid) &&
-		get_attnum(relid, "dead_lettered_role") != InvalidAttrNumber;
+		get_attnum(relid, column) != InvalidAttrNumber;
+}
+
+/*
+ * Tells whether the dead-letter table has the column of version 1.1 that
+ * holds the parking role.
+ */
+bool
+replay_role_supported(void)
+{
+	return dead_letters_has_column("dead_lettered_role");
 }
 
 /*
