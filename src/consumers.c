@@ -352,6 +352,16 @@ lookup_consumer(const char *consumer, ConsumerIdEntry *found)
 /*
  * Inserts a consumer owned by owner; returns its id, or 0 if a concurrent
  * transaction created it first.
+ *
+ * The id the identity sequence gives may be taken by a row that logical
+ * replication applied (docs/replication.md): on a subscriber that takes
+ * over, the sequence still stands where it was, below the publisher's.
+ * The insert then inserts nothing, as it does when the name is taken; if
+ * the name is free, the sequence is moved past the largest id and the
+ * insert tried again.  Each try takes a new id and nothing is written but
+ * the consumer's row, so the loop ends, with nothing half-recorded, once
+ * the sequence has passed the ids taken (or at the sequence's end, with
+ * its error).
  */
 static int32
 insert_consumer(const char *consumer, Oid owner)
@@ -362,12 +372,22 @@ insert_consumer(const char *consumer, Oid owner)
 
 	args[0] = CStringGetTextDatum(consumer);
 	args[1] = ObjectIdGetDatum(owner);
-	keystore_exec(si->consumers_have_owners ? KS_CREATE_OWNED_CONSUMER : KS_CREATE_CONSUMER,
-				  args, 1);
-	if (SPI_processed == 0)
-		return 0;
-	return DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
-									   SPI_tuptable->tupdesc, 1, &isnull));
+	for (;;)
+	{
+		keystore_exec(si->consumers_have_owners ? KS_CREATE_OWNED_CONSUMER : KS_CREATE_CONSUMER,
+					  args, 1);
+		if (SPI_processed > 0)
+			return DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
+											   SPI_tuptable->tupdesc, 1, &isnull));
+
+		/* under READ COMMITTED, a new snapshot sees a concurrent creation */
+		keystore_exec(KS_FIND_CONSUMER, args, 1);
+		if (SPI_processed > 0)
+			return 0;
+
+		keystore_exec(KS_CONSUMER_IDS_PAST_ROWS, NULL, 0);
+		CHECK_FOR_INTERRUPTS();
+	}
 }
 
 /*

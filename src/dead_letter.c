@@ -468,6 +468,13 @@ dead_letter_insert(int32 consumer_id, text *key, const char *sql,
 	nulls[13] = expect_rows > 0 ? ' ' : 'n';
 
 	/*
+	 * On a subscriber that took over, the identity sequence may stand below
+	 * the ids of replicated entries (docs/replication.md); entries are
+	 * rare enough to check it each time.
+	 */
+	keystore_execute(KS_DEAD_LETTER_IDS_PAST_ROWS, NULL, NULL, 0);
+
+	/*
 	 * A database still at version 1.0 has no column for the role, one at
 	 * 1.1 none for the demand, and cannot be given a demand: only the
 	 * functions of 1.2 take one.

@@ -465,6 +465,8 @@ effects_park(int32 consumer_id, text *key, const char *message, const char *deta
 	values[3] = CStringGetTextDatum(message);
 	values[4] = CStringGetTextDatum(detail);
 	values[5] = CStringGetTextDatum(GetUserNameFromId(GetUserId(), false));
+	/* ids past replicated entries, as for a message's (dead_letter.c) */
+	keystore_execute(KS_DEAD_LETTER_IDS_PAST_ROWS, NULL, NULL, 0);
 	effects_execute(EF_PARK, values, NULL, 1);
 	if (SPI_processed == 0)
 		return 0;

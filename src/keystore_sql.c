@@ -168,6 +168,22 @@ typedef struct KeystoreStmtDef
 	" GROUP BY k.consumer_id"
 
 /*
+ * Moves the identity sequence of a storage table's column past the largest
+ * id the table holds, if it is not past it already.  Rows that logical
+ * replication applied took their ids from the publisher's sequence, and
+ * sequences are not replicated: on a subscriber that takes over, the
+ * sequence would hand out those ids again.  setval() is not undone by a
+ * rollback, and need not be: an id skipped is harmless.
+ */
+#define IDS_PAST_ROWS(table, column) \
+	"SELECT pg_catalog.setval(s.seq, m.id)" \
+	" FROM (SELECT pg_catalog.pg_get_serial_sequence('" STORAGE_SCHEMA "." table "', '" column "')" \
+	"::pg_catalog.regclass) AS s (seq)," \
+	" (SELECT pg_catalog.max(" column ") FROM " STORAGE_SCHEMA "." table ") AS m (id)" \
+	" WHERE m.id OPERATOR(pg_catalog.>=)" \
+	" COALESCE(pg_catalog.pg_sequence_last_value(s.seq), 0)"
+
+/*
  * In every statement on keys, $1 is a consumer id and $2 a key, but for
  * the inserts into processed_keys and key_collisions, whose columns are in
  * table order.
@@ -178,9 +194,14 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 		" WHERE name OPERATOR(pg_catalog.=) $1",
 		1, {TEXTOID}
 	},
+	/*
+	 * Any conflict, on the name or on the id, inserts nothing:
+	 * insert_consumer() tells them apart and moves the ids on past a
+	 * replicated row's (KS_CONSUMER_IDS_PAST_ROWS).
+	 */
 	[KS_CREATE_CONSUMER] = {
 		"INSERT INTO " STORAGE_SCHEMA ".consumers (name) VALUES ($1)"
-		" ON CONFLICT (name) DO NOTHING RETURNING consumer_id",
+		" ON CONFLICT DO NOTHING RETURNING consumer_id",
 		1, {TEXTOID}
 	},
 	/* from 1.1 on, consumers have owners */
@@ -191,7 +212,7 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 	},
 	[KS_CREATE_OWNED_CONSUMER] = {
 		"INSERT INTO " STORAGE_SCHEMA ".consumers (name, owner) VALUES ($1, $2)"
-		" ON CONFLICT (name) DO NOTHING RETURNING consumer_id",
+		" ON CONFLICT DO NOTHING RETURNING consumer_id",
 		2, {TEXTOID, REGROLEOID}
 	},
 	[KS_SET_CONSUMER_OWNER] = {
@@ -557,6 +578,16 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 		"SELECT expect_rows FROM " STORAGE_SCHEMA ".dead_letters"
 		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1",
 		1, {INT8OID}
+	},
+
+	/* identity sequences behind replicated rows (IDS_PAST_ROWS) */
+	[KS_CONSUMER_IDS_PAST_ROWS] = {
+		IDS_PAST_ROWS("consumers", "consumer_id"),
+		0, {InvalidOid}
+	},
+	[KS_DEAD_LETTER_IDS_PAST_ROWS] = {
+		IDS_PAST_ROWS("dead_letters", "dead_letter_id"),
+		0, {InvalidOid}
 	},
 };
 

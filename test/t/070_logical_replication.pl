@@ -1,0 +1,181 @@
+# Logical replication of the storage, set up and taken over as
+# docs/replication.md says.  A publisher applies messages (each delivered
+# twice) and parks one in the dead-letter queue; its storage tables and the
+# business table are published, and a subscriber with the same roles and
+# the extension receives them.  Forgetting and purging keys on the
+# publisher works and the deletes reach the subscriber.  Then the
+# subscriber takes over: it creates consumers and parks messages (new ids,
+# none taken by a replicated row), every message the publisher applied is
+# a duplicate there (the balances do not move), and new messages apply
+# once.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+# the same on both nodes: roles first, then the extension and the
+# business table
+my $setup = q{
+	CREATE ROLE team_pay;
+	CREATE ROLE pay_app LOGIN IN ROLE team_pay;
+	CREATE EXTENSION idem_consumer;
+	CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL DEFAULT 0);
+	GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz),
+	                          idem_try_apply(text, text, text, text[], timestamptz),
+	                          idem_consumer_create(text, regrole)
+	                          TO team_pay;
+	GRANT SELECT, UPDATE ON accounts TO team_pay;
+};
+
+my $pub = PostgreSQL::Test::Cluster->new('publisher');
+my $sub = PostgreSQL::Test::Cluster->new('subscriber');
+for my $node ($pub, $sub)
+{
+	$node->init(allows_streaming => 'logical');
+	$node->append_conf('postgresql.conf', "shared_preload_libraries = 'idem_consumer'\n");
+	$node->start;
+	$node->safe_psql('postgres', $setup);
+}
+
+# Every table of the storage schema has a replica identity that logical
+# replication can use: a primary key, or a full row.
+my $without_identity = q{
+	SELECT coalesce(string_agg(c.relname, ', ' ORDER BY c.relname), '')
+	  FROM pg_class c
+	 WHERE c.relnamespace = 'idem_consumer'::regnamespace
+	   AND c.relkind IN ('r', 'p')
+	   AND NOT (c.relreplident IN ('f', 'i')
+	            OR (c.relreplident = 'd'
+	                AND EXISTS (SELECT FROM pg_index i
+	                             WHERE i.indrelid = c.oid AND i.indisprimary)))
+};
+is($pub->safe_psql('postgres', $without_identity), '',
+	'every storage table has a replica identity');
+
+$pub->safe_psql('postgres', q{
+	INSERT INTO accounts SELECT g FROM generate_series(1, 4) g;
+	SELECT idem_consumer_create('payments', 'team_pay');
+	CREATE PUBLICATION idem FOR TABLES IN SCHEMA idem_consumer, TABLE public.accounts;
+});
+
+# The subscriber's own index for the deletes it applies (PostgreSQL 15
+# finds a row of a full replica identity by a sequential scan otherwise).
+$sub->safe_psql('postgres', q{
+	CREATE UNIQUE INDEX processed_keys_identity
+	    ON idem_consumer.processed_keys (consumer_id, key);
+	ALTER TABLE idem_consumer.processed_keys
+	    REPLICA IDENTITY USING INDEX processed_keys_identity;
+});
+my $pub_conn = $pub->connstr('postgres') =~ s/'/''/gr;
+$sub->safe_psql('postgres',
+	"CREATE SUBSCRIPTION idem CONNECTION '$pub_conn' PUBLICATION idem");
+$sub->wait_for_subscription_sync($pub, 'idem');
+
+# apply(NODE, FROM, TO): delivers messages paid:FROM..TO of consumer
+# payments as pay_app, each one twice; returns how many ran their SQL.
+sub apply
+{
+	my ($node, $from, $to) = @_;
+	return $node->safe_psql(
+		'postgres', qq{
+		SELECT count(*) FILTER (WHERE idem_apply('paid:' || g, 'payments',
+		           'update accounts set balance = balance + \$1::bigint where id = \$2::int',
+		           ARRAY[g::text, (g % 4 + 1)::text]))
+		  FROM generate_series($from, $to) g, generate_series(1, 2) AS twice
+		},
+		extra_params => [ '-U', 'pay_app' ]);
+}
+
+my $balances = q{SELECT string_agg(id || ':' || balance, ' ' ORDER BY id) FROM accounts};
+
+is(apply($pub, 1, 200), '200', 'the publisher applies 200 messages delivered twice once each');
+is( $pub->safe_psql(
+		'postgres',
+		q{SELECT idem_try_apply('paid:bad', 'payments', 'select 1 / 0')},
+		extra_params => [ '-U', 'pay_app' ]),
+	'dead_lettered',
+	'and parks one that fails');
+my $expected = $pub->safe_psql('postgres', $balances);
+$pub->wait_for_catchup('idem');
+
+is($sub->safe_psql('postgres',
+		"SELECT count(*) FILTER (WHERE idem_is_processed('paid:' || g, 'payments')) FROM generate_series(1, 200) g"),
+	'200', 'the subscriber knows every applied key');
+is($sub->safe_psql('postgres', $balances), $expected,
+	'and has the balances they made');
+is($sub->safe_psql('postgres', q{SELECT status FROM idem_dead_letters WHERE key = 'paid:bad'}),
+	'pending', 'and the dead letter');
+is($sub->safe_psql('postgres',
+		q{SELECT count(*) FROM idem_stats WHERE consumer = 'payments' AND applied > 0}),
+	'0', 'the counters stay with the server that counted them');
+
+# Deletes on the publisher: a key forgotten, keys purged.
+my ($rc, $out, $err) = $pub->psql('postgres', q{SELECT idem_forget('paid:7', 'payments')});
+is($out, 't', 'idem_forget works on a published key store');
+is($err, '', 'without an error');
+$pub->safe_psql('postgres', q{
+	UPDATE idem_consumer.processed_keys SET processed_at = processed_at - 30 * 86400
+	 WHERE key IN (SELECT 'paid:' || g FROM generate_series(101, 150) g);
+	SELECT idem_set_retention('payments', '1 day');
+});
+($rc, $out, $err) = $pub->psql('postgres', q{SELECT idem_purge('payments')});
+is($out, '50', 'idem_purge works on a published key store');
+is($err, '', 'without an error');
+$pub->wait_for_catchup('idem');
+is($sub->safe_psql('postgres',
+		"SELECT count(*) FILTER (WHERE idem_is_processed('paid:' || g, 'payments')) FROM generate_series(1, 200) g"),
+	'149', 'the deletes reach the subscriber');
+is($sub->safe_psql('postgres', q{SELECT idem_is_processed('paid:7', 'payments')}),
+	'f', 'the forgotten key among them');
+$pub->safe_psql('postgres', q{SELECT idem_reset_retention('payments')});
+$pub->wait_for_catchup('idem');
+
+# Take over: the subscription stops for good, the publisher is gone.
+$sub->safe_psql('postgres', q{
+	ALTER SUBSCRIPTION idem DISABLE;
+	ALTER SUBSCRIPTION idem SET (slot_name = NONE);
+	DROP SUBSCRIPTION idem;
+});
+$pub->stop;
+
+($rc, $out, $err) = $sub->psql('postgres',
+	q{SELECT idem_consumer_create('refunds', 'team_pay')},
+	extra_params => [ '-U', 'pay_app' ]);
+is($err, '', 'the new server creates a consumer');
+($rc, $out, $err) = $sub->psql(
+	'postgres',
+	q{SELECT idem_apply('refund:1', 'chargebacks', 'update accounts set balance = balance - 1 where id = 1')},
+	extra_params => [ '-U', 'pay_app' ]);
+is($out, 't', 'and one by its first use');
+is($err, '', 'without an error');
+is($sub->safe_psql('postgres', q{SELECT count(DISTINCT consumer_id) FROM idem_consumer.consumers}),
+	'3', 'each with an id of its own');
+($rc, $out, $err) = $sub->psql(
+	'postgres',
+	q{SELECT idem_try_apply('refund:bad', 'refunds', 'select 1 / 0')},
+	extra_params => [ '-U', 'pay_app' ]);
+is($out, 'dead_lettered', 'it parks a failing message beside the replicated one');
+is($err, '', 'without an error');
+
+# The forgotten and purged keys apply again, as they would have on the
+# publisher; every other message is a duplicate.
+is(apply($sub, 1, 200), '51', 'on the new server the applied messages are duplicates but the 51 forgotten and purged');
+is($sub->safe_psql('postgres',
+		"SELECT count(*) FILTER (WHERE idem_is_processed('paid:' || g, 'payments')) FROM generate_series(1, 200) g"),
+	'200', 'every key is recorded again');
+$expected = $sub->safe_psql('postgres', $balances);
+is(apply($sub, 1, 200), '0', 'a second redelivery runs nothing');
+is($sub->safe_psql('postgres', $balances), $expected, 'and leaves the balances as they were');
+is(apply($sub, 201, 260), '60', 'new messages apply once');
+
+# Message paid:N adds N: 1 to 260 once, the forgotten and purged ones
+# (7, 101 to 150) twice, less the refund.
+my $sum = -1;
+$sum += $_ for (1 .. 260, 7, 101 .. 150);
+is($sub->safe_psql('postgres', q{SELECT sum(balance) FROM accounts}),
+	$sum, 'every message was applied exactly once');
+
+$sub->stop;
+done_testing();
