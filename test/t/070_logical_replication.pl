@@ -36,8 +36,13 @@ for my $node ($pub, $sub)
 	$node->init(allows_streaming => 'logical');
 	$node->append_conf('postgresql.conf', "shared_preload_libraries = 'idem_consumer'\n");
 	$node->start;
+	# the roles get other OIDs on the subscriber: owners replicate by name
+	$node->safe_psql('postgres', 'CREATE ROLE only_here') if $node == $sub;
 	$node->safe_psql('postgres', $setup);
 }
+isnt($pub->safe_psql('postgres', q{SELECT 'team_pay'::regrole::oid}),
+	$sub->safe_psql('postgres', q{SELECT 'team_pay'::regrole::oid}),
+	'the owner role has another OID on the subscriber');
 
 # Every table of the storage schema has a replica identity that logical
 # replication can use: a primary key, or a full row.
@@ -107,6 +112,13 @@ is($sub->safe_psql('postgres', $balances), $expected,
 	'and has the balances they made');
 is($sub->safe_psql('postgres', q{SELECT status FROM idem_dead_letters WHERE key = 'paid:bad'}),
 	'pending', 'and the dead letter');
+is( $sub->safe_psql(
+		'postgres', q{
+		SELECT c.owner::text || ' ' || d.dead_lettered_role::text
+		  FROM idem_consumer.consumers c JOIN idem_consumer.dead_letters d USING (consumer_id)
+		 WHERE c.name = 'payments'}),
+	'team_pay pay_app',
+	'with the roles of the subscriber, by name');
 is($sub->safe_psql('postgres',
 		q{SELECT count(*) FROM idem_stats WHERE consumer = 'payments' AND applied > 0}),
 	'0', 'the counters stay with the server that counted them');
