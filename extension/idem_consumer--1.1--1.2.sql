@@ -261,13 +261,13 @@ CREATE OR REPLACE VIEW idem_dead_letters WITH (security_barrier) AS
 -- (measured: idem_apply of a new key as fast as without, the purge's WAL
 -- 229 bytes a key instead of 181).  A unique index on (consumer_id, key)
 -- as the identity was measured too and rejected: a second index turns
--- off the fast path of idem_apply (2.4 times slower per new key) and
--- takes 173 bytes of storage per key instead of 95.  PostgreSQL 15 finds
--- the row of a full identity by a sequential scan on the subscriber (5 ms
--- per delete at 100,000 keys, 60 to 100 ms at a million): a subscriber
--- creates that index for itself and makes it its own replica identity,
--- which the apply worker then uses (0.02 ms per delete), as
--- docs/replication.md says.  A DBA who partitioned processed_keys sets
--- the identity of each partition.
+-- off the fast path of idem_apply (more than twice the time per new key)
+-- and takes 172 bytes of storage per key instead of 94.  PostgreSQL 15
+-- finds the row of a full identity by a sequential scan on the subscriber
+-- (5 ms per delete at 100,000 keys, about 50 ms at a million): a
+-- subscriber creates that index for itself and makes it its own replica
+-- identity, which the apply worker then uses, as docs/replication.md
+-- says, with the figures (test/bench/replication).  A DBA who partitioned
+-- processed_keys sets the identity of each partition.
 --
 ALTER TABLE idem_consumer.processed_keys REPLICA IDENTITY FULL;
