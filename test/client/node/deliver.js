@@ -1,7 +1,7 @@
 // One delivery from node-postgres in a process of its own, so that the
 // caller can choose its TZ: node-postgres writes a Date in the process's
-// local time zone.  argv[2] is JSON {sql, params}; a param {date: ms} is a
-// Date.  Prints JSON: the first column of the first row, or the error's
+// local time zone.  argv[2] is JSON {sql, params}; a param {date: ms}, also inside
+// an array, is a Date.  Prints JSON: the first column of the first row, or the error's
 // SQLSTATE, and the text node-postgres sent for each Date.
 'use strict';
 
@@ -10,8 +10,18 @@ const { prepareValue } = require('pg/lib/utils');
 
 (async () => {
   const { sql, params } = JSON.parse(process.argv[2]);
-  const values = params.map((p) => (p && typeof p === 'object' && 'date' in p ? new Date(p.date) : p));
-  const sent = values.filter((v) => v instanceof Date).map(prepareValue);
+  const sent = [];
+  const revive = (p) => {
+    if (Array.isArray(p))
+      return p.map(revive);
+    if (p && typeof p === 'object' && 'date' in p) {
+      const date = new Date(p.date);
+      sent.push(prepareValue(date));
+      return date;
+    }
+    return p;
+  };
+  const values = params.map(revive);
   const client = new Client({ statement_timeout: 20000 });
   await client.connect();
   try {
