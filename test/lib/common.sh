@@ -75,8 +75,9 @@ ensure_packages() {
         pkgs="$pkgs rabbitmq-server"
         # the client suite runs idem_consumer from psycopg 3, psycopg2 and
         # pgjdbc (test/client/python, test/client/java: javac and java, no
-        # build tool), as Debian ships them
-        pkgs="$pkgs python3 python3-psycopg python3-psycopg2 libpostgresql-jdbc-java openjdk-17-jdk-headless"
+        # build tool), as Debian ships them; tzdata for Python's zoneinfo
+        # (the tests deliver one instant from Europe/Berlin and from UTC)
+        pkgs="$pkgs python3 python3-psycopg python3-psycopg2 libpostgresql-jdbc-java openjdk-17-jdk-headless tzdata"
         # the Debian package build, its lint and the PGXN zip check (test/lib/release.sh)
         # (make dist archives the committed tree with git)
         pkgs="$pkgs postgresql-server-dev-all debhelper dpkg-dev lintian unzip git"
