@@ -30,6 +30,8 @@ $node->safe_psql('postgres', q{
 	                          idem_try_apply(text, text, text, text[], timestamptz),
 	                          idem_try_apply_v(text, text, text, "any"),
 	                          idem_try_apply_rows(text, text, text, text[], bigint, timestamptz, text),
+	                          idem_apply_rows_v(text, text, text, bigint, "any"),
+	                          idem_try_apply_rows_v(text, text, text, bigint, "any"),
 	                          idem_is_processed(text, text) TO team_pay, team_ship;
 	GRANT EXECUTE ON FUNCTION idem_dlq_replay(bigint), idem_dlq_replay(text, integer),
 	                          idem_dlq_discard(bigint, text), idem_forget(text, text)
@@ -84,6 +86,10 @@ my %other_forms = (
 	  q{SELECT idem_try_apply_v('paid:4', 'payments', 'update orders set paid = paid + $1 where id = $2', 1000, 1)},
 	idem_apply_rows =>
 	  q{SELECT idem_apply_rows('paid:4', 'payments', 'update orders set paid = paid + 1000 where id = 1', expect_rows => 1)},
+	idem_apply_rows_v =>
+	  q{SELECT idem_apply_rows_v('paid:4', 'payments', 'update orders set paid = paid + $1 where id = $2', 1, 1000, 1)},
+	idem_try_apply_rows_v =>
+	  q{SELECT outcome FROM idem_try_apply_rows_v('paid:4', 'payments', 'update orders set paid = paid + $1 where id = $2', 1, 1000, 1)},
 	idem_try_apply_rows =>
 	  q{SELECT outcome FROM idem_try_apply_rows('paid:4', 'payments', 'update orders set paid = paid + 1000 where id = 1', expect_rows => 1)},
 );
