@@ -2,8 +2,9 @@
 // and a jsonb PGobject bound with PreparedStatement.setObject, as a Java
 // consumer binds a message's values.  Checks typed parameters through
 // idem_apply_v (a redelivery writing a value another way is a duplicate,
-// another value under the key is IK001), the rows form (an event before
-// its order raises IK002 and records nothing), the text[] form from
+// another value under the key is IK001), the rows forms, text[] and typed
+// (an event before its order raises IK002 and records nothing), the
+// text[] form from
 // createArrayOf("text"), and the JDBC example of docs/clients.md
 // (DocsExample.java, generated from it by run).
 //
@@ -202,6 +203,44 @@ public class ClientTest {
         equal(paid(102), new BigDecimal("2.25"), "paid");
     }
 
+    static Object[] rowsV(String call, String key, BigDecimal amount, long orderId) throws SQLException {
+        try (PreparedStatement ps = conn.prepareStatement(call)) {
+            ps.setObject(1, key);
+            ps.setObject(2, CONSUMER);
+            ps.setObject(3, ROWS_SQL);
+            ps.setObject(4, 1L);
+            ps.setObject(5, amount);
+            ps.setObject(6, orderId);
+            return row(ps);
+        }
+    }
+
+    // (c) idem_apply_rows_v and idem_try_apply_rows_v with BigDecimal and
+    // long: IK002 before the order, nothing recorded; then applied with its
+    // rows; a redelivery writing the amount another way is a duplicate
+    static void typedRowsForm() throws Exception {
+        String call = "select idem_apply_rows_v(?, ?, ?, ?, ?, ?)";
+        failsWith("IK002", () -> rowsV(call, "c-3", new BigDecimal("3.5"), 103L));
+        equal(processed("c-3"), false, "processed after IK002");
+        exec("insert into orders_jdbc (id) values (103)");
+        equal(rowsV(call, "c-3", new BigDecimal("3.5"), 103L)[0], 1L, "rows");
+        equal(rowsV(call, "c-3", new BigDecimal("3.50"), 103L)[0], null, "rows of a duplicate");
+        failsWith("IK001", () -> rowsV(call, "c-3", new BigDecimal("3.51"), 103L));
+        equal(paid(103), new BigDecimal("3.5"), "paid");
+
+        String tryCall = "select outcome::text, rows from idem_try_apply_rows_v(?, ?, ?, ?, ?, ?)";
+        failsWith("IK002", () -> rowsV(tryCall, "c-4", new BigDecimal("1.25"), 104L));
+        equal(processed("c-4"), false, "processed after IK002");
+        exec("insert into orders_jdbc (id) values (104)");
+        Object[] r = rowsV(tryCall, "c-4", new BigDecimal("1.25"), 104L);
+        equal(r[0], "applied", "outcome");
+        equal(r[1], 1L, "rows");
+        r = rowsV(tryCall, "c-4", new BigDecimal("1.250"), 104L);
+        equal(r[0], "duplicate", "outcome of the redelivery");
+        equal(r[1], null, "rows of the redelivery");
+        equal(paid(104), new BigDecimal("1.25"), "paid");
+    }
+
     // (d) idem_apply with createArrayOf("text"): applies once; the
     // toString() of equal values written another way is a duplicate;
     // another value is IK001
@@ -234,7 +273,7 @@ public class ClientTest {
         exec("insert into orders values (5)");
         try {
             DocsExample.run(conn, "docs-jdbc", new BigDecimal("10.00"), 5L, BERLIN_10H);
-            equal(one("select paid from orders where id = 5"), new BigDecimal("10.00"), "paid");
+            equal(one("select paid from orders where id = 5"), new BigDecimal("20.00"), "paid");
             equal(one("select count(*) from payments"), 1L, "payments");
         } finally {
             exec("drop table payments, orders");
@@ -243,9 +282,9 @@ public class ClientTest {
 
     public static void main(String[] args) throws Exception {
         String[] names = {"typedRedeliveryIsDuplicate", "otherValueIsKeyReuse", "eventBeforeItsOrder",
-                          "tryApplyRows", "textArrayForm", "docsExample"};
+                          "tryApplyRows", "typedRowsForm", "textArrayForm", "docsExample"};
         Body[] bodies = {ClientTest::typedRedeliveryIsDuplicate, ClientTest::otherValueIsKeyReuse,
-                         ClientTest::eventBeforeItsOrder, ClientTest::tryApplyRows,
+                         ClientTest::eventBeforeItsOrder, ClientTest::tryApplyRows, ClientTest::typedRowsForm,
                          ClientTest::textArrayForm, ClientTest::docsExample};
         int passed = 0, failed = 0, n = 0;
         ExecutorService pool = Executors.newSingleThreadExecutor(r -> {

@@ -3,8 +3,9 @@
 // writes a Date in the process's local zone: each delivery runs in a
 // process of its own, TZ=Europe/Berlin or TZ=UTC), decimal strings written
 // another way and a jsonb object with its keys in another order are one
-// message; another value is IK001; the rows form raises IK002 for an event
-// before its order and records nothing; the examples of docs/clients.md run.
+// message; another value is IK001; the rows forms (text[] and typed) raise
+// IK002 for an event before its order and record nothing; the examples of
+// docs/clients.md run.
 //
 // Connects with the usual PGHOST / PGPORT / PGUSER / PGDATABASE variables.
 'use strict';
@@ -108,11 +109,31 @@ test('an event before its order: IK002, nothing recorded; after the order it app
   assert.strictEqual(await paid(102), '2.25');
 });
 
+test('the typed rows form: IK002 before the order, then applied; 3.5 and 3.50 are one message', BOUNDED, async () => {
+  const call = 'select idem_apply_rows_v($1, $2, $3, $4, $5::numeric, $6::bigint)';
+  const args = (key, amount, id) => [key, CONSUMER, ROWS_SQL, 1, amount, id];
+  await assert.rejects(admin.query(call, args('n-c3', '3.5', 103)), (err) => err.code === 'IK002');
+  assert.strictEqual(await processed('n-c3'), false);
+  await admin.query('insert into orders_node (id) values (103)');
+  assert.strictEqual((await admin.query(call, args('n-c3', '3.5', 103))).rows[0].idem_apply_rows_v, '1');
+  assert.strictEqual((await admin.query(call, args('n-c3', '3.50', 103))).rows[0].idem_apply_rows_v, null);
+  await assert.rejects(admin.query(call, args('n-c3', '3.51', 103)), (err) => err.code === 'IK001');
+  assert.strictEqual(await paid(103), '3.5');
+
+  const tryCall = 'select outcome, rows from idem_try_apply_rows_v($1, $2, $3, $4, $5::numeric, $6::bigint)';
+  await assert.rejects(admin.query(tryCall, args('n-c4', '1.25', 104)), (err) => err.code === 'IK002');
+  assert.strictEqual(await processed('n-c4'), false);
+  await admin.query('insert into orders_node (id) values (104)');
+  assert.deepStrictEqual((await admin.query(tryCall, args('n-c4', '1.25', 104))).rows[0], { outcome: 'applied', rows: '1' });
+  assert.deepStrictEqual((await admin.query(tryCall, args('n-c4', '1.250', 104))).rows[0], { outcome: 'duplicate', rows: null });
+  assert.strictEqual(await paid(104), '1.25');
+});
+
 test('the node-postgres example of docs/clients.md runs as written', BOUNDED, async () => {
   const doc = fs.readFileSync(path.join(__dirname, '..', '..', '..', 'docs', 'clients.md'), 'utf8');
   const block = doc.match(/```js\n([\s\S]*?)```/)[1];
   const snippets = block.split(/^\/\/ .*$/m).filter((s) => s.trim());
-  assert.strictEqual(snippets.length, 2);
+  assert.strictEqual(snippets.length, 3);
   await admin.query('drop table if exists payments, orders');
   await admin.query('create table orders (id bigint primary key, paid numeric not null default 0)');
   await admin.query('create table payments (amount numeric, paid_at timestamptz, order_id bigint)');
@@ -123,7 +144,7 @@ test('the node-postgres example of docs/clients.md runs as written', BOUNDED, as
       await new AsyncFunction('client', 'key', 'amount', 'orderId', 'paidAt', snippet)(
         admin, `docs-node-${n}`, '10.00', 5, new Date(PAID_AT));
     }
-    assert.strictEqual((await admin.query('select paid::text from orders where id = 5')).rows[0].paid, '10.00');
+    assert.strictEqual((await admin.query('select paid::text from orders where id = 5')).rows[0].paid, '20.00');
     assert.strictEqual((await admin.query('select count(*)::int as n from payments')).rows[0].n, 1);
   } finally {
     await admin.query('drop table payments, orders');

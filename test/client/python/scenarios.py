@@ -2,8 +2,9 @@
 
 Owns the driver-independent checks: typed parameters through idem_apply_v
 (a redelivery that writes a value another way is a duplicate, another value
-under the key is IK001), the rows form (an event before its row raises
-IK002 and records nothing) and the text[] form of idem_apply, each passing
+under the key is IK001), the rows forms, text[] and typed (an event
+before its row raises IK002 and records nothing) and the text[] form of
+idem_apply, each passing
 values the way the driver binds them.  test_psycopg.py and test_psycopg2.py
 give each driver's own adapters; run.py runs them.
 """
@@ -141,6 +142,29 @@ class Scenarios:
         assert self.execute(call, ("c-2", self.consumer, self.rows_sql, params)) == ("duplicate", None)
         assert self.paid(102) == decimal.Decimal("2.25"), self.paid(102)
 
+    def test_typed_rows_form(self):
+        """(c) idem_apply_rows_v and idem_try_apply_rows_v with Decimal and
+        int: IK002 before the order, nothing recorded; then applied with its
+        rows; a redelivery writing the amount another way is a duplicate."""
+        call = "select idem_apply_rows_v(%s, %s, %s, %s, %s, %s)"
+        self.fails_with("IK002", call, ("c-3", self.consumer, self.rows_sql, 1, decimal.Decimal("3.5"), 103))
+        assert self.processed("c-3") is False
+        self.execute(f"insert into {self.orders} (id) values (103)")
+        assert self.execute(call, ("c-3", self.consumer, self.rows_sql, 1, decimal.Decimal("3.5"), 103))[0] == 1
+        assert self.execute(call, ("c-3", self.consumer, self.rows_sql, 1, decimal.Decimal("3.50"), 103))[0] is None
+        self.fails_with("IK001", call, ("c-3", self.consumer, self.rows_sql, 1, decimal.Decimal("3.51"), 103))
+        assert self.paid(103) == decimal.Decimal("3.5"), self.paid(103)
+
+        try_call = "select outcome::text, rows from idem_try_apply_rows_v(%s, %s, %s, %s, %s, %s)"
+        self.fails_with("IK002", try_call, ("c-4", self.consumer, self.rows_sql, 1, decimal.Decimal("1.25"), 104))
+        assert self.processed("c-4") is False
+        self.execute(f"insert into {self.orders} (id) values (104)")
+        assert self.execute(try_call, ("c-4", self.consumer, self.rows_sql, 1,
+                                       decimal.Decimal("1.25"), 104)) == ("applied", 1)
+        assert self.execute(try_call, ("c-4", self.consumer, self.rows_sql, 1,
+                                       decimal.Decimal("1.250"), 104)) == ("duplicate", None)
+        assert self.paid(104) == decimal.Decimal("1.25"), self.paid(104)
+
     def test_text_array_form(self):
         """(d) idem_apply with a Python list of str as text[]: applies once;
         the str() of equal values written another way is a duplicate; another
@@ -161,7 +185,8 @@ class Scenarios:
 
     def test_docs_examples(self):
         """docs/clients.md's Python examples as written there: the text[]
-        form and the typed form, each a message of its own."""
+        form, the typed form and the typed rows form, each a message of its
+        own."""
         from decimal import Decimal
         self.execute("drop table if exists payments, orders")
         self.execute("create table orders (id bigint primary key, paid numeric not null default 0)")
@@ -174,7 +199,8 @@ class Scenarios:
                                "order_id": 5, "Decimal": Decimal,
                                "paid_at": datetime.datetime(2026, 1, 1, 10, 0, tzinfo=BERLIN)})
                 cur.close()
-            assert self.execute("select paid from orders where id = 5")[0] == Decimal("10.00")
+            assert len(self.docs_examples()) == 3
+            assert self.execute("select paid from orders where id = 5")[0] == Decimal("20.00")
             assert self.execute("select count(*) from payments")[0] == 1
         finally:
             self.execute("drop table payments, orders")
