@@ -4,9 +4,8 @@
 // idem_apply_v (a redelivery writing a value another way is a duplicate,
 // another value under the key is IK001), the rows forms, text[] and typed
 // (an event before its order raises IK002 and records nothing), the
-// text[] form from
-// createArrayOf("text"), and the JDBC example of docs/clients.md
-// (DocsExample.java, generated from it by run).
+// text[] form from createArrayOf("text"), and the JDBC example of
+// docs/clients.md (DocsExample.java, generated from it by run).
 //
 // Prints TAP lines and the "# pass N" / "# fail N" summary that
 // test/run-tests counts; each test is bounded in time.  Connects to
