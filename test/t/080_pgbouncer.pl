@@ -101,6 +101,12 @@ py_prepare = $server pool_size=1
 py_moved = $server pool_size=2
 jdbc_zero = $server pool_size=1
 jdbc_default = $server pool_size=1
+jdbc_moved = $server pool_size=2
+jdbc_tx_default = $server pool_size=1
+jdbc_tx_zero = $server pool_size=1
+psycopg2 = $server pool_size=1
+node_unnamed = $server pool_size=1
+node_named = $server pool_size=1
 
 [pgbouncer]
 listen_addr = 127.0.0.1
@@ -335,6 +341,14 @@ like($err, qr/ERROR:  23503/, 'SET LOCAL applies to its own transaction');
 is($out, "$pid\nIK002\ndead_lettered\ndead_lettered",
 	'and not beyond: on the same server connection the next client parks the message, and its redelivery runs nothing');
 
+# Session-level advisory locks too outlive the client that took them.
+($out, $err) = bpsql('pay_app', 'app1', q{SELECT pg_backend_pid(); SELECT pg_advisory_lock(4242);});
+is($out, "$pid\n", 'a client takes a session-level advisory lock and disconnects');
+is($node->safe_psql('postgres', 'SELECT pg_try_advisory_lock(4242)'), 'f',
+	'the lock is still held, by the pooled server connection');
+($out, $err) = bpsql('pay_app', 'app1', q{SELECT pg_advisory_unlock(4242);});
+is($out, 't', 'and the next client on that connection holds it (and here releases it)');
+
 # ---------------------------------------------------------------------------
 # Dead letters: replayed through the pooler by the operator once the order
 # exists.
@@ -445,11 +459,46 @@ SKIP:
 		'and a statement prepared at the sixth execution is missing when the seventh goes to another server connection (26000)');
 }
 
+# psycopg2 (Debian's python3-psycopg2) has no server-side prepared statements.
+SKIP:
+{
+	skip 'python3-psycopg2 is not installed', 2
+	  unless system($python, '-c', 'import psycopg2') == 0;
+	is(client($python, "$clientdir/psycopg_client.py", $sockdir, $bport,
+			'pay_app', $password{pay_app}, 'psycopg2', 'psycopg2', 'py2'),
+		join('', map { "c1 $_ t\nc2 $_ f\n" } 1 .. 8),
+		'psycopg2: two connections on one server connection, 8 executions each, all right');
+	is($node->safe_psql('postgres', q{SELECT count(*) FROM idem_processed_keys WHERE key LIKE 'py2:%'}),
+		'8', 'each of its messages recorded once');
+}
+
+# node-postgres (test/client/node's), unnamed and named queries.
+my $node_modules = "$ENV{TESTDIR}/client/node/node_modules";
+SKIP:
+{
+	skip 'node and node-postgres are needed (npm ci in test/client/node)', 3
+	  unless -d "$node_modules/pg" && system('sh', '-c', 'command -v node >/dev/null') == 0;
+	local $ENV{NODE_PATH} = $node_modules;
+	my @js = ('node', "$clientdir/node_client.js", '127.0.0.1', $bport,
+		'pay_app', $password{pay_app});
+	is(client(@js, 'node_unnamed', 'unnamed', 'js:unnamed'),
+		join('', map { "c1 $_ t\nc2 $_ f\n" } 1 .. 8),
+		'node-postgres, unnamed parameterized queries: two clients on one server connection, 8 executions each, all right');
+	is($node->safe_psql('postgres', q{SELECT count(*) FROM idem_processed_keys WHERE key LIKE 'js:unnamed:%'}),
+		'8', 'each of its messages recorded once');
+
+	skip "PgBouncer $bouncer_version tracks prepared statements", 1 if $bouncer_tracks_prepares;
+	$out = client(@js, 'node_named', 'named', 'js:named');
+	is(join("\n", (split /\n/, $out)[0, 1]),
+		qq{c1 1 t\nc2 1 ERROR 42P05 prepared statement "idem_apply" already exists},
+		'a named query: the second client that prepares it on the same server connection fails (42P05)');
+}
+
 # pgjdbc (Debian's libpostgresql-jdbc-java), compiled here.
 my $jar = '/usr/share/java/postgresql.jar';
 SKIP:
 {
-	skip "javac or $jar is missing", 4
+	skip "javac or $jar is missing", 8
 	  unless -f $jar && system('sh', '-c', 'command -v javac >/dev/null') == 0;
 	my $classes = PostgreSQL::Test::Utils::tempdir;
 	my ($jout, $jerr) = ('', '');
@@ -465,13 +514,25 @@ SKIP:
 	is($node->safe_psql('postgres', q{SELECT count(*) FROM idem_processed_keys WHERE key LIKE 'jdbc:zero:%'}),
 		'8', 'each of its messages recorded once');
 
-	skip "PgBouncer $bouncer_version tracks prepared statements", 2 if $bouncer_tracks_prepares;
+	is(client(@java, "$url/jdbc_tx_zero?prepareThreshold=0", 'pay_app', $password{pay_app}, 'jdbc:txz', 'transactions'),
+		join('', map { "c1 $_ t\nc1 $_ commit\nc2 $_ f\nc2 $_ commit\n" } 1 .. 3),
+		'and with autocommit off, each delivery committed');
+	skip "PgBouncer $bouncer_version tracks prepared statements", 5 if $bouncer_tracks_prepares;
 	$out = client(@java, "$url/jdbc_default", 'pay_app', $password{pay_app}, 'jdbc:default');
 	my @lines = split /\n/, $out;
 	is(join("\n", @lines[0 .. 8]) . "\n", join('', map { "c1 $_ t\nc2 $_ f\n" } 1 .. 4) . "c1 5 t\n",
 		'pgjdbc, default prepareThreshold=5: four executions with unnamed statements, the fifth of c1 prepares S_1');
 	is($lines[9], 'c2 5 ERROR 42P05 ERROR: prepared statement "S_1" already exists',
 		'and the fifth of c2, on the same server connection, fails (42P05)');
+	my $logstart = -s $node->logfile;
+	$out = client(@java, "$url/jdbc_moved", 'pay_app', $password{pay_app}, 'jdbc:moved', 'moved');
+	is((split /\n/, $out)[6], 'c1 7 t',
+		'a statement prepared at the fifth execution and missing on the server connection of the seventh');
+	like(slurp_file($node->logfile, $logstart), qr/ERROR:  prepared statement "S_1" does not exist/,
+		'is prepared again by pgjdbc, after the server said 26000');
+	is(client(@java, "$url/jdbc_tx_default", 'pay_app', $password{pay_app}, 'jdbc:txd', 'transactions'),
+		qq{c1 1 t\nc1 1 commit\nc2 1 f\nc2 1 commit ERROR 42P05 ERROR: prepared statement "S_1" already exists\n},
+		'autocommit off: pgjdbc prepares COMMIT at its first use, and the second connection on the server connection fails to commit (42P05)');
 }
 
 $bouncer->kill_kill;

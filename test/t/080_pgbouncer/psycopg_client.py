@@ -10,6 +10,8 @@ Usage: psycopg_client.py HOST PORT USER PASSWORD DBNAME MODE [ARG]
   moved             one connection runs a query seven times (psycopg
                     prepares it at the sixth) while, before the seventh,
                     another client holds the server connection it used
+  psycopg2          apply with psycopg2 (which sends every query as text,
+                    with its parameters quoted into it)
 
 Prints one line per call: "LABEL RESULT", or "LABEL ERROR CLASS SQLSTATE
 MESSAGE" for an error of the server.
@@ -61,6 +63,26 @@ def main():
                 holder.execute("SELECT 1")
             call(f"c1 {i}", conn, "SELECT %s::text", (str(i),))
         holder.execute("ROLLBACK")
+    elif mode == "psycopg2":
+        import psycopg2
+        prefix = sys.argv[7]
+        host, port, user, password, dbname = args
+        conns = []
+        for _ in range(2):
+            conn = psycopg2.connect(host=host, port=port, user=user, password=password,
+                                    dbname=dbname, connect_timeout=10)
+            conn.autocommit = True
+            conns.append(conn)
+        for i in range(1, 9):
+            for label, conn in (("c1", conns[0]), ("c2", conns[1])):
+                try:
+                    with conn.cursor() as cur:
+                        cur.execute(APPLY, (f"{prefix}:{i}", "1", "6"))
+                        print(f"{label} {i}", "t" if cur.fetchone()[0] else "f")
+                except psycopg2.DatabaseError as e:
+                    print(f"{label} {i}", "ERROR", type(e).__name__, e.pgcode,
+                          str(e).splitlines()[0])
+                sys.stdout.flush()
     else:
         sys.exit(f"unknown mode {mode}")
 
