@@ -1,16 +1,19 @@
 # idem_consumer through Debian's PgBouncer in transaction mode, with the
-# README's "Two teams" owners and login roles (docs/poolers.md).  Many
-# client sessions share two server connections per login: a stream with
-# redeliveries from both teams gives exact balances and counters.  A team
-# is refused the other's consumer even on the server connection the other
-# team used last, through a shared pooler login with SET LOCAL ROLE; a
-# session-level SET ROLE or SET is handed to the next client, SET LOCAL is
-# not.  A REVOKE and a change of owner take effect at the next call on a
-# warm server connection.  Dead letters are parked and replayed, and a
-# batch applied, through the pooler.  Last, prepared statements: psycopg 3
-# with prepare_threshold=None and pgjdbc with prepareThreshold=0 work; their
-# server-side prepared statements fail on PgBouncer before 1.21, with the
-# errors asserted here.
+# README's "Two teams" owners and login roles (docs/poolers.md).
+# - 12 client sessions share two server connections per login: a stream
+#   with redeliveries from both teams gives exact balances and counters.
+# - Through one pooler login with SET LOCAL ROLE, a team is refused the
+#   other's consumer on the server connection the other team used last, and
+#   the plan that connection keeps runs with the caller's rights.
+# - A session-level SET ROLE, SET or advisory lock is handed to the next
+#   client of the server connection; SET LOCAL is not.
+# - A change of owner, a REVOKE of EXECUTE or of membership takes effect at
+#   the next call on a warm server connection.
+# - Dead letters are parked and replayed, and a batch applied.
+# - Prepared statements: psycopg 3 with prepare_threshold=None, psycopg2,
+#   node-postgres's unnamed queries and pgjdbc with prepareThreshold=0 work;
+#   the server-side prepared statements of the other settings fail on
+#   PgBouncer before 1.21, with the errors asserted here.
 use strict;
 use warnings;
 
@@ -97,6 +100,7 @@ shared = $server user=pooler pool_size=1
 ; fresh pools for the prepared-statement cases
 py_none = $server pool_size=1
 py_default = $server pool_size=1
+py_zero = $server pool_size=1
 py_prepare = $server pool_size=1
 py_moved = $server pool_size=2
 jdbc_zero = $server pool_size=1
@@ -432,7 +436,7 @@ sub client
 
 SKIP:
 {
-	skip 'python3-psycopg (psycopg 3) is not installed', 6
+	skip 'python3-psycopg (psycopg 3) is not installed', 7
 	  unless system($python, '-c', 'import psycopg') == 0;
 	my @py = ($python, "$clientdir/psycopg_client.py", $sockdir, $bport,
 		'pay_app', $password{pay_app});
@@ -442,7 +446,7 @@ SKIP:
 	is($node->safe_psql('postgres', q{SELECT count(*) FROM idem_processed_keys WHERE key LIKE 'py:none:%'}),
 		'8', 'each of its messages recorded once');
 
-	skip "PgBouncer $bouncer_version tracks prepared statements", 4 if $bouncer_tracks_prepares;
+	skip "PgBouncer $bouncer_version tracks prepared statements", 5 if $bouncer_tracks_prepares;
 	$out = client(@py, 'py_default', 'apply', '5', 'py:default');
 	my @lines = split /\n/, $out;
 	is(join("\n", @lines[0 .. 10]) . "\n", join('', map { "c1 $_ t\nc2 $_ f\n" } 1 .. 5) . "c1 6 t\n",
@@ -450,6 +454,10 @@ SKIP:
 	is($lines[11],
 		'c2 6 ERROR DuplicatePreparedStatement 42P05 prepared statement "_pg3_0" already exists',
 		'and the sixth of c2, on the same server connection, fails');
+	$out = client(@py, 'py_zero', 'apply', '0', 'py:zero');
+	is(join("\n", (split /\n/, $out)[0, 1]),
+		qq{c1 1 t\nc2 1 ERROR DuplicatePreparedStatement 42P05 prepared statement "_pg3_0" already exists},
+		'prepare_threshold=0 is not "never" but "at the first execution": the second connection fails at once');
 	is(client(@py, 'py_prepare', 'prepare'),
 		qq{c1 one\nc2 ERROR DuplicatePreparedStatement 42P05 prepared statement "_pg3_0" already exists\n},
 		'prepare=True: the second connection on the server connection fails (42P05)');
