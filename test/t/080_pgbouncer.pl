@@ -425,11 +425,13 @@ my $clientdir = "$ENV{TESTDIR}/t/080_pgbouncer";
 $clientdir = 't/080_pgbouncer' unless -d $clientdir;
 my $python = '/usr/bin/python3';
 
-# client CMD...: runs a client program; returns its output lines
+# client CMD...: runs a client program; returns its output lines (and,
+# in list context, its error output)
 sub client
 {
 	my ($out, $err) = ('', '');
 	IPC::Run::run([@_], '>', \$out, '2>', \$err, IPC::Run::timeout($timeout));
+	return ($out, $err) if wantarray;
 	diag $err if $err ne '';
 	return $out;
 }
@@ -504,6 +506,8 @@ SKIP:
 
 # pgjdbc (Debian's libpostgresql-jdbc-java), compiled here.
 my $jar = '/usr/share/java/postgresql.jar';
+my @java;
+my $url = "jdbc:postgresql://127.0.0.1:$bport";
 SKIP:
 {
 	skip "javac or $jar is missing", 8
@@ -513,8 +517,7 @@ SKIP:
 	IPC::Run::run([ 'javac', '-d', $classes, "$clientdir/JdbcApply.java" ],
 		'>', \$jout, '2>', \$jerr, IPC::Run::timeout($timeout))
 	  or die "javac: $jerr";
-	my @java = ('java', '-cp', "$jar:$classes", 'JdbcApply');
-	my $url = "jdbc:postgresql://127.0.0.1:$bport";
+	@java = ('java', '-cp', "$jar:$classes", 'JdbcApply');
 	my $want = join '', map { "c1 $_ t\nc2 $_ f\n" } 1 .. 8;
 	is(client(@java, "$url/jdbc_zero?prepareThreshold=0", 'pay_app', $password{pay_app}, 'jdbc:zero'),
 		$want,
@@ -541,6 +544,31 @@ SKIP:
 	is(client(@java, "$url/jdbc_tx_default", 'pay_app', $password{pay_app}, 'jdbc:txd', 'transactions'),
 		qq{c1 1 t\nc1 1 commit\nc2 1 f\nc2 1 commit ERROR 42P05 ERROR: prepared statement "S_1" already exists\n},
 		'autocommit off: pgjdbc prepares COMMIT at its first use, and the second connection on the server connection fails to commit (42P05)');
+}
+
+# pgjdbc sends extra_float_digits at startup: without
+# ignore_startup_parameters PgBouncer refuses the connection.
+SKIP:
+{
+	skip "javac or $jar is missing", 1
+	  unless -f $jar && system('sh', '-c', 'command -v javac >/dev/null') == 0;
+	my $ini = slurp_file("$confdir/pgbouncer.ini");
+	$ini =~ s/^ignore_startup_parameters = .*\n//m or die 'no ignore_startup_parameters';
+	open $fh, '>', "$confdir/pgbouncer.ini" or die $!;
+	print $fh $ini;
+	close $fh;
+	my $bouncer_pid = slurp_file("$confdir/pgbouncer.pid");
+	chomp $bouncer_pid;
+	kill 'HUP', $bouncer_pid;
+	my $err = '';
+	foreach (1 .. 20)
+	{
+		sleep 1;
+		(undef, $err) = client(@java, "$url/jdbc_zero?prepareThreshold=0", 'pay_app', $password{pay_app}, 'jdbc:startup');
+		last if $err ne '';
+	}
+	like($err, qr/FATAL: unsupported startup parameter: extra_float_digits/,
+		'without ignore_startup_parameters = extra_float_digits, pgjdbc cannot connect');
 }
 
 $bouncer->kill_kill;
