@@ -17,6 +17,7 @@
 use strict;
 use warnings;
 
+use File::Basename qw(dirname);
 use IPC::Run;
 use Time::HiRes qw(time);
 use PostgreSQL::Test::Cluster;
@@ -421,8 +422,8 @@ is($node->safe_psql('postgres', q{
 
 # ---------------------------------------------------------------------------
 # Prepared statements.  psycopg 3 (Debian's python3-psycopg).
-my $clientdir = "$ENV{TESTDIR}/t/080_pgbouncer";
-$clientdir = 't/080_pgbouncer' unless -d $clientdir;
+# beside this file, wherever prove runs it from
+my $clientdir = dirname(__FILE__) . '/080_pgbouncer';
 my $python = '/usr/bin/python3';
 
 # client CMD...: runs a client program; returns its output lines (and,
@@ -483,7 +484,7 @@ SKIP:
 }
 
 # node-postgres (test/client/node's), unnamed and named queries.
-my $node_modules = "$ENV{TESTDIR}/client/node/node_modules";
+my $node_modules = dirname(__FILE__) . '/../client/node/node_modules';
 SKIP:
 {
 	skip 'node and node-postgres are needed (npm ci in test/client/node)', 3
