@@ -6,7 +6,8 @@
 #   other's consumer on the server connection the other team used last, and
 #   the plan that connection keeps runs with the caller's rights.
 # - A session-level SET ROLE, SET or advisory lock is handed to the next
-#   client of the server connection; SET LOCAL is not.
+#   client of the server connection; SET LOCAL is not; session pooling
+#   clears the session between clients.
 # - A change of owner, a REVOKE of EXECUTE or of membership takes effect at
 #   the next call on a warm server connection.
 # - Dead letters are parked and replayed, and a batch applied.
@@ -112,6 +113,9 @@ jdbc_tx_zero = $server pool_size=1
 psycopg2 = $server pool_size=1
 node_unnamed = $server pool_size=1
 node_named = $server pool_size=1
+; session pooling, for comparison
+session_shared = $server user=pooler pool_size=1 pool_mode=session
+py_session = $server pool_size=2 pool_mode=session
 
 [pgbouncer]
 listen_addr = 127.0.0.1
@@ -354,6 +358,17 @@ is($node->safe_psql('postgres', 'SELECT pg_try_advisory_lock(4242)'), 'f',
 ($out, $err) = bpsql('pay_app', 'app1', q{SELECT pg_advisory_unlock(4242);});
 is($out, 't', 'and the next client on that connection holds it (and here releases it)');
 
+# Session pooling: a server connection serves one client until it leaves,
+# then PgBouncer's server_reset_query (DISCARD ALL by default) clears it.
+($out, $err) = bpsql('pay_app', 'session_shared',
+	q{SELECT pg_backend_pid(); SET ROLE pay_app; SELECT pg_advisory_lock(4243);});
+$pid = (split /\n/, $out)[0];
+($out, $err) = bpsql('ship_app', 'session_shared', q{SELECT pg_backend_pid(); SELECT current_user;});
+is($out, "$pid\npooler",
+	'session pooling: the next client of the server connection no longer has the SET ROLE of the last one');
+is($node->safe_psql('postgres', 'SELECT pg_try_advisory_lock(4243)'), 't',
+	'nor its advisory lock');
+
 # ---------------------------------------------------------------------------
 # Dead letters: replayed through the pooler by the operator once the order
 # exists.
@@ -439,7 +454,7 @@ sub client
 
 SKIP:
 {
-	skip 'python3-psycopg (psycopg 3) is not installed', 7
+	skip 'python3-psycopg (psycopg 3) is not installed', 8
 	  unless system($python, '-c', 'import psycopg') == 0;
 	my @py = ($python, "$clientdir/psycopg_client.py", $sockdir, $bport,
 		'pay_app', $password{pay_app});
@@ -448,6 +463,8 @@ SKIP:
 		'psycopg 3, prepare_threshold=None: two connections on one server connection, 8 executions each, all right');
 	is($node->safe_psql('postgres', q{SELECT count(*) FROM idem_processed_keys WHERE key LIKE 'py:none:%'}),
 		'8', 'each of its messages recorded once');
+	is(client(@py, 'py_session', 'apply', '5', 'py:session'), $want,
+		'session pooling: psycopg 3 with its default prepare_threshold=5 works');
 
 	skip "PgBouncer $bouncer_version tracks prepared statements", 5 if $bouncer_tracks_prepares;
 	$out = client(@py, 'py_default', 'apply', '5', 'py:default');
