@@ -71,6 +71,9 @@ ensure_packages() {
         pkgs="$pkgs prometheus-postgres-exporter curl"
         # PL/Proxy: test/t/020_plproxy.pl and test/bench/plproxy (docs/plproxy)
         pkgs="$pkgs postgresql-15-plproxy"
+        # test/t/080_pgbouncer.pl: Debian's PgBouncer in transaction mode,
+        # with psycopg 3 and pgjdbc clients (javac compiles the latter's program)
+        pkgs="$pkgs pgbouncer python3-psycopg libpostgresql-jdbc-java openjdk-17-jdk-headless"
         # the broker test (test/broker/run) starts a RabbitMQ node of its own
         pkgs="$pkgs rabbitmq-server"
         # the client suite runs idem_consumer from psycopg 3, psycopg2 and
