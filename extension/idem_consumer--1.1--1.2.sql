@@ -221,6 +221,44 @@ COMMENT ON FUNCTION idem_try_apply_rows(text, text, text, text[], bigint, timest
     'idem_try_apply demanding that sql affect at least expect_rows rows (IK002, transient by default); the outcome and the rows affected';
 REVOKE ALL ON FUNCTION idem_try_apply_rows(text, text, text, text[], bigint, timestamptz, text) FROM PUBLIC;
 
+-- The rows forms with parameter values of their own types, as
+-- idem_apply_v is to idem_apply; expect_rows comes before the values,
+-- which VARIADIC keeps last.
+CREATE FUNCTION idem_apply_rows_v(key text, consumer text, sql text,
+                                  expect_rows bigint, VARIADIC params "any")
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'idem_apply_rows_v'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_apply_rows_v(text, text, text, bigint, "any") IS
+    'idem_apply_rows with parameter values of their own types';
+CREATE FUNCTION idem_apply_rows_v(key text, consumer text, sql text,
+                                  expect_rows bigint)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'idem_apply_rows_v'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_apply_rows_v(text, text, text, bigint) IS
+    'idem_apply_rows of SQL without parameters';
+CREATE FUNCTION idem_try_apply_rows_v(key text, consumer text, sql text,
+                                      expect_rows bigint, VARIADIC params "any",
+                                      OUT outcome idem_outcome, OUT rows bigint)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idem_try_apply_rows_v'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_try_apply_rows_v(text, text, text, bigint, "any") IS
+    'idem_try_apply_rows with parameter values of their own types';
+CREATE FUNCTION idem_try_apply_rows_v(key text, consumer text, sql text,
+                                      expect_rows bigint,
+                                      OUT outcome idem_outcome, OUT rows bigint)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idem_try_apply_rows_v'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_try_apply_rows_v(text, text, text, bigint) IS
+    'idem_try_apply_rows of SQL without parameters';
+REVOKE ALL ON FUNCTION idem_apply_rows_v(text, text, text, bigint, "any") FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_apply_rows_v(text, text, text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_try_apply_rows_v(text, text, text, bigint, "any") FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_try_apply_rows_v(text, text, text, bigint) FROM PUBLIC;
+
 CREATE OR REPLACE VIEW idem_dead_letters WITH (security_barrier) AS
     SELECT d.dead_letter_id AS id,
            c.name AS consumer,

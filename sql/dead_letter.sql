@@ -7,6 +7,11 @@
 -- of its error, with dead-letter entry ids masked.  It catches the error
 -- in a subtransaction, like a consumer that handles the error and carries
 -- on.
+--
+-- The session's zone by its canonical name: pg_regress's PST8PDT is a zone
+-- of its own in PostgreSQL's bundled time zone data and a link to
+-- America/Los_Angeles in the system's, and parked settings show it.
+SET TimeZone = 'America/Los_Angeles';
 CREATE FUNCTION dlq_error(stmt text) RETURNS text LANGUAGE plpgsql AS $f$
 DECLARE
     state text;
@@ -286,7 +291,7 @@ SET TimeZone = 'Asia/Tokyo';
 SELECT idem_try_apply('tn-1', 'tenant', 'update counters set n = n + 1, at = $2 where name = $1',
                       ARRAY['a', '2024-01-01 09:00']);
 RESET search_path;
-RESET TimeZone;
+SET TimeZone = 'America/Los_Angeles';
 SELECT id AS tn1 FROM idem_dead_letters WHERE key = 'tn-1' \gset
 SELECT settings FROM idem_dead_letters WHERE id = :tn1;
 UPDATE tenant_x.counters SET n = 0;

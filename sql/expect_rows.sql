@@ -221,3 +221,37 @@ CREATE FUNCTION idem_apply(key text, consumer text, sql text, params text[] DEFA
 RETURNS bigint LANGUAGE sql AS 'select 0::bigint';
 PREPARE apply3 AS SELECT idem_apply($1, $2, $3);
 ROLLBACK;
+
+--
+-- The rows forms with typed values: idem_apply_rows_v and
+-- idem_try_apply_rows_v take expect_rows, then the values
+--
+\set pay 'update rows_orders set paid_amount = paid_amount + $1, status = ''PAID'' where id = $2'
+SELECT rows_error($$SELECT idem_apply_rows_v('v-1', 'rows-pay', 'update rows_orders set paid_amount = paid_amount + $1 where id = $2', 1, 4.50, 30)$$);
+SELECT idem_is_processed('v-1', 'rows-pay');
+INSERT INTO rows_orders (id, amount_due) VALUES (30, 4.5);
+SELECT idem_apply_rows_v('v-1', 'rows-pay', :'pay', 1, 4.50, 30);
+-- a redelivery written another way is a duplicate: NULL
+SELECT idem_apply_rows_v('v-1', 'rows-pay', :'pay', 1, 4.5::numeric, 30::bigint);
+SELECT split_part(rows_error($$SELECT idem_apply_rows_v('v-1', 'rows-pay', 'update rows_orders set paid_amount = paid_amount + $1 where id = $2', 1, 4.51, 30)$$), E'\n', 1);
+SELECT id, paid_amount, status FROM rows_orders WHERE id = 30;
+-- no values, and VARIADIC ARRAY
+SELECT idem_apply_rows_v('v-2', 'rows-pay', 'update rows_orders set status = ''SEEN'' where id in (1, 2, 3)', 2);
+SELECT idem_apply_rows_v('v-3', 'rows-pay', 'update rows_orders set status = ''SEEN'' where id in ($1, $2)', 2, VARIADIC ARRAY[1, 2]);
+-- bad demands fail before anything is recorded
+SELECT rows_error($$SELECT idem_apply_rows_v('v-4', 'rows-pay', 'select 1', NULL, 1)$$);
+SELECT rows_error($$SELECT idem_apply_rows_v('v-4', 'rows-pay', 'select 1', -1, 1)$$);
+SELECT idem_is_processed('v-4', 'rows-pay');
+-- idem_try_apply_rows_v: transient IK002 re-raised; parked when permanent,
+-- and its replay demands the rows again
+SELECT rows_error($$SELECT * FROM idem_try_apply_rows_v('tv-1', 'rows-try', 'update rows_orders set paid_amount = paid_amount + $1 where id = $2', 1, 2.25, 31)$$);
+SET idem_consumer.transient_sqlstates = '';
+SELECT * FROM idem_try_apply_rows_v('tv-1', 'rows-try', :'pay', 1, 2.25, 31);
+SELECT key, params, expect_rows, status FROM idem_dead_letters WHERE consumer = 'rows-try' AND key = 'tv-1';
+RESET idem_consumer.transient_sqlstates;
+SELECT * FROM idem_dlq_replay((SELECT id FROM idem_dead_letters WHERE consumer = 'rows-try' AND key = 'tv-1'));
+INSERT INTO rows_orders (id, amount_due) VALUES (31, 2.25);
+SELECT * FROM idem_dlq_replay((SELECT id FROM idem_dead_letters WHERE consumer = 'rows-try' AND key = 'tv-1'));
+SELECT * FROM idem_try_apply_rows_v('tv-1', 'rows-try', :'pay', 1, 2.250, 31);
+SELECT * FROM idem_try_apply_rows_v('tv-2', 'rows-try', 'select 1', 0);
+SELECT id, paid_amount, status FROM rows_orders WHERE id = 31;

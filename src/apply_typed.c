@@ -1,8 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * apply_typed.c
- *	  idem_apply_v() and idem_try_apply_v(): idem_apply() and
- *	  idem_try_apply() with parameters passed as values of their own types.
+ *	  idem_apply_v(), idem_try_apply_v(), idem_apply_rows_v() and
+ *	  idem_try_apply_rows_v(): idem_apply(), idem_try_apply() and their
+ *	  rows forms with parameters passed as values of their own types.
  *
  * Drivers that bind every value with its type (psycopg, JDBC) cannot pass
  * one text[] of mixed values.  These functions take VARIADIC "any", write
@@ -30,10 +31,14 @@
 
 PG_FUNCTION_INFO_V1(idem_apply_v);
 PG_FUNCTION_INFO_V1(idem_try_apply_v);
+PG_FUNCTION_INFO_V1(idem_apply_rows_v);
+PG_FUNCTION_INFO_V1(idem_try_apply_rows_v);
 
 /* the text[] forms, apply.c and dead_letter.c */
 extern PGDLLEXPORT Datum idem_apply(PG_FUNCTION_ARGS);
 extern PGDLLEXPORT Datum idem_try_apply(PG_FUNCTION_ARGS);
+extern PGDLLEXPORT Datum idem_apply_rows(PG_FUNCTION_ARGS);
+extern PGDLLEXPORT Datum idem_try_apply_rows(PG_FUNCTION_ARGS);
 
 /*
  * Returns the variadic arguments from argno on as a text array of their
@@ -117,17 +122,25 @@ variadic_params_as_text(FunctionCallInfo fcinfo, int argno)
 }
 
 /*
- * Calls a text[] form (idem_apply or idem_try_apply) with the first three
- * arguments of fcinfo, the variadic values as text and no event time.
+ * Calls a text[] form with the first three arguments of fcinfo, the
+ * variadic values as text, and no event time: idem_apply or idem_try_apply
+ * (five arguments) when rows_form is false; else idem_apply_rows or
+ * idem_try_apply_rows (seven arguments) with fcinfo's fourth argument as
+ * expect_rows and the values after it.  The callee shares fcinfo's flinfo,
+ * so its result type (the rows form's record) and its per-call-site caches
+ * are those of the typed function.
  */
 static Datum
-call_text_form(PGFunction form, FunctionCallInfo fcinfo)
+call_text_form(PGFunction form, bool rows_form, FunctionCallInfo fcinfo)
 {
-	LOCAL_FCINFO(inner, 5);
-	ArrayType  *params = variadic_params_as_text(fcinfo, 3);
+	LOCAL_FCINFO(inner, 7);
+	int			params_argno = rows_form ? 4 : 3;
+	ArrayType  *params = variadic_params_as_text(fcinfo, params_argno);
+	int			nargs = rows_form ? 7 : 5;
 	Datum		result;
 
-	InitFunctionCallInfoData(*inner, fcinfo->flinfo, 5, InvalidOid, NULL, NULL);
+	InitFunctionCallInfoData(*inner, fcinfo->flinfo, nargs, InvalidOid,
+							 NULL, NULL);
 	for (int i = 0; i < 3; i++)
 	{
 		inner->args[i].value = PG_ARGISNULL(i) ? (Datum) 0 : PG_GETARG_DATUM(i);
@@ -135,8 +148,22 @@ call_text_form(PGFunction form, FunctionCallInfo fcinfo)
 	}
 	inner->args[3].value = PointerGetDatum(params);
 	inner->args[3].isnull = params == NULL;
-	inner->args[4].value = (Datum) 0;
-	inner->args[4].isnull = true;
+	if (rows_form)
+	{
+		inner->args[4].value = PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3);
+		inner->args[4].isnull = PG_ARGISNULL(3);
+		for (int i = 5; i < nargs; i++)
+		{
+			/* no event time, no fingerprint of the caller's */
+			inner->args[i].value = (Datum) 0;
+			inner->args[i].isnull = true;
+		}
+	}
+	else
+	{
+		inner->args[4].value = (Datum) 0;
+		inner->args[4].isnull = true;
+	}
 	result = form(inner);
 	if (inner->isnull)
 		PG_RETURN_NULL();
@@ -150,7 +177,7 @@ call_text_form(PGFunction form, FunctionCallInfo fcinfo)
 Datum
 idem_apply_v(PG_FUNCTION_ARGS)
 {
-	return call_text_form(idem_apply, fcinfo);
+	return call_text_form(idem_apply, false, fcinfo);
 }
 
 /*
@@ -160,5 +187,25 @@ idem_apply_v(PG_FUNCTION_ARGS)
 Datum
 idem_try_apply_v(PG_FUNCTION_ARGS)
 {
-	return call_text_form(idem_try_apply, fcinfo);
+	return call_text_form(idem_try_apply, false, fcinfo);
+}
+
+/*
+ * idem_apply_rows_v(key, consumer, sql, expect_rows, VARIADIC params
+ * "any"): idem_apply_rows() with typed parameter values.
+ */
+Datum
+idem_apply_rows_v(PG_FUNCTION_ARGS)
+{
+	return call_text_form(idem_apply_rows, true, fcinfo);
+}
+
+/*
+ * idem_try_apply_rows_v(key, consumer, sql, expect_rows, VARIADIC params
+ * "any"): idem_try_apply_rows() with typed parameter values.
+ */
+Datum
+idem_try_apply_rows_v(PG_FUNCTION_ARGS)
+{
+	return call_text_form(idem_try_apply_rows, true, fcinfo);
 }

@@ -59,7 +59,8 @@
 #include "utils/tuplestore.h"
 
 #include "idem_consumer.h"
-#include "effects.h"
+#include "effects_store.h"
+#include "effects_fastpath.h"
 
 /* Longest error text idem_effect_fail accepts, in bytes. */
 #define MAX_ERROR_BYTES			8192

@@ -64,7 +64,7 @@
 
 #include "compat.h"
 #include "idem_consumer.h"
-#include "effects.h"
+#include "effects_fastpath.h"
 
 /* The columns of idem_consumer.effects the fast path reads or writes. */
 #define ATT_CONSUMER_ID		1

@@ -33,7 +33,8 @@
 #include "utils/lsyscache.h"
 
 #include "idem_consumer.h"
-#include "effects.h"
+#include "effects_store.h"
+#include "effects_fastpath.h"
 
 #define STORAGE_SCHEMA "idem_consumer"
 #define EFFECTS_TABLE STORAGE_SCHEMA ".effects"

@@ -71,8 +71,16 @@ ensure_packages() {
         pkgs="$pkgs prometheus-postgres-exporter curl"
         # PL/Proxy: test/t/020_plproxy.pl and test/bench/plproxy (docs/plproxy)
         pkgs="$pkgs postgresql-15-plproxy"
+        # test/t/080_pgbouncer.pl: Debian's PgBouncer in transaction mode,
+        # with psycopg 3 and pgjdbc clients (javac compiles the latter's program)
+        pkgs="$pkgs pgbouncer python3-psycopg libpostgresql-jdbc-java openjdk-17-jdk-headless"
         # the broker test (test/broker/run) starts a RabbitMQ node of its own
         pkgs="$pkgs rabbitmq-server"
+        # the client suite runs idem_consumer from psycopg 3, psycopg2 and
+        # pgjdbc (test/client/python, test/client/java: javac and java, no
+        # build tool), as Debian ships them; tzdata for Python's zoneinfo
+        # (the tests deliver one instant from Europe/Berlin and from UTC)
+        pkgs="$pkgs python3 python3-psycopg python3-psycopg2 libpostgresql-jdbc-java openjdk-17-jdk-headless tzdata"
         # the Debian package build, its lint and the PGXN zip check (test/lib/release.sh)
         # (make dist archives the committed tree with git)
         pkgs="$pkgs postgresql-server-dev-all debhelper dpkg-dev lintian unzip git"
@@ -166,16 +174,18 @@ make_pg_tempdir() {
     printf -v "$1" '%s' "$d"
 }
 
-# start_scratch_cluster DIR PORT: initdb + start a cluster in DIR (created if
-# needed, must be writable by the server's user); data in DIR/data, socket in
-# DIR, server log in DIR/log.  Exports PGHOST, PGPORT, PGUSER for clients and
-# registers stopping it and removing DIR on exit.
+# start_scratch_cluster DIR PORT [LISTEN]: initdb + start a cluster in DIR
+# (created if needed, must be writable by the server's user); data in
+# DIR/data, socket in DIR, server log in DIR/log; LISTEN, empty by default,
+# is its listen_addresses (JDBC has no unix sockets).  Exports PGHOST,
+# PGPORT, PGUSER for clients and registers stopping it and removing DIR on
+# exit.
 # SCRATCH_POSTGRES in the environment names the program pg_ctl starts
 # instead of PG_BINDIR's postgres (a wrapper that runs it under valgrind,
 # say); TEST_LOG_DIR, if set, receives a copy of the server log once the
 # server has stopped.
 start_scratch_cluster() {
-    local dir=$1 port=$2
+    local dir=$1 port=$2 listen=${3:-}
     mkdir -p "$dir"
     [ "$(id -u)" -eq 0 ] && chown postgres: "$dir"
     add_cleanup "rm -rf '$dir'"
@@ -185,7 +195,7 @@ start_scratch_cluster() {
     cat >>"$dir/data/postgresql.conf" <<EOF
 
 # scratch test cluster (test/lib/common.sh); fsync off: tests only
-listen_addresses = ''
+listen_addresses = '$listen'
 unix_socket_directories = '$dir'
 port = $port
 shared_preload_libraries = 'idem_consumer'

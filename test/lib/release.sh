@@ -1,6 +1,7 @@
 # test/lib/release.sh -- the release suites of test/run-tests.
 #
-# Owns: the PGXN distribution check (test/pgxn/dist.t), the Prometheus
+# Owns: the PGXN distribution check (test/pgxn/dist.t), the links of the
+# Markdown files (test/pgxn/doc-links.t), the Prometheus
 # rules check and unit tests (docs/prometheus, test/prometheus), the
 # postgres_exporter queries file under Debian's exporter, and the
 # Debian package: build with dpkg-buildpackage in a copy of the tree,
@@ -24,13 +25,14 @@ count_tap() {
     total_fail=$((total_fail + fail))
 }
 
-# PGXN: META.json against the spec and the control file, make dist.
+# PGXN: META.json against the spec and the control file, make dist, and
+# the relative links of the Markdown files the distribution ships.
 run_pgxn_suite() {
     local log="$WORK/pgxn.log" t0=$SECONDS status
     echo
-    echo "== pgxn: META.json and make dist"
+    echo "== pgxn: META.json, make dist and the documentation's links"
     (cd "$REPO_ROOT" && timeout -k 30 "$SUITE_TIMEOUT" env PG_CONFIG="$PG_CONFIG" \
-        prove -v test/pgxn/dist.t) >"$log" 2>&1
+        prove -v test/pgxn/dist.t test/pgxn/doc-links.t) >"$log" 2>&1
     status=$?
     cat "$log"
     count_tap "$log" "$status"

@@ -25,7 +25,13 @@ $node->safe_psql('postgres', q{
 	CREATE ROLE team_ship;  CREATE ROLE ship_app LOGIN IN ROLE team_ship;
 	CREATE ROLE monitoring LOGIN IN ROLE pg_monitor;
 	GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz),
+	                          idem_apply_v(text, text, text, "any"),
+	                          idem_apply_rows(text, text, text, text[], bigint, timestamptz, text),
 	                          idem_try_apply(text, text, text, text[], timestamptz),
+	                          idem_try_apply_v(text, text, text, "any"),
+	                          idem_try_apply_rows(text, text, text, text[], bigint, timestamptz, text),
+	                          idem_apply_rows_v(text, text, text, bigint, "any"),
+	                          idem_try_apply_rows_v(text, text, text, bigint, "any"),
 	                          idem_is_processed(text, text) TO team_pay, team_ship;
 	GRANT EXECUTE ON FUNCTION idem_dlq_replay(bigint), idem_dlq_replay(text, integer),
 	                          idem_dlq_discard(bigint, text), idem_forget(text, text)
@@ -71,8 +77,38 @@ is($out, '0', 'and sees none of its keys');
 is($out, '0', 'nor its dead letters');
 ($out, $err) = as_role('ship_app', q{SELECT idem_apply('ship:1', 'shipping', 'insert into shipments values (1)')});
 is($out, 't', 'its own consumer works');
+
+# the typed and rows forms check the consumer's owner as idem_apply does
+my %other_forms = (
+	idem_apply_v =>
+	  q{SELECT idem_apply_v('paid:4', 'payments', 'update orders set paid = paid + $1 where id = $2', 1000, 1)},
+	idem_try_apply_v =>
+	  q{SELECT idem_try_apply_v('paid:4', 'payments', 'update orders set paid = paid + $1 where id = $2', 1000, 1)},
+	idem_apply_rows =>
+	  q{SELECT idem_apply_rows('paid:4', 'payments', 'update orders set paid = paid + 1000 where id = 1', expect_rows => 1)},
+	idem_apply_rows_v =>
+	  q{SELECT idem_apply_rows_v('paid:4', 'payments', 'update orders set paid = paid + $1 where id = $2', 1, 1000, 1)},
+	idem_try_apply_rows_v =>
+	  q{SELECT outcome FROM idem_try_apply_rows_v('paid:4', 'payments', 'update orders set paid = paid + $1 where id = $2', 1, 1000, 1)},
+	idem_try_apply_rows =>
+	  q{SELECT outcome FROM idem_try_apply_rows('paid:4', 'payments', 'update orders set paid = paid + 1000 where id = 1', expect_rows => 1)},
+);
+for my $form (sort keys %other_forms)
+{
+	($out, $err) = as_role('ship_app', $other_forms{$form});
+	like($err, qr/ERROR:  permission denied for consumer "payments"/,
+		"$form refuses the shipping role the payments consumer");
+}
+($out, $err) = as_role('monitoring', $other_forms{idem_apply_v});
+like($err, qr/ERROR:  permission denied for function idem_apply_v/,
+	'a role without EXECUTE cannot call idem_apply_v');
 is($node->safe_psql('postgres', 'SELECT paid FROM orders WHERE id = 1'), '10',
 	'nothing the shipping role tried changed a balance');
+is($node->safe_psql('postgres', q{SELECT idem_is_processed('paid:4', 'payments')}), 'f',
+	'nor recorded a key of payments');
+($out, $err) = as_role('pay_app',
+	q{SELECT idem_apply_rows('paid:4', 'payments', 'update orders set paid = paid + $1 where id = $2', ARRAY['5', '1'], expect_rows => 1)});
+is($out, '1', 'the payments role applies it through the rows form');
 
 ($out, $err) = as_role('pay_oncall',
 	q{SELECT consumer || ':' || key || ':' || status FROM idem_dead_letters});
@@ -83,7 +119,7 @@ is($out, '0', 'and no key of shipping');
 
 ($out, $err) = as_role('monitoring',
 	q{SELECT string_agg(consumer || '=' || applied || '/' || dead_lettered, ',' ORDER BY consumer) FROM idem_stats});
-is($out, 'payments=1/1,shipping=1/0', 'the monitoring role reads the counters of every consumer');
+is($out, 'payments=2/1,shipping=1/0', 'the monitoring role reads the counters of every consumer');
 ($out, $err) = as_role('monitoring', q{SELECT idem_metrics() LIKE '%idem_applied_total{database="postgres",consumer="shipping"} 1%'});
 is($out, 't', 'and the metrics');
 ($out, $err) = as_role('monitoring', q{SELECT count(*) FROM idem_processed_keys});

@@ -1,14 +1,15 @@
 /*-------------------------------------------------------------------------
  *
- * effects.h
- *	  Declarations shared by effects.c (the state machine and the SQL
- *	  functions of external effects) and effects_store.c (their storage).
- *	  What other modules call is declared in idem_consumer.h.
+ * effects_store.h
+ *	  The storage of external effects (effects_store.c): an effect's row,
+ *	  its states, the statements on it and their SQLSTATEs, used by the
+ *	  state machine and the SQL functions of effects.c.  What other
+ *	  modules call is declared in idem_consumer.h.
  *
  *-------------------------------------------------------------------------
  */
-#ifndef IDEM_EFFECTS_H
-#define IDEM_EFFECTS_H
+#ifndef IDEM_EFFECTS_STORE_H
+#define IDEM_EFFECTS_STORE_H
 
 #include "postgres.h"
 
@@ -123,10 +124,4 @@ extern bool effects_policy(int32 consumer_id, EffectPolicy *policy);
 extern int64 effects_park(int32 consumer_id, text *key, const char *message,
 						  const char *detail);
 
-/* effects_fastpath.c */
-extern bool effects_fast_complete(Oid relid, int32 consumer_id, text *key,
-								  int64 fence, Jsonb *result);
-extern text *effects_fast_insert_leased(Oid relid, int32 consumer_id, text *key,
-										Jsonb *request, int64 lease_us);
-
-#endif							/* IDEM_EFFECTS_H */
+#endif							/* IDEM_EFFECTS_STORE_H */

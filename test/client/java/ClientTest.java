@@ -1,0 +1,339 @@
+// idem_consumer 1.2 from pgjdbc: BigDecimal, OffsetDateTime, long, String
+// and a jsonb PGobject bound with PreparedStatement.setObject, as a Java
+// consumer binds a message's values.  Checks typed parameters through
+// idem_apply_v (a redelivery writing a value another way is a duplicate,
+// another value under the key is IK001), the rows forms, text[] and typed
+// (an event before its order raises IK002 and records nothing), the
+// text[] form from createArrayOf("text"), and the JDBC example of
+// docs/clients.md (DocsExample.java, generated from it by run).
+//
+// Prints TAP lines and the "# pass N" / "# fail N" summary that
+// test/run-tests counts; each test is bounded in time.  Connects to
+// 127.0.0.1:PGPORT, database PGDATABASE, as PGUSER.
+
+import java.math.BigDecimal;
+import java.sql.Array;
+import java.sql.Connection;
+import java.sql.DriverManager;
+import java.sql.PreparedStatement;
+import java.sql.ResultSet;
+import java.sql.SQLException;
+import java.sql.Statement;
+import java.time.OffsetDateTime;
+import java.time.ZoneId;
+import java.time.ZoneOffset;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Properties;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
+import java.util.concurrent.TimeUnit;
+import org.postgresql.util.PGobject;
+
+public class ClientTest {
+    static final int TEST_TIMEOUT = 60;     // seconds for one test
+    static final String CONSUMER = "payments-jdbc";
+    static final String PAY_SQL =
+        "with p as (insert into public.payments_jdbc (amount, paid_at, doc, note, order_id)"
+        + " values ($1, $2, $3, $4, $5) returning order_id, amount)"
+        + " update public.orders_jdbc o set paid = o.paid + p.amount from p where o.id = p.order_id";
+    static final String ROWS_SQL = "update public.orders_jdbc set paid = paid + $1 where id = $2";
+    static final OffsetDateTime BERLIN_10H =
+        OffsetDateTime.of(2026, 1, 1, 10, 0, 0, 0, ZoneId.of("Europe/Berlin").getRules()
+                          .getOffset(java.time.LocalDateTime.of(2026, 1, 1, 10, 0)));
+    static final OffsetDateTime UTC_9H = OffsetDateTime.of(2026, 1, 1, 9, 0, 0, 0, ZoneOffset.UTC);
+
+    static Connection conn;
+
+    interface Body { void run() throws Exception; }
+
+    static Connection connect() throws SQLException {
+        String url = "jdbc:postgresql://127.0.0.1:" + System.getenv("PGPORT") + "/" + System.getenv("PGDATABASE");
+        Properties p = new Properties();
+        p.setProperty("user", System.getenv("PGUSER"));
+        p.setProperty("options", "-c statement_timeout=20s");
+        p.setProperty("connectTimeout", "10");
+        p.setProperty("socketTimeout", String.valueOf(TEST_TIMEOUT));
+        return DriverManager.getConnection(url, p);
+    }
+
+    static void exec(String sql) throws SQLException {
+        try (Statement s = conn.createStatement()) {
+            s.execute(sql);
+        }
+    }
+
+    // the first row of a query, its columns as objects; null when no row
+    static Object[] row(PreparedStatement ps) throws SQLException {
+        try (ResultSet rs = ps.executeQuery()) {
+            if (!rs.next())
+                return null;
+            Object[] r = new Object[rs.getMetaData().getColumnCount()];
+            for (int i = 0; i < r.length; i++)
+                r[i] = rs.getObject(i + 1);
+            return r;
+        }
+    }
+
+    static Object one(String sql, Object... params) throws SQLException {
+        try (PreparedStatement ps = conn.prepareStatement(sql)) {
+            for (int i = 0; i < params.length; i++)
+                ps.setObject(i + 1, params[i]);
+            return row(ps)[0];
+        }
+    }
+
+    static void check(boolean ok, String what) {
+        if (!ok)
+            throw new AssertionError(what);
+    }
+
+    static void equal(Object got, Object want, String what) {
+        if (want == null ? got != null : !(want instanceof BigDecimal
+                ? got instanceof BigDecimal && ((BigDecimal) got).compareTo((BigDecimal) want) == 0
+                : want.equals(got)))
+            throw new AssertionError(what + ": expected " + want + ", got " + got);
+    }
+
+    // run body, which must fail with SQLSTATE state
+    static void failsWith(String state, Body body) throws Exception {
+        try {
+            body.run();
+        } catch (SQLException e) {
+            if (!state.equals(e.getSQLState()))
+                throw new AssertionError("expected SQLSTATE " + state + ", got " + e.getSQLState() + ": " + e.getMessage());
+            return;
+        }
+        throw new AssertionError("expected SQLSTATE " + state + ", the statement succeeded");
+    }
+
+    static PGobject jsonb(String text) throws SQLException {
+        PGobject o = new PGobject();
+        o.setType("jsonb");
+        o.setValue(text);
+        return o;
+    }
+
+    static Boolean applyV(String key, BigDecimal amount, OffsetDateTime paidAt, String doc, String note, long orderId)
+            throws SQLException {
+        try (PreparedStatement ps = conn.prepareStatement("select idem_apply_v(?, ?, ?, ?, ?, ?, ?, ?)")) {
+            ps.setObject(1, key);
+            ps.setObject(2, CONSUMER);
+            ps.setObject(3, PAY_SQL);
+            ps.setObject(4, amount);
+            ps.setObject(5, paidAt);
+            ps.setObject(6, jsonb(doc));
+            ps.setObject(7, note);
+            ps.setObject(8, orderId);
+            return (Boolean) row(ps)[0];
+        }
+    }
+
+    static BigDecimal paid(long orderId) throws SQLException {
+        return (BigDecimal) one("select paid from orders_jdbc where id = ?", orderId);
+    }
+
+    static Boolean processed(String key) throws SQLException {
+        return (Boolean) one("select idem_is_processed(?, ?)", key, CONSUMER);
+    }
+
+    // (a) idem_apply_v applies once; a redelivery writing the values another
+    // way (10.0 / 10.00, the instant at another offset, jsonb keys in
+    // another order) is a duplicate; the balance is exact
+    static void typedRedeliveryIsDuplicate() throws Exception {
+        equal(applyV("a-1", new BigDecimal("10.0"), BERLIN_10H, "{\"card\": \"visa\", \"tags\": [\"x\"]}", "first", 1L),
+              true, "first delivery");
+        equal(applyV("a-1", new BigDecimal("10.00"), UTC_9H, "{\"tags\": [\"x\"], \"card\": \"visa\"}", "first", 1L),
+              false, "redelivery");
+        equal(paid(1), new BigDecimal("10.0"), "paid");
+        equal(one("select count(*) from payments_jdbc where order_id = 1"), 1L, "payments");
+    }
+
+    // (b) another value under the key is IK001 and runs nothing
+    static void otherValueIsKeyReuse() throws Exception {
+        equal(applyV("b-1", new BigDecimal("5"), UTC_9H, "{}", "b", 2L), true, "first delivery");
+        failsWith("IK001", () -> applyV("b-1", new BigDecimal("5.01"), UTC_9H, "{}", "b", 2L));
+        failsWith("IK001", () -> applyV("b-1", new BigDecimal("5"), UTC_9H.plusSeconds(1), "{}", "b", 2L));
+        failsWith("IK001", () -> applyV("b-1", new BigDecimal("5"), UTC_9H, "{\"a\": 1}", "b", 2L));
+        equal(paid(2), new BigDecimal("5"), "paid");
+    }
+
+    static Object[] rowsCall(String sql, String key, String... params) throws SQLException {
+        try (PreparedStatement ps = conn.prepareStatement(sql)) {
+            ps.setString(1, key);
+            ps.setString(2, CONSUMER);
+            ps.setString(3, ROWS_SQL);
+            ps.setArray(4, conn.createArrayOf("text", params));
+            return row(ps);
+        }
+    }
+
+    // (c) idem_apply_rows with expect_rows => 1: an event before its order
+    // raises IK002 and records nothing; after the order the redelivery applies
+    static void eventBeforeItsOrder() throws Exception {
+        String call = "select idem_apply_rows(?, ?, ?, ?, expect_rows => 1)";
+        String[] params = {new BigDecimal("7.50").toString(), Long.toString(101L)};
+        failsWith("IK002", () -> rowsCall(call, "c-1", params));
+        equal(processed("c-1"), false, "processed after IK002");
+        exec("insert into orders_jdbc (id) values (101)");
+        equal(rowsCall(call, "c-1", params)[0], 1L, "rows of the redelivery");
+        equal(rowsCall(call, "c-1", params)[0], null, "rows of a duplicate");
+        equal(processed("c-1"), true, "processed");
+        equal(paid(101), new BigDecimal("7.50"), "paid");
+    }
+
+    // (c) idem_try_apply_rows: IK002 is transient by default (raised, nothing
+    // parked), then applied with its rows, then duplicate
+    static void tryApplyRows() throws Exception {
+        String call = "select outcome::text, rows from idem_try_apply_rows(?, ?, ?, ?, expect_rows => 1)";
+        String[] params = {new BigDecimal("2.25").toString(), Long.toString(102L)};
+        failsWith("IK002", () -> rowsCall(call, "c-2", params));
+        equal(processed("c-2"), false, "processed after IK002");
+        equal(one("select count(*) from idem_dead_letters where consumer = ? and key = ?", CONSUMER, "c-2"), 0L,
+              "parked");
+        exec("insert into orders_jdbc (id) values (102)");
+        Object[] r = rowsCall(call, "c-2", params);
+        equal(r[0], "applied", "outcome");
+        equal(r[1], 1L, "rows");
+        r = rowsCall(call, "c-2", params);
+        equal(r[0], "duplicate", "outcome of the redelivery");
+        equal(r[1], null, "rows of the redelivery");
+        equal(paid(102), new BigDecimal("2.25"), "paid");
+    }
+
+    static Object[] rowsV(String call, String key, BigDecimal amount, long orderId) throws SQLException {
+        try (PreparedStatement ps = conn.prepareStatement(call)) {
+            ps.setObject(1, key);
+            ps.setObject(2, CONSUMER);
+            ps.setObject(3, ROWS_SQL);
+            ps.setObject(4, 1L);
+            ps.setObject(5, amount);
+            ps.setObject(6, orderId);
+            return row(ps);
+        }
+    }
+
+    // (c) idem_apply_rows_v and idem_try_apply_rows_v with BigDecimal and
+    // long: IK002 before the order, nothing recorded; then applied with its
+    // rows; a redelivery writing the amount another way is a duplicate
+    static void typedRowsForm() throws Exception {
+        String call = "select idem_apply_rows_v(?, ?, ?, ?, ?, ?)";
+        failsWith("IK002", () -> rowsV(call, "c-3", new BigDecimal("3.5"), 103L));
+        equal(processed("c-3"), false, "processed after IK002");
+        exec("insert into orders_jdbc (id) values (103)");
+        equal(rowsV(call, "c-3", new BigDecimal("3.5"), 103L)[0], 1L, "rows");
+        equal(rowsV(call, "c-3", new BigDecimal("3.50"), 103L)[0], null, "rows of a duplicate");
+        failsWith("IK001", () -> rowsV(call, "c-3", new BigDecimal("3.51"), 103L));
+        equal(paid(103), new BigDecimal("3.5"), "paid");
+
+        String tryCall = "select outcome::text, rows from idem_try_apply_rows_v(?, ?, ?, ?, ?, ?)";
+        failsWith("IK002", () -> rowsV(tryCall, "c-4", new BigDecimal("1.25"), 104L));
+        equal(processed("c-4"), false, "processed after IK002");
+        exec("insert into orders_jdbc (id) values (104)");
+        Object[] r = rowsV(tryCall, "c-4", new BigDecimal("1.25"), 104L);
+        equal(r[0], "applied", "outcome");
+        equal(r[1], 1L, "rows");
+        r = rowsV(tryCall, "c-4", new BigDecimal("1.250"), 104L);
+        equal(r[0], "duplicate", "outcome of the redelivery");
+        equal(r[1], null, "rows of the redelivery");
+        equal(paid(104), new BigDecimal("1.25"), "paid");
+    }
+
+    // (d) idem_apply with createArrayOf("text"): applies once; the
+    // toString() of equal values written another way is a duplicate;
+    // another value is IK001
+    static void textArrayForm() throws Exception {
+        String call = "select idem_apply(?, ?, ?, ?)";
+        Body first = () -> equal(applyText(call, new BigDecimal("4.0"), BERLIN_10H, "{\"a\": 1, \"b\": 2}"),
+                                 true, "first delivery");
+        first.run();
+        equal(applyText(call, new BigDecimal("4.00"), UTC_9H, "{\"b\": 2, \"a\": 1}"), false, "redelivery");
+        failsWith("IK001", () -> applyText(call, new BigDecimal("4.01"), UTC_9H, "{}"));
+        equal(paid(3), new BigDecimal("4.0"), "paid");
+    }
+
+    static Boolean applyText(String call, BigDecimal amount, OffsetDateTime at, String doc) throws SQLException {
+        try (PreparedStatement ps = conn.prepareStatement(call)) {
+            ps.setString(1, "d-1");
+            ps.setString(2, CONSUMER);
+            ps.setString(3, PAY_SQL);
+            ps.setArray(4, conn.createArrayOf("text",
+                new Object[] {amount.toString(), at.toString(), doc, "text form", Long.toString(3L)}));
+            return (Boolean) row(ps)[0];
+        }
+    }
+
+    // docs/clients.md's JDBC example, as written there (DocsExample.java)
+    static void docsExample() throws Exception {
+        exec("drop table if exists payments, orders");
+        exec("create table orders (id bigint primary key, paid numeric not null default 0)");
+        exec("create table payments (amount numeric, paid_at timestamptz, order_id bigint)");
+        exec("insert into orders values (5)");
+        try {
+            DocsExample.run(conn, "docs-jdbc", new BigDecimal("10.00"), 5L, BERLIN_10H);
+            equal(one("select paid from orders where id = 5"), new BigDecimal("20.00"), "paid");
+            equal(one("select count(*) from payments"), 1L, "payments");
+        } finally {
+            exec("drop table payments, orders");
+        }
+    }
+
+    public static void main(String[] args) throws Exception {
+        String[] names = {"typedRedeliveryIsDuplicate", "otherValueIsKeyReuse", "eventBeforeItsOrder",
+                          "tryApplyRows", "typedRowsForm", "textArrayForm", "docsExample"};
+        Body[] bodies = {ClientTest::typedRedeliveryIsDuplicate, ClientTest::otherValueIsKeyReuse,
+                         ClientTest::eventBeforeItsOrder, ClientTest::tryApplyRows, ClientTest::typedRowsForm,
+                         ClientTest::textArrayForm, ClientTest::docsExample};
+        int passed = 0, failed = 0, n = 0;
+        ExecutorService pool = Executors.newSingleThreadExecutor(r -> {
+            Thread t = new Thread(r);
+            t.setDaemon(true);
+            return t;
+        });
+        try {
+            conn = connect();
+            exec("create extension if not exists idem_consumer");
+            exec("drop table if exists orders_jdbc, payments_jdbc");
+            exec("create table orders_jdbc (id bigint primary key, paid numeric not null default 0)");
+            exec("create table payments_jdbc (n serial primary key, amount numeric, paid_at timestamptz,"
+                 + " doc jsonb, note text, order_id bigint)");
+            exec("insert into orders_jdbc (id) select generate_series(1, 20)");
+        } catch (Exception e) {
+            System.out.println("not ok 1 - jdbc: setup");
+            System.out.println("# " + e);
+            System.out.println("1..1\n# pass 0\n# fail 1");
+            System.exit(1);
+        }
+        for (int i = 0; i < names.length; i++) {
+            n++;
+            long t0 = System.nanoTime();
+            Body body = bodies[i];
+            Future<?> f = pool.submit(() -> { body.run(); return null; });
+            try {
+                f.get(TEST_TIMEOUT, TimeUnit.SECONDS);
+                passed++;
+                System.out.printf("ok %d - jdbc: %s (%.2f s)%n", n, names[i], (System.nanoTime() - t0) / 1e9);
+            } catch (Exception e) {
+                f.cancel(true);
+                failed++;
+                System.out.printf("not ok %d - jdbc: %s%n", n, names[i]);
+                Throwable c = e instanceof java.util.concurrent.ExecutionException ? e.getCause() : e;
+                System.out.println("# " + c);
+                for (StackTraceElement s : c.getStackTrace())
+                    if (s.getClassName().startsWith("ClientTest") || s.getClassName().startsWith("DocsExample"))
+                        System.out.println("#   at " + s);
+            }
+        }
+        try {
+            exec("drop table if exists orders_jdbc, payments_jdbc");
+            conn.close();
+        } catch (SQLException e) {
+            System.out.println("# cleanup: " + e);
+        }
+        System.out.println("1.." + n);
+        System.out.println("# pass " + passed);
+        System.out.println("# fail " + failed);
+        System.exit(failed == 0 ? 0 : 1);
+    }
+}
