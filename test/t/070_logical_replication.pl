@@ -3,11 +3,13 @@
 # twice) and parks one in the dead-letter queue; its storage tables and the
 # business table are published, and a subscriber with the same roles and
 # the extension receives them.  Forgetting and purging keys on the
-# publisher works and the deletes reach the subscriber.  Then the
-# subscriber takes over: it creates consumers and parks messages (new ids,
-# none taken by a replicated row), every message the publisher applied is
-# a duplicate there (the balances do not move), and new messages apply
-# once.
+# publisher works and the deletes reach the subscriber (which has its own
+# identity index for them).  Then the subscriber takes over and goes back
+# to the full row as identity: it creates consumers and parks messages
+# (new ids, none taken by a replicated row), every message the publisher
+# applied is a duplicate there (the balances do not move), and new
+# messages apply once.  Roles have other OIDs on the two servers: owners
+# replicate by name.
 use strict;
 use warnings;
 
@@ -151,6 +153,15 @@ $sub->safe_psql('postgres', q{
 	DROP SUBSCRIPTION idem;
 });
 $pub->stop;
+
+# The subscriber's index goes, and the full row is the identity again,
+# in that order.
+$sub->safe_psql('postgres', q{
+	ALTER TABLE idem_consumer.processed_keys REPLICA IDENTITY FULL;
+	DROP INDEX idem_consumer.processed_keys_identity;
+});
+is($sub->safe_psql('postgres', $without_identity), '',
+	'the new server has a replica identity on every storage table');
 
 ($rc, $out, $err) = $sub->psql('postgres',
 	q{SELECT idem_consumer_create('refunds', 'team_pay')},
