@@ -169,18 +169,22 @@ typedef struct KeystoreStmtDef
 
 /*
  * Moves the identity sequence of a storage table's column past the largest
- * id the table holds, if it is not past it already.  Rows that logical
- * replication applied took their ids from the publisher's sequence, and
- * sequences are not replicated: on a subscriber that takes over, the
- * sequence would hand out those ids again.  setval() is not undone by a
- * rollback, and need not be: an id skipped is harmless.
+ * id the table holds, if it is behind it.  Rows that logical replication
+ * applied took their ids from the publisher's sequence, and sequences are
+ * not replicated: on a subscriber that takes over, the sequence would hand
+ * out those ids again.  setval() is not undone by a rollback, and need not
+ * be: an id skipped is harmless.  Only a sequence strictly behind is set:
+ * one that stands at the largest id (every sequence in normal operation)
+ * is left alone, since a concurrent nextval() between this statement's
+ * read of the sequence and its setval() would otherwise be handed out
+ * again.
  */
 #define IDS_PAST_ROWS(table, column) \
 	"SELECT pg_catalog.setval(s.seq, m.id)" \
 	" FROM (SELECT pg_catalog.pg_get_serial_sequence('" STORAGE_SCHEMA "." table "', '" column "')" \
 	"::pg_catalog.regclass) AS s (seq)," \
 	" (SELECT pg_catalog.max(" column ") FROM " STORAGE_SCHEMA "." table ") AS m (id)" \
-	" WHERE m.id OPERATOR(pg_catalog.>=)" \
+	" WHERE m.id OPERATOR(pg_catalog.>)" \
 	" COALESCE(pg_catalog.pg_sequence_last_value(s.seq), 0)"
 
 /*
