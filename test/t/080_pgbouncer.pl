@@ -39,7 +39,9 @@ my $bouncer_tracks_prepares = $bouncer_version >= 1.21;
 my $timeout = $PostgreSQL::Test::Utils::timeout_default;
 
 my $node = PostgreSQL::Test::Cluster->new('pgbouncer');
-$node->init;
+# UTF8 whatever the environment's locale: psycopg 3 returns text as bytes from
+# a SQL_ASCII database, which initdb makes under an unset LANG
+$node->init(extra => [ "--encoding=UTF8", "--locale=C" ]);
 $node->append_conf('postgresql.conf', qq{
 shared_preload_libraries = 'idem_consumer'
 max_connections = 60
