@@ -87,7 +87,7 @@ apply_message(FunctionCallInfo fcinfo, int event_time_argno,
 								 sql, params))
 	{
 		stats_call_key_reuse(call);
-		fingerprint_refuse(consumer, key, fingerprint, &recorded);
+		fingerprint_raise_key_reuse(consumer, key, fingerprint, &recorded);
 	}
 
 	SPI_finish();

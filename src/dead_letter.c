@@ -873,7 +873,7 @@ try_apply_message(FunctionCallInfo fcinfo, int event_time_argno,
 		}
 		else
 		{
-			edata = fingerprint_refusal(consumer, key, fingerprint, &recorded);
+			edata = fingerprint_key_reuse_error(consumer, key, fingerprint, &recorded);
 			dead_letter_insert(consumer_id, key, sql, params, event_time, edata,
 							   expect_rows);
 			outcome = OUTCOME_DEAD_LETTERED;

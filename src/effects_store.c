@@ -36,7 +36,6 @@
 #include "effects_store.h"
 #include "effects_fastpath.h"
 
-#define STORAGE_SCHEMA "idem_consumer"
 #define EFFECTS_TABLE STORAGE_SCHEMA ".effects"
 
 typedef struct EffectStmtDef
@@ -210,21 +209,12 @@ static const char *const state_names[] = {
  * Returns the OID of idem_consumer.effects, or InvalidOid in a database
  * whose extension is still at version 1.0.
  */
-static Oid
-effects_relid(void)
+Oid
+effects_table_oid(void)
 {
 	Oid			nspid = get_namespace_oid(STORAGE_SCHEMA, true);
 
 	return OidIsValid(nspid) ? get_relname_relid("effects", nspid) : InvalidOid;
-}
-
-/*
- * Returns the OID of idem_consumer.effects, InvalidOid before version 1.1.
- */
-Oid
-effects_table_oid(void)
-{
-	return effects_relid();
 }
 
 /*
@@ -233,7 +223,7 @@ effects_table_oid(void)
 bool
 effects_storage_exists(void)
 {
-	return OidIsValid(effects_relid());
+	return OidIsValid(effects_table_oid());
 }
 
 /*

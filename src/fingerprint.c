@@ -224,8 +224,8 @@ fingerprint_differs(int32 fingerprint, const RecordedKey *recorded)
  * Raises the key-reuse error.
  */
 void
-fingerprint_refuse(const char *consumer, text *key, int32 fingerprint,
-				   const RecordedKey *recorded)
+fingerprint_raise_key_reuse(const char *consumer, text *key, int32 fingerprint,
+							const RecordedKey *recorded)
 {
 	TimestampTz recorded_at =
 		(TimestampTz) recorded->processed_at * USECS_PER_SEC;
@@ -247,15 +247,15 @@ fingerprint_refuse(const char *consumer, text *key, int32 fingerprint,
  * no subtransaction is needed to clean up after it.
  */
 ErrorData *
-fingerprint_refusal(const char *consumer, text *key, int32 fingerprint,
-					const RecordedKey *recorded)
+fingerprint_key_reuse_error(const char *consumer, text *key, int32 fingerprint,
+							const RecordedKey *recorded)
 {
 	MemoryContext cxt = CurrentMemoryContext;
 	ErrorData  *volatile edata = NULL;
 
 	PG_TRY();
 	{
-		fingerprint_refuse(consumer, key, fingerprint, recorded);
+		fingerprint_raise_key_reuse(consumer, key, fingerprint, recorded);
 	}
 	PG_CATCH();
 	{

@@ -60,6 +60,9 @@
 #include "utils/guc.h"
 #include "utils/timestamp.h"
 
+/* The schema of the storage tables, fixed by the install script. */
+#define STORAGE_SCHEMA "idem_consumer"
+
 /* Longest key and consumer name accepted, in bytes. */
 #define IDEM_MAX_KEY_BYTES			1024
 #define IDEM_MAX_CONSUMER_BYTES		128
@@ -194,11 +197,12 @@ extern bool fingerprint_admits(text *explicit_fingerprint, int32 fingerprint,
 extern int32 fingerprint_of_call(text *explicit_fingerprint, const char *sql,
 								 ArrayType *params);
 extern bool fingerprint_differs(int32 fingerprint, const RecordedKey *recorded);
-extern void fingerprint_refuse(const char *consumer, text *key, int32 fingerprint,
-							   const RecordedKey *recorded);
-extern ErrorData *fingerprint_refusal(const char *consumer, text *key,
-									  int32 fingerprint,
-									  const RecordedKey *recorded);
+extern void fingerprint_raise_key_reuse(const char *consumer, text *key,
+										int32 fingerprint,
+										const RecordedKey *recorded);
+extern ErrorData *fingerprint_key_reuse_error(const char *consumer, text *key,
+											  int32 fingerprint,
+											  const RecordedKey *recorded);
 
 /* retention.c */
 typedef enum PurgeProgress

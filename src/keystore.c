@@ -35,10 +35,10 @@
  * to everyone at once.  A plain tuple deleted by its own transaction would
  * look like an insertion in progress to every other inserter of the hash
  * until that transaction ends, so two deliveries that both gave up behind a
- * holder of the key would, once the holder aborts, wait for each other
- * (test/t/050_waiters.pl).  A batch inserts its keys the same way, and
- * after a first new key without probing each first; that changes what a
- * key costs, not what is decided.
+ * holder of the key would, once the holder aborts, wait for each other: a
+ * deadlock.  A batch inserts its keys the same way, and after a first new
+ * key without probing each first; that changes what a key costs, not what
+ * is decided.
  *
  * Invariant: a key is in key_collisions only while processed_keys holds a
  * different key of the same hash.  Recording a collision first updates the

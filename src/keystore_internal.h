@@ -19,9 +19,6 @@
 #include "utils/rel.h"
 #include "utils/snapshot.h"
 
-/* The schema of the storage tables, fixed by the install script. */
-#define STORAGE_SCHEMA "idem_consumer"
-
 /*
  * The storage tables of this database as last located.  generation changes
  * whenever they are located anew (after DROP and CREATE EXTENSION, say), so

@@ -48,10 +48,10 @@
 /*
  * After each chunk the worker sleeps this many times as long as the chunk
  * took, or purge_delay if longer: a sixth of a CPU at most, and less where
- * consumers keep the CPUs busy, since its chunks then take longer.  At a
- * quarter (3), consumers that saturate the CPUs lost up to a quarter of
- * their throughput while a purge ran (test/bench/retention); at a sixth
- * the worker still purges faster than those consumers record keys.
+ * consumers keep the CPUs busy, since its chunks then take longer.  A
+ * shorter pause takes a noticeable share of throughput from consumers that
+ * saturate the CPUs; at a sixth the worker still purges faster than they
+ * record keys (docs/retention-costs.md).
  */
 #define PURGE_PAUSE_FACTOR			5
 
@@ -289,10 +289,8 @@ purge_worker_run(MemoryContext loop_cxt, const char *dbname)
  * priority could leave a lock it holds waiting behind busy consumers), but
  * waking from its pause after a chunk it no longer preempts a running
  * process.  Such a preemption, a few times a second, can keep a consumer
- * off its CPU for milliseconds: with consumers saturating the CPUs, their
- * p99 latency during a purge was 1.25x to 3.1x (2.2x at the median) of
- * that without one in test/bench/retention, and 1.5x to 1.94x as a batch
- * process.
+ * off its CPU for milliseconds, which shows in the tail latency of
+ * consumers that saturate the CPUs (docs/retention-costs.md).
  */
 static void
 purge_worker_set_batch_policy(void)

@@ -47,8 +47,6 @@
 
 #include "idem_consumer.h"
 
-#define STORAGE_SCHEMA "idem_consumer"
-
 /*
  * Tells whether the dead-letter table has a column, which tells the
  * version of the SQL objects that made it.
