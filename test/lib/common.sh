@@ -2,21 +2,34 @@
 #
 # Owns: installing the Debian packages the build and the tests need,
 # building and installing the extension (warnings are errors), and starting a
-# throw-away PostgreSQL 15 cluster (unix socket only, trust auth, fsync off,
+# throw-away PostgreSQL cluster (unix socket only, trust auth, fsync off,
 # idem_consumer preloaded) that is stopped and removed when the script exits.
 #
 # Source it from bash; it expects REPO_ROOT to be set to the repository root.
 
 export PATH="$PATH:/usr/sbin:/sbin"     # runuser
 
-# PG_CONFIG in the environment selects another PostgreSQL 15 installation
-# (a relocated copy, say); by default Debian's.
-PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
-PG_BINDIR=$("$PG_CONFIG" --bindir 2>/dev/null || echo /usr/lib/postgresql/15/bin)
-PGXS_DIR=$(dirname "$(dirname "$(dirname "$("$PG_CONFIG" --pgxs 2>/dev/null || echo /usr/lib/postgresql/15/lib/pgxs/src/makefiles/pgxs.mk)")")")
-PG_REGRESS=$PGXS_DIR/src/test/regress/pg_regress
-PG_ISOLATION_REGRESS=$PGXS_DIR/src/test/isolation/pg_isolation_regress
-PG_TAP_PERL=$PGXS_DIR/src/test/perl
+# The PostgreSQL to build and test against: PG_CONFIG in the environment
+# names an installation (a relocated copy, say, or one built from source)
+# and its major version is read from it; else PG_MAJOR (15 by default, the
+# one of Debian 12) selects Debian's packages of that major version.
+if [ -n "${PG_CONFIG:-}" ] && [ -x "$PG_CONFIG" ]; then
+    PG_MAJOR=$("$PG_CONFIG" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
+fi
+PG_MAJOR=${PG_MAJOR:-15}
+PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/$PG_MAJOR/bin/pg_config}
+
+# pg_paths: where the installation keeps its programs and test drivers
+# (again after ensure_packages has installed it).
+pg_paths() {
+    PG_BINDIR=$("$PG_CONFIG" --bindir 2>/dev/null || echo "/usr/lib/postgresql/$PG_MAJOR/bin")
+    PGXS_DIR=$(dirname "$(dirname "$(dirname "$("$PG_CONFIG" --pgxs 2>/dev/null ||
+        echo "/usr/lib/postgresql/$PG_MAJOR/lib/pgxs/src/makefiles/pgxs.mk")")")")
+    PG_REGRESS=$PGXS_DIR/src/test/regress/pg_regress
+    PG_ISOLATION_REGRESS=$PGXS_DIR/src/test/isolation/pg_isolation_regress
+    PG_TAP_PERL=$PGXS_DIR/src/test/perl
+}
+pg_paths
 
 # Everything registered with add_cleanup runs, last first, when the script exits.
 _cleanup_cmds=()
@@ -51,29 +64,33 @@ progress() { printf '[%4ds] %s\n' "$SECONDS" "$*"; }
 # Install whatever is missing; apt-get update only when something is.
 # ensure_packages [PROFILE]: "build" is what compiling and running the
 # extension needs; "demo" adds Node.js for test/demo's external-call phase;
-# "all" (the default) adds everything the test suites run.
-# (pgbench ships in postgresql-15 itself, prove in perl; prometheus brings
+# "server" what the server-side suites need (pg_regress, isolation, TAP:
+# the suites run on every major version); "all" (the default) adds
+# everything the other suites run.
+# (pgbench ships in postgresql-NN itself, prove in perl; prometheus brings
 # promtool, which the TAP tests run on idem_metrics().)
 ensure_packages() {
     local profile=${1:-all}
     # build-essential: dpkg-dev and PGXS's compiler, which Debian's
-    # default install lacks; clang and llvm: Debian's PGXS builds bitcode
-    local pkgs="postgresql-15 postgresql-server-dev-15 build-essential make gcc perl clang-14 llvm-14"
+    # default install lacks
+    local pkgs="postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR build-essential make gcc perl"
     if [ "$profile" != build ]; then
         # node and npm run the client tests and the demo's effect consumers;
         # the machines usually have them
         command -v node >/dev/null && command -v npm >/dev/null || pkgs="$pkgs nodejs npm"
     fi
-    if [ "$profile" = all ]; then
+    if [ "$profile" = server ] || [ "$profile" = all ]; then
         pkgs="$pkgs libipc-run-perl prometheus"
         # the prometheus suite runs Debian's postgres_exporter with the
         # queries file of docs/prometheus and scrapes it with curl
         pkgs="$pkgs prometheus-postgres-exporter curl"
         # PL/Proxy: test/t/020_plproxy.pl and test/bench/plproxy (docs/plproxy)
-        pkgs="$pkgs postgresql-15-plproxy"
+        pkgs="$pkgs postgresql-$PG_MAJOR-plproxy"
         # test/t/080_pgbouncer.pl: Debian's PgBouncer in transaction mode,
         # with psycopg 3 and pgjdbc clients (javac compiles the latter's program)
         pkgs="$pkgs pgbouncer python3-psycopg libpostgresql-jdbc-java openjdk-17-jdk-headless"
+    fi
+    if [ "$profile" = all ]; then
         # the broker test (test/broker/run) starts a RabbitMQ node of its own
         pkgs="$pkgs rabbitmq-server"
         # the client suite runs idem_consumer from psycopg 3, psycopg2 and
@@ -85,8 +102,29 @@ ensure_packages() {
         # (make dist archives the committed tree with git)
         pkgs="$pkgs postgresql-server-dev-all debhelper dpkg-dev lintian unzip git"
     fi
+    # shellcheck disable=SC2086
+    apt_install_missing $pkgs
+    pg_paths
+    ensure_bitcode_compiler
+}
+
+# ensure_bitcode_compiler: Debian's PGXS also compiles LLVM bitcode for
+# JIT inlining, with the clang its server was built with (clang-14 on
+# Debian 12, another on later releases): install that clang and its llvm.
+ensure_bitcode_compiler() {
+    local global="$PGXS_DIR/src/Makefile.global" clang llvm_version
+    [ -f "$global" ] || return 0
+    grep -qE '^with_llvm[[:space:]]*=[[:space:]]*yes' "$global" || return 0
+    clang=$(sed -nE 's/^CLANG[[:space:]]*=[[:space:]]*//p' "$global")
+    [ -n "$clang" ] && ! command -v "$clang" >/dev/null || return 0
+    llvm_version=${clang##*-}
+    apt_install_missing "clang-$llvm_version" "llvm-$llvm_version"
+}
+
+# apt_install_missing PKG...: apt-get install those not installed yet.
+apt_install_missing() {
     local missing="" p n log
-    for p in $pkgs; do
+    for p in "$@"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' \
             || missing="$missing $p"
     done
