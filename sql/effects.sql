@@ -192,14 +192,15 @@ SELECT idem_effect_enqueue('mail', 'welcome:1', '{"to": "a@example.com"}');
 SELECT effect_error($$SELECT idem_effect_enqueue('mail', 'welcome:1', '{"to": "z@example.com"}')$$);
 SELECT key, state, deferred, fence, attempts FROM idem_effects WHERE consumer = 'mail' ORDER BY key;
 -- claim: due effects oldest first, each under a lease with a new fence
+-- (long enough to outlast the next three statements on a busy machine)
 SELECT key, request, fence, attempt, outcome_unknown, length(provider_key)
-  FROM idem_effect_claim('mail', 2, '10 ms');
+  FROM idem_effect_claim('mail', 2, '1 second');
 -- leased effects are not due; begin on one is busy
 SELECT key, fence FROM idem_effect_claim('mail', 10, '1 minute');
 SELECT action FROM eb('mail', 'welcome:3', '{"to": "c@example.com"}');
 SELECT key, fence FROM idem_effect_claim('mail', 10, '1 minute');
 -- expired leases are claimed again with outcome_unknown
-SELECT pg_sleep(0.05);
+SELECT pg_sleep(1.1);
 SELECT key, fence, attempt, outcome_unknown FROM idem_effect_claim('mail', 10, '1 minute');
 SELECT idem_effect_complete('mail', 'welcome:1', 2, '{"message_id": "m1"}');
 SELECT idem_effect_fail('mail', 'welcome:2', 2, 'mailbox full');
