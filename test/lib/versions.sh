@@ -108,13 +108,12 @@ run_version_suite() {
             PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
             HOME=/root LANG=C.UTF-8 TERM=dumb PG_MAJOR="$major" \
             SUITE_TIMEOUT="$SUITE_TIMEOUT" \
-            bash /root/idem_consumer/test/run-tests $VERSION_SUITES >"$log" 2>&1
-        status=$?
+            bash /root/idem_consumer/test/run-tests $VERSION_SUITES 2>&1 | tee "$log"
+        status=${PIPESTATUS[0]}
     else
-        echo "could not make the Debian root of PostgreSQL $major" >"$log"
+        echo "could not make the Debian root of PostgreSQL $major" | tee "$log"
         status=1
     fi
-    cat "$log"
     [ "$status" -eq 124 ] && echo "--- PostgreSQL $major: killed after $VERSION_TIMEOUT s"
     result=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1)
     pass=$(sed -E 's/^([0-9]+) passed.*/\1/' <<<"${result:-0 passed, 0 failed}")
