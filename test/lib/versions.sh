@@ -97,10 +97,21 @@ copy_tree_into() {
 # its Debian root; adds their results to the totals and records the line
 # "PostgreSQL MAJOR: N passed, N failed" in version_lines.
 run_version_suite() {
-    local major=$1 t0=$SECONDS root log status pass fail result
+    local major=$1 t0=$SECONDS root log status pass fail result lock lock_fd
     echo
     echo "== PostgreSQL $major: $VERSION_SUITES (Debian $(debian_release_of "$major"))"
     log="$WORK/pg$major.log"
+    # one run at a time per root: another checkout on this machine would
+    # replace the tree under a running one.  Held until this script exits,
+    # after its cleanup has unmounted what enter_version_root mounted.
+    lock="$VERSION_ROOTS/pg$major.lock"
+    as_root mkdir -p "$VERSION_ROOTS"
+    as_root touch "$lock"
+    exec {lock_fd}<"$lock"
+    if ! flock -n "$lock_fd"; then
+        progress "waiting for another run on PostgreSQL $major to end"
+        flock "$lock_fd"
+    fi
     if root=$(ensure_version_root "$major"); then
         enter_version_root "$root"
         copy_tree_into "$root"
@@ -113,7 +124,7 @@ run_version_suite() {
             PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
             HOME=/root LANG=C.UTF-8 TERM=dumb PG_MAJOR="$major" \
             SUITE_TIMEOUT="$SUITE_TIMEOUT" \
-            bash /root/idem_consumer/test/run-tests $VERSION_SUITES 2>&1 | tee "$log"
+            bash /root/idem_consumer/test/run-tests $VERSION_SUITES {lock_fd}<&- 2>&1 | tee "$log"
         status=${PIPESTATUS[0]}
     else
         echo "could not make the Debian root of PostgreSQL $major" | tee "$log"
