@@ -88,7 +88,9 @@ ensure_packages() {
         pkgs="$pkgs postgresql-$PG_MAJOR-plproxy"
         # test/t/080_pgbouncer.pl: Debian's PgBouncer in transaction mode,
         # with psycopg 3 and pgjdbc clients (javac compiles the latter's program)
-        pkgs="$pkgs pgbouncer python3-psycopg libpostgresql-jdbc-java openjdk-17-jdk-headless"
+        pkgs="$pkgs pgbouncer python3-psycopg libpostgresql-jdbc-java"
+        # any JDK: Debian 12 has 17, later releases 21 and newer
+        command -v javac >/dev/null || pkgs="$pkgs default-jdk-headless"
     fi
     if [ "$profile" = all ]; then
         # the broker test (test/broker/run) starts a RabbitMQ node of its own
@@ -97,7 +99,7 @@ ensure_packages() {
         # pgjdbc (test/client/python, test/client/java: javac and java, no
         # build tool), as Debian ships them; tzdata for Python's zoneinfo
         # (the tests deliver one instant from Europe/Berlin and from UTC)
-        pkgs="$pkgs python3 python3-psycopg python3-psycopg2 libpostgresql-jdbc-java openjdk-17-jdk-headless tzdata"
+        pkgs="$pkgs python3 python3-psycopg python3-psycopg2 libpostgresql-jdbc-java tzdata"
         # the Debian package build, its lint and the PGXN zip check (test/lib/release.sh)
         # (make dist archives the committed tree with git)
         pkgs="$pkgs postgresql-server-dev-all debhelper dpkg-dev lintian unzip git"
