@@ -87,8 +87,9 @@ ensure_packages() {
         # PL/Proxy: test/t/020_plproxy.pl and test/bench/plproxy (docs/plproxy)
         pkgs="$pkgs postgresql-$PG_MAJOR-plproxy"
         # test/t/080_pgbouncer.pl: Debian's PgBouncer in transaction mode,
-        # with psycopg 3 and pgjdbc clients (javac compiles the latter's program)
-        pkgs="$pkgs pgbouncer python3-psycopg libpostgresql-jdbc-java"
+        # with psycopg 3, psycopg2 and pgjdbc clients (javac compiles the
+        # latter's program)
+        pkgs="$pkgs pgbouncer python3-psycopg python3-psycopg2 libpostgresql-jdbc-java"
         # any JDK: Debian 12 has 17, later releases 21 and newer
         command -v javac >/dev/null || pkgs="$pkgs default-jdk-headless"
     fi
