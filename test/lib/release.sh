@@ -175,8 +175,8 @@ run_debian_suite() {
     # install; remove again at exit unless it was installed before, and put
     # back what make install had installed in the same paths
     if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
-        if [ "$("$PG_CONFIG" --pkglibdir 2>/dev/null)" = "$libdir" ]; then
-            add_cleanup "as_root dpkg --purge $pkg >/dev/null 2>&1; (cd '$REPO_ROOT' && as_root make -s PG_CONFIG='$PG_CONFIG' install >/dev/null 2>&1)"
+        if [ -e "$libdir/idem_consumer.so" ]; then
+            add_cleanup "as_root dpkg --purge $pkg >/dev/null 2>&1; (cd '$REPO_ROOT' && as_root make -s PG_CONFIG='$deb_pg_config' install >/dev/null 2>&1)"
         else
             add_cleanup "as_root dpkg --purge $pkg >/dev/null 2>&1"
         fi
