@@ -89,16 +89,26 @@ run_prometheus_suite() {
     echo "-- prometheus took $((SECONDS - t0)) s"
 }
 
-# Debian package: build, lintian, install, smoke test.  Each step is one
-# test; a step that cannot run because an earlier one failed counts as
-# failed too.  The package installs into Debian's paths whatever PG_CONFIG
-# says, so the smoke test runs Debian's binaries.
+# Debian package: build, lintian, install, smoke test, for the major
+# version of PG_CONFIG (else PG_MAJOR): postgresql-NN-idem-consumer.  Each
+# step is one test; a step that cannot run because an earlier one failed
+# counts as failed too.  The package installs into Debian's paths for that
+# major whatever PG_CONFIG says, so the paths and the smoke test's
+# binaries are those of Debian's pg_config of that major.  Needs WORK,
+# SUITE_TIMEOUT, REPO_ROOT and common.sh; runs as root or with sudo.
 run_debian_suite() {
     local t0=$SECONDS dir="$WORK/debian" version arch meta_version src deb status
-    local bindir=/usr/lib/postgresql/15/bin pkg=postgresql-15-idem-consumer
-    local cluster port steps=9 pass=0 fail=0 out
+    local major deb_pg_config bindir libdir pkg
+    local cluster port steps=10 pass=0 fail=0 out
+    major=$("$PG_CONFIG" --version 2>/dev/null | sed -nE 's/^PostgreSQL ([0-9]+).*/\1/p')
+    major=${major:-${PG_MAJOR:-}}
+    pkg=postgresql-$major-idem-consumer
+    # Debian's layout: each major's pg_config in its own bin directory
+    deb_pg_config=/usr/lib/postgresql/$major/bin/pg_config
+    bindir=$("$deb_pg_config" --bindir 2>/dev/null)
+    libdir=$("$deb_pg_config" --pkglibdir 2>/dev/null)
     echo
-    echo "== debian: package build, lintian, install, smoke test"
+    echo "== debian: package build, lintian, install, smoke test (PostgreSQL $major)"
     mkdir -p "$dir"
 
     # step NAME STATUS: record and print one step's result
@@ -124,6 +134,11 @@ run_debian_suite() {
         <"$REPO_ROOT/META.json")
     [ "$version" = "$meta_version" ]
     step "debian/changelog's version $version is META.json's ($meta_version)" $?
+    [ -n "$major" ] && [ -n "$bindir" ] && [ -n "$libdir" ]
+    status=$?
+    [ "$status" -ne 0 ] && echo "no Debian pg_config of PostgreSQL ${major:-(unknown major)} at $deb_pg_config"
+    step "Debian's pg_config of PostgreSQL $major: $libdir" $status
+    [ "$status" -eq 0 ] || { finish; return; }
 
     # a copy of the tree as it is (tracked and new files, not build products)
     src="$dir/idem-consumer-$version"
@@ -135,7 +150,11 @@ run_debian_suite() {
         (cd "$REPO_ROOT" && tar --exclude='*.o' --exclude='*.so' --exclude='*.bc' -cf - . |
             tar -x -C "$src")
     fi
-    (cd "$src" && timeout -k 30 "$SUITE_TIMEOUT" env -u PG_CONFIG \
+    # debian/control names the packages of the versions Debian 12 ships;
+    # pg_buildext makes it anew for those this system supports, out of
+    # control.in and debian/pgversions, as Debian's own extensions do
+    (cd "$src" && pg_buildext updatecontrol &&
+        timeout -k 30 "$SUITE_TIMEOUT" env -u PG_CONFIG -u PG_MAJOR \
         dpkg-buildpackage -us -uc -b) >"$dir/build.log" 2>&1
     status=$?
     [ "$status" -ne 0 ] && tail -n 60 "$dir/build.log"
@@ -156,7 +175,11 @@ run_debian_suite() {
     # install; remove again at exit unless it was installed before, and put
     # back what make install had installed in the same paths
     if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
-        add_cleanup "as_root dpkg --purge $pkg >/dev/null 2>&1; (cd '$REPO_ROOT' && as_root make -s PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config install >/dev/null 2>&1)"
+        if [ -e "$libdir/idem_consumer.so" ]; then
+            add_cleanup "as_root dpkg --purge $pkg >/dev/null 2>&1; (cd '$REPO_ROOT' && as_root make -s PG_CONFIG='$deb_pg_config' install >/dev/null 2>&1)"
+        else
+            add_cleanup "as_root dpkg --purge $pkg >/dev/null 2>&1"
+        fi
     fi
     as_root env DEBIAN_FRONTEND=noninteractive timeout -k 10 300 apt-get install -y -qq \
         -o DPkg::Lock::Timeout=120 --no-install-recommends --reinstall --allow-downgrades \
@@ -165,8 +188,8 @@ run_debian_suite() {
     [ "$status" -ne 0 ] && cat "$dir/install.log"
     step "apt-get install ./$(basename "$deb")" $status
     [ "$status" -eq 0 ] || { finish; return; }
-    out=$(dpkg --verify "$pkg" 2>&1; dpkg -S /usr/lib/postgresql/15/lib/idem_consumer.so 2>&1)
-    [ "$out" = "$pkg: /usr/lib/postgresql/15/lib/idem_consumer.so" ]
+    out=$(dpkg --verify "$pkg" 2>&1; dpkg -S "$libdir/idem_consumer.so" 2>&1)
+    [ "$out" = "$pkg: $libdir/idem_consumer.so" ]
     step "the installed files are the package's (dpkg --verify, dpkg -S)" $?
     [ -n "$out" ] && echo "$out"
 

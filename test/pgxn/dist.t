@@ -35,7 +35,15 @@ like(ref $meta->{license} ? join(',', keys %{ $meta->{license} }) : $meta->{lice
 	qr/^(postgresql|bsd|mit|apache_2_0|gpl_[23]|lgpl_[23]_1?|artistic_2|mozilla_[12]_[01]|open_source|restricted|unrestricted|unknown)$/,
 	'the license is one the spec names');
 like($meta->{release_status} // '', qr/^(stable|testing|unstable)$/, 'the release status is valid');
-is($meta->{prereqs}{runtime}{requires}{PostgreSQL}, '15.0.0', 'it requires PostgreSQL 15');
+is($meta->{prereqs}{runtime}{requires}{PostgreSQL}, '15.0.0', 'it requires PostgreSQL 15 or later');
+# the same minimum as the build's: src/compat.h refuses an older server
+{
+	my $compat = do { local (@ARGV, $/) = ('src/compat.h'); <> } // '';
+	my ($num) = $compat =~ /^#if PG_VERSION_NUM < (\d+)\s*\n#error/m;
+	is(defined $num ? int($num / 10000) . '.0.0' : undef,
+		$meta->{prereqs}{runtime}{requires}{PostgreSQL},
+		"src/compat.h's lowest PG_VERSION_NUM is META.json's minimum");
+}
 ok(ref $meta->{resources} eq 'HASH' && %{ $meta->{resources} }, 'resources are given');
 ok(ref $meta->{tags} eq 'ARRAY' && @{ $meta->{tags} }, 'tags are given');
 

@@ -67,7 +67,9 @@ $proxy->append_conf('postgresql.conf', "max_connections = 40\n");
 $proxy->start;
 is($proxy->safe_psql('postgres',
 		q{SELECT count(*) FROM pg_available_extensions WHERE name = 'plproxy'}),
-	'1', 'PL/Proxy is installed (Debian package postgresql-15-plproxy)')
+	'1',
+	'PL/Proxy is installed (Debian package postgresql-'
+	  . $proxy->pg_version->major . '-plproxy)')
   or BAIL_OUT('plproxy is not installed for this PostgreSQL');
 $proxy->safe_psql('postgres', 'CREATE DATABASE shop_proxy');
 my $shard_list = '{' . join(',', map { '"' . $_->connstr('shop') . '"' } @shards) . '}';
