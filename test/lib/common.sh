@@ -65,8 +65,9 @@ progress() { printf '[%4ds] %s\n' "$SECONDS" "$*"; }
 # ensure_packages [PROFILE]: "build" is what compiling and running the
 # extension needs; "demo" adds Node.js for test/demo's external-call phase;
 # "server" what the server-side suites need (pg_regress, isolation, TAP:
-# the suites run on every major version); "all" (the default) adds
-# everything the other suites run.
+# the suites run on every major version); "package" adds the tools that
+# build and check the Debian package; "all" (the default) adds everything
+# the other suites run.
 # (pgbench ships in postgresql-NN itself, prove in perl; prometheus brings
 # promtool, which the TAP tests run on idem_metrics().)
 ensure_packages() {
@@ -79,7 +80,7 @@ ensure_packages() {
         # the machines usually have them
         command -v node >/dev/null && command -v npm >/dev/null || pkgs="$pkgs nodejs npm"
     fi
-    if [ "$profile" = server ] || [ "$profile" = all ]; then
+    if [ "$profile" != build ] && [ "$profile" != demo ]; then
         pkgs="$pkgs libipc-run-perl prometheus"
         # the prometheus suite runs Debian's postgres_exporter with the
         # queries file of docs/prometheus and scrapes it with curl
@@ -101,6 +102,8 @@ ensure_packages() {
         # build tool), as Debian ships them; tzdata for Python's zoneinfo
         # (the tests deliver one instant from Europe/Berlin and from UTC)
         pkgs="$pkgs python3 python3-psycopg python3-psycopg2 libpostgresql-jdbc-java tzdata"
+    fi
+    if [ "$profile" = all ] || [ "$profile" = package ]; then
         # the Debian package build, its lint and the PGXN zip check (test/lib/release.sh)
         # (make dist archives the committed tree with git)
         pkgs="$pkgs postgresql-server-dev-all debhelper dpkg-dev lintian unzip git"

@@ -12,9 +12,10 @@
 # Where the Debian roots live between runs (CI machines keep /var/tmp).
 VERSION_ROOTS=${VERSION_ROOTS:-/var/tmp/idem_consumer-roots}
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
-# The suites that run on every major version; the Node.js, broker, PGXN
-# and packaging suites run on 15 only.
-VERSION_SUITES="regress isolation isolation-sql-path tap"
+# The suites that run on every major version, the Debian package of that
+# version included; the client, Node.js, broker, PGXN and Prometheus
+# suites run on 15 only.
+VERSION_SUITES="regress isolation isolation-sql-path tap debian"
 # Bounds one version's run, the root's creation and packages included (a
 # run from nothing took 6 minutes on 2 cores; CI has 45 for everything).
 VERSION_TIMEOUT=${VERSION_TIMEOUT:-900}
