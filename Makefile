@@ -20,6 +20,10 @@ OBJS = \
 	src/batch.o \
 	src/histogram.o \
 	src/stats.o \
+	src/stats_slots.o \
+	src/stats_xact.o \
+	src/stats_file.o \
+	src/stats_views.o \
 	src/metrics.o \
 	src/dead_letter.o \
 	src/expect_rows.o \

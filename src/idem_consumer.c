@@ -30,6 +30,7 @@ _PG_init(void)
 	fastpath_init();
 	retention_init();
 	stats_init();
+	stats_file_init();
 	dead_letter_init();
 	purge_worker_init();
 	effects_init();

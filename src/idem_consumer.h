@@ -28,8 +28,13 @@
  *	  expect_rows.c		the rows business SQL must affect, and the error
  *						of too few
  *	  stats.c			per-consumer counters in shared memory, one set
- *						per database and consumer, counted when the
- *						transaction ends, and the idem_stats view
+ *						per database and consumer: the shared state, its
+ *						locking protocol and GUCs
+ *	  stats_slots.c		which consumers have a slot of counters
+ *	  stats_xact.c		what a transaction counts, added when it ends
+ *	  stats_file.c		the counters' shared memory made at start-up, and
+ *						the file that keeps them across a restart
+ *	  stats_views.c		the idem_stats and idem_stats_info functions
  *	  histogram.c		log-scale duration histograms
  *	  metrics.c			the Prometheus text exposition
  *	  retention.c		retention windows, latest activity and purge runs
@@ -278,13 +283,18 @@ typedef struct ConsumerStatsCopy
 } ConsumerStatsCopy;
 
 extern void stats_init(void);
+extern void stats_foreach(Oid dbid,
+						  void (*fn) (const ConsumerStatsCopy *copy, void *arg),
+						  void *arg);
+
+/* stats_file.c */
+extern void stats_file_init(void);
+
+/* stats_xact.c */
 extern int	stats_call_begin(const char *consumer);
 extern void stats_call_end(int call, int applied, int duplicates,
 						   int dead_lettered, TimestampTz event_time);
 extern void stats_call_key_reuse(int call);
-extern void stats_foreach(Oid dbid,
-						  void (*fn) (const ConsumerStatsCopy *copy, void *arg),
-						  void *arg);
 extern void stats_count_effect(const char *consumer, EffectEvent event);
 
 /* plan_cache.c */
