@@ -25,7 +25,9 @@ OBJS = \
 	src/stats_file.o \
 	src/stats_views.o \
 	src/metrics.o \
+	src/business_run.o \
 	src/dead_letter.o \
+	src/try_apply.o \
 	src/expect_rows.o \
 	src/retention.o \
 	src/purge_worker.o \

@@ -31,7 +31,7 @@ _PG_init(void)
 	retention_init();
 	stats_init();
 	stats_file_init();
-	dead_letter_init();
+	business_run_init();
 	purge_worker_init();
 	effects_init();
 

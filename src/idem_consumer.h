@@ -23,8 +23,12 @@
  *	  apply.c			the SQL-callable idem_apply() family
  *	  apply_typed.c		idem_apply_v(), idem_try_apply_v(): typed parameters
  *	  batch.c			idem_record_batch(): recording a batch of keys
- *	  dead_letter.c		idem_try_apply(), the dead-letter queue and its
- *						replay and discard functions
+ *	  try_apply.c		idem_try_apply(), idem_try_apply_rows(): parking
+ *						a message whose business SQL fails permanently
+ *	  dead_letter.c		the dead-letter queue: its entries, replay and
+ *						discard
+ *	  business_run.c	running business SQL in a subtransaction, which
+ *						errors are transient, and a replay's settings
  *	  expect_rows.c		the rows business SQL must affect, and the error
  *						of too few
  *	  stats.c			per-consumer counters in shared memory, one set
@@ -353,8 +357,8 @@ extern Oid	replay_role_check(int64 entry_id, const char *consumer, Oid roleid,
 extern ReplayRoleState replay_role_begin(Oid roleid);
 extern void replay_role_end(ReplayRoleState state);
 
-/* dead_letter.c */
-extern void dead_letter_init(void);
+/* business_run.c */
+extern void business_run_init(void);
 
 /* expect_rows.c */
 extern int64 get_expect_rows_arg(FunctionCallInfo fcinfo, int argno);
