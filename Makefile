@@ -34,6 +34,7 @@ OBJS = \
 	src/effects_store.o \
 	src/effects_fastpath.o \
 	src/effects.o \
+	src/effects_api.o \
 	src/inflight.o \
 	src/replay_role.o
 

@@ -48,7 +48,8 @@
  *	  replay_role.c		the role and schemas a dead-letter replay runs
  *						its SQL with, and who may replay
  *	  effects.c			external effects: the state machine of leases,
- *						fences and retries, and its SQL functions
+ *						fences and retries, and its GUCs
+ *	  effects_api.c		the SQL functions of external effects
  *	  effects_store.c	the storage statements of external effects
  *	  effects_fastpath.c	inserting an effect's lease and completing
  *						it without the executor, in the plain case
