@@ -10,6 +10,7 @@ OBJS = \
 	src/keystore_sql.o \
 	src/keystore_fastpath.o \
 	src/keystore.o \
+	src/keystore_remove.o \
 	src/consumers.o \
 	src/consumer_names.o \
 	src/fingerprint.o \

@@ -12,6 +12,7 @@
  *						index in C
  *	  keystore.c		the key store: keys, collisions, consumers, and
  *						the argument that makes them exact
+ *	  keystore_remove.c	forgetting keys and removing them for retention
  *	  plan_cache.c		validation, type inference and cached plans of
  *						business SQL, and binding its parameters
  *	  args.c			the argument validators the API functions share

@@ -72,6 +72,21 @@ extern bool fastpath_insert(FastPath *fp, int32 hash, int32 consumer_id,
 							int32 processed_at, text *key,
 							const int32 *fingerprint);
 
+/* keystore.c */
+extern int32 keystore_processed_at_now(void);
+
+/*
+ * Fetches a column of the first row an SPI statement returned.
+ */
+static inline Datum
+result_column(int colno)
+{
+	bool		isnull;
+
+	return SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
+						 colno, &isnull);
+}
+
 /*
  * Runs one storage statement without null parameters as the owner of the
  * storage tables.
