@@ -31,6 +31,7 @@ OBJS = \
 	src/try_apply.o \
 	src/expect_rows.o \
 	src/retention.o \
+	src/retention_api.o \
 	src/purge_worker.o \
 	src/effects_store.o \
 	src/effects_fastpath.o \

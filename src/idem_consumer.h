@@ -43,6 +43,7 @@
  *	  histogram.c		log-scale duration histograms
  *	  metrics.c			the Prometheus text exposition
  *	  retention.c		retention windows, latest activity and purge runs
+ *	  retention_api.c	the SQL functions of retention and idem_purge()
  *	  purge_worker.c	the background worker that purges on a schedule
  *	  inflight.c		the messages whose business SQL is running in
  *						this backend, and what that SQL may not change
@@ -224,6 +225,7 @@ typedef enum PurgeProgress
 } PurgeProgress;
 
 extern void retention_init(void);
+extern int	retention_default_secs(void);
 extern void purge_begin_batch(int32 only_consumer, int64 batch_size);
 extern PurgeProgress purge_step(uint64 *removed);
 
