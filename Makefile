@@ -28,10 +28,12 @@ OBJS = \
 	src/metrics.o \
 	src/business_run.o \
 	src/dead_letter.o \
+	src/dead_letter_sql.o \
 	src/try_apply.o \
 	src/expect_rows.o \
 	src/retention.o \
 	src/retention_api.o \
+	src/retention_store.o \
 	src/purge_worker.o \
 	src/effects_store.o \
 	src/effects_fastpath.o \

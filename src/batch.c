@@ -13,7 +13,7 @@
  *
  * All keys are recorded within this one call, in the order of the unique
  * index whatever their order in the array: that order is why two batches
- * cannot deadlock each other (see KS_INSERT_BATCH in keystore.c).  Through
+ * cannot deadlock each other (see KS_INSERT_BATCH in keystore_sql.c).  Through
  * keystore.c's fast path each key costs an index probe, and a new key a
  * speculative insertion, with no SQL statement per key.  When the storage
  * does not allow the fast path, the work is set-based SQL: one insert for

@@ -686,3 +686,22 @@ consumers_init(void)
 							 NULL,
 							 NULL);
 }
+
+/*
+ * Tells whether a consumer's row is visible to this transaction, and sets
+ * *xmin (unless NULL) to the transaction that inserted it.
+ */
+bool
+consumer_row_visible(const char *consumer, TransactionId *xmin)
+{
+	Datum		name = CStringGetTextDatum(consumer);
+	bool		isnull;
+
+	keystore_execute(KS_FIND_CONSUMER, &name, NULL, 1);
+	if (SPI_processed == 0)
+		return false;
+	if (xmin != NULL)
+		*xmin = DatumGetTransactionId(SPI_getbinval(SPI_tuptable->vals[0],
+													SPI_tuptable->tupdesc, 2, &isnull));
+	return true;
+}

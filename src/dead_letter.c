@@ -140,8 +140,8 @@ dead_letter_insert(int32 consumer_id, text *key, const char *sql,
 				   ArrayType *params, NullableDatum event_time,
 				   ErrorData *edata, int64 expect_rows)
 {
-	Datum		values[KS_MAX_ARGS];
-	char		nulls[KS_MAX_ARGS];
+	Datum		values[STORAGE_MAX_ARGS];
+	char		nulls[STORAGE_MAX_ARGS];
 
 	memset(nulls, ' ', sizeof(nulls));
 	values[0] = Int32GetDatum(consumer_id);
@@ -164,7 +164,7 @@ dead_letter_insert(int32 consumer_id, text *key, const char *sql,
 	 * the ids of replicated entries (docs/replication.md); entries are
 	 * rare enough to check it each time.
 	 */
-	keystore_execute(KS_DEAD_LETTER_IDS_PAST_ROWS, NULL, NULL, 0);
+	keystore_dead_letter_ids_past_rows();
 
 	/*
 	 * A database still at version 1.0 has no column for the role, one at
@@ -172,9 +172,9 @@ dead_letter_insert(int32 consumer_id, text *key, const char *sql,
 	 * functions of 1.2 take one.
 	 */
 	if (expect_rows_stored())
-		keystore_execute(KS_DL_INSERT_ROWS, values, nulls, 0);
+		dead_letter_execute(DL_INSERT_ROWS, values, nulls, 0);
 	else
-		keystore_execute(replay_role_supported() ? KS_DL_INSERT_ROLE : KS_DL_INSERT,
+		dead_letter_execute(replay_role_supported() ? DL_INSERT_ROLE : DL_INSERT,
 						 values, nulls, 0);
 }
 
@@ -190,7 +190,7 @@ dead_letter_expect_rows(int64 id)
 
 	if (!expect_rows_stored())
 		return 0;
-	keystore_execute(KS_DL_EXPECT_ROWS, &arg, NULL, 1);
+	dead_letter_execute(DL_EXPECT_ROWS, &arg, NULL, 1);
 	if (SPI_processed == 0)
 		return 0;
 	value = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
@@ -208,7 +208,7 @@ dead_letter_status(int32 consumer_id, text *key)
 
 	args[0] = Int32GetDatum(consumer_id);
 	args[1] = PointerGetDatum(key);
-	keystore_execute(KS_DL_KEY_STATUS, args, NULL, 1);
+	dead_letter_execute(DL_KEY_STATUS, args, NULL, 1);
 	if (SPI_processed == 0)
 		return NULL;
 	return TextDatumGetCString(SPI_getbinval(SPI_tuptable->vals[0],
@@ -265,7 +265,7 @@ entry_visible(int64 id)
 	Datum		arg = Int64GetDatum(id);
 	bool		isnull;
 
-	keystore_execute(KS_DL_ENTRY_KEY, &arg, NULL, 1);
+	dead_letter_execute(DL_ENTRY_KEY, &arg, NULL, 1);
 	return SPI_processed > 0 &&
 		keystore_may_act_on_consumer_id(DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
 																	 SPI_tuptable->tupdesc,
@@ -284,7 +284,7 @@ lock_entry(int64 id, DeadLetterEntry *entry)
 
 	if (entry_visible(id))
 	{
-		keystore_execute(KS_DL_LOCK, &arg, NULL, 1);
+		dead_letter_execute(DL_LOCK, &arg, NULL, 1);
 		if (SPI_processed > 0)
 		{
 			entry_from_result(entry);
@@ -333,7 +333,7 @@ replay_run_as(const DeadLetterEntry *entry, char **consumer_name)
 	char	   *consumer;
 	char	   *parked_by;
 
-	keystore_execute(KS_DL_ROLE, &arg, NULL, 1);
+	dead_letter_execute(DL_ROLE, &arg, NULL, 1);
 	roleid = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 	consumer = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
 	parked_by = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3);
@@ -353,8 +353,8 @@ static Outcome
 replay_entry(const DeadLetterEntry *entry)
 {
 	ErrorData  *edata;
-	Datum		values[KS_MAX_ARGS];
-	char		nulls[KS_MAX_ARGS];
+	Datum		values[STORAGE_MAX_ARGS];
+	char		nulls[STORAGE_MAX_ARGS];
 	Oid			run_as;
 	char	   *consumer;
 	uint64		rows;
@@ -364,7 +364,7 @@ replay_entry(const DeadLetterEntry *entry)
 	{
 		values[0] = Int64GetDatum(entry->id);
 		values[1] = current_user_datum();
-		keystore_execute(KS_DL_REPLAYED, values, NULL, 0);
+		dead_letter_execute(DL_REPLAYED, values, NULL, 0);
 		return OUTCOME_APPLIED;
 	}
 
@@ -389,11 +389,11 @@ replay_entry(const DeadLetterEntry *entry)
 	if (edata == NULL)
 	{
 		values[1] = current_user_datum();
-		keystore_execute(KS_DL_REPLAYED, values, NULL, 0);
+		dead_letter_execute(DL_REPLAYED, values, NULL, 0);
 		return OUTCOME_APPLIED;
 	}
 	error_values(edata, &values[1], &nulls[1]);
-	keystore_execute(KS_DL_FAILED_AGAIN, values, nulls, 0);
+	dead_letter_execute(DL_FAILED_AGAIN, values, nulls, 0);
 	return OUTCOME_DEAD_LETTERED;
 }
 
@@ -413,7 +413,7 @@ refuse_inside_business_sql(const char *function_name, const char *action,
 
 	if (!inflight_any())
 		return;
-	keystore_execute(KS_DL_ENTRY_KEY, &arg, NULL, 1);
+	dead_letter_execute(DL_ENTRY_KEY, &arg, NULL, 1);
 	if (SPI_processed > 0)
 		inflight_check_dead_letter(function_name, action, id,
 								   DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
@@ -504,7 +504,7 @@ idem_dlq_replay_consumer(PG_FUNCTION_ARGS)
 		SPI_connect();
 		args[0] = Int32GetDatum(consumer_id);
 		args[1] = Int64GetDatum(last_id);
-		keystore_execute(KS_DL_LOCK_NEXT_PENDING, args, NULL, 1);
+		dead_letter_execute(DL_LOCK_NEXT_PENDING, args, NULL, 1);
 		if (SPI_processed == 0)
 		{
 			SPI_finish();
@@ -542,7 +542,7 @@ idem_dlq_discard(PG_FUNCTION_ARGS)
 	values[0] = Int64GetDatum(id);
 	values[1] = current_user_datum();
 	values[2] = PointerGetDatum(reason);
-	keystore_execute(KS_DL_DISCARDED, values, NULL, 0);
+	dead_letter_execute(DL_DISCARDED, values, NULL, 0);
 	SPI_finish();
 
 	PG_RETURN_VOID();

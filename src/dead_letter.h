@@ -1,10 +1,12 @@
 /*-------------------------------------------------------------------------
  *
  * dead_letter.h
- *	  What try_apply.c, dead_letter.c and business_run.c share.
+ *	  What try_apply.c, dead_letter.c, dead_letter_sql.c and business_run.c
+ *	  share.
  *
  * Calls run downwards: try_apply.c uses dead_letter.c and business_run.c,
- * dead_letter.c uses business_run.c, which uses neither.
+ * dead_letter.c uses dead_letter_sql.c and business_run.c, which use
+ * none of the others.
  *
  * Copyright (c) 2025-2026, idem_consumer maintainers
  *
@@ -25,6 +27,28 @@ typedef enum Outcome
 	OUTCOME_DUPLICATE,
 	OUTCOME_DEAD_LETTERED
 } Outcome;
+
+/* dead_letter_sql.c */
+typedef enum DeadLetterStmt
+{
+	DL_INSERT,
+	DL_INSERT_ROLE,
+	DL_ROLE,
+	DL_KEY_STATUS,
+	DL_LOCK,
+	DL_ENTRY_KEY,
+	DL_LOCK_NEXT_PENDING,
+	DL_FAILED_AGAIN,
+	DL_REPLAYED,
+	DL_DISCARDED,
+	DL_PENDING_SUMMARY,
+	DL_INSERT_ROWS,
+	DL_EXPECT_ROWS,
+	DL_NUM_STMTS
+} DeadLetterStmt;
+
+extern int	dead_letter_execute(DeadLetterStmt stmt, Datum *values,
+								const char *nulls, long tcount);
 
 /* dead_letter.c */
 extern Oid *dead_letter_outcome_oids(FmgrInfo *flinfo, Oid enumtypoid);

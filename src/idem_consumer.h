@@ -80,65 +80,35 @@
 #define IDEM_MAX_CONSUMER_BYTES		128
 
 /*
- * keystore_sql.c: the statements on the storage tables.  Each runs as the
- * owner of the tables; see keystore_stmt_defs for their text and parameters.
+ * keystore_sql.c: fixed statements on the storage tables, run as the
+ * owner of the tables.  Each module keeps the text of its statements in a
+ * StorageStmtSet of its own, indexed by an enum of its own; their plans
+ * are prepared on first use and forgotten when the storage is located
+ * anew.
  */
-typedef enum KeystoreStmt
-{
-	KS_FIND_CONSUMER,
-	KS_CREATE_CONSUMER,
-	KS_FIND_OWNED_CONSUMER,
-	KS_CREATE_OWNED_CONSUMER,
-	KS_SET_CONSUMER_OWNER,
-	KS_CONSUMER_BY_ID,
-	KS_FOREIGN_CONSUMER,
-	KS_SET_CHECK_FINGERPRINT,
-	KS_INSERT_KEY_FP,
-	KS_PROBE_KEY_FP,
-	KS_INSERT_COLLISION_FP,
-	KS_DELETE_COLLISION_FP,
-	KS_INSERT_KEY,
-	KS_PROBE_KEY,
-	KS_CLAIM_OCCUPANT,
-	KS_INSERT_COLLISION,
-	KS_KEY_WRITES,
-	KS_DELETE_KEY,
-	KS_DELETE_COLLISION,
-	KS_FIND_COLLISION,
-	KS_DL_INSERT,
-	KS_DL_INSERT_ROLE,
-	KS_DL_ROLE,
-	KS_DL_KEY_STATUS,
-	KS_DL_LOCK,
-	KS_DL_ENTRY_KEY,
-	KS_DL_LOCK_NEXT_PENDING,
-	KS_DL_FAILED_AGAIN,
-	KS_DL_REPLAYED,
-	KS_DL_DISCARDED,
-	KS_DL_DELETE_RESOLVED,
-	KS_DL_PENDING_SUMMARY,
-	KS_RETENTION_SETTINGS,
-	KS_SET_RETENTION,
-	KS_RESET_RETENTION,
-	KS_TABLE_SIZES,
-	KS_LATEST_COLLISIONS,
-	KS_LATEST_KEYS,
-	KS_PURGEABLE_COLLISIONS,
-	KS_PURGEABLE_KEYS,
-	KS_REMOVE_COLLISIONS,
-	KS_REMOVE_KEYS,
-	KS_COLLIDING_HASHES,
-	KS_INSERT_BATCH,
-	KS_UNRESOLVED_BATCH,
-	KS_DL_INSERT_ROWS,
-	KS_DL_EXPECT_ROWS,
-	KS_CONSUMER_IDS_PAST_ROWS,
-	KS_DEAD_LETTER_IDS_PAST_ROWS,
-	KS_NUM_STMTS
-} KeystoreStmt;
+#define STORAGE_MAX_ARGS 14
 
-/* The most parameters a storage statement takes. */
-#define KS_MAX_ARGS 14
+typedef struct StorageStmt
+{
+	const char *sql;
+	int			nargs;
+	Oid			argtypes[STORAGE_MAX_ARGS];
+	int			cursor_options; /* as for SPI_prepare_cursor */
+} StorageStmt;
+
+typedef struct StorageStmtSet
+{
+	const StorageStmt *stmts;
+	int			nstmts;
+	SPIPlanPtr *plans;			/* nstmts of them, NULL until prepared */
+	uint64		generation;		/* of the storage the plans were made for */
+} StorageStmtSet;
+
+#define STORAGE_STMT_SET(stmts, plans) {(stmts), lengthof(stmts), (plans), 0}
+
+extern void storage_stmts_current(StorageStmtSet *set);
+extern int	storage_stmt_run(StorageStmtSet *set, int stmt, Datum *values,
+							 const char *nulls, long tcount);
 
 /* The tables that hold keys, in the order a purge walks them. */
 typedef enum KeystoreTable
@@ -149,11 +119,6 @@ typedef enum KeystoreTable
 } KeystoreTable;
 
 extern void storage_init(void);
-extern int	storage_execute(SPIPlanPtr *plan, const char *sql, int nargs,
-							const Oid *argtypes, int cursor_options,
-							Datum *values, const char *nulls, long tcount);
-extern int	keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
-							 long tcount);
 extern bool keystore_record_key(int32 consumer_id, text *key);
 
 /* What the storage holds of a key found recorded. */
@@ -174,6 +139,7 @@ extern bool keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 								 RecordedKey *recorded);
 extern bool keystore_key_exists(int32 consumer_id, text *key);
 extern bool keystore_forget_key(int32 consumer_id, text *key);
+extern void keystore_dead_letter_ids_past_rows(void);
 
 extern uint64 keystore_insert_batch(int32 consumer_id, ArrayType *keys);
 extern uint64 keystore_unresolved_batch(int32 consumer_id, ArrayType *keys,
@@ -183,6 +149,9 @@ extern void keystore_table_blocks(BlockNumber *blocks);
 extern uint64 keystore_remove_rows(KeystoreTable table, ItemPointer tids,
 								   int ntids, Datum consumer_ids, Datum cutoffs);
 extern double keystore_keys_estimate(void);
+extern void keystore_read_latest(KeystoreTable table, Datum lo, Datum hi);
+extern void keystore_read_purgeable(KeystoreTable table, Datum consumer_ids,
+									Datum cutoffs, Datum lo, Datum hi);
 
 /* consumers.c */
 extern void consumers_init(void);
@@ -193,6 +162,7 @@ extern void keystore_check_consumer_id(int32 consumer_id);
 extern bool keystore_may_act_on_consumer_id(int32 consumer_id);
 extern void keystore_check_every_consumer(const char *what);
 extern bool role_can_become(Oid roleid);
+extern bool consumer_row_visible(const char *consumer, TransactionId *xmin);
 
 /* consumer_names.c */
 extern void consumer_name_check_new(const char *name);
@@ -226,6 +196,12 @@ typedef enum PurgeProgress
 
 extern void retention_init(void);
 extern int	retention_default_secs(void);
+
+/* retention_store.c */
+extern void retention_store_read_windows(void);
+extern void retention_store_set_window(int32 consumer_id, Datum retention,
+									   bool isnull);
+extern void retention_store_reset_window(int32 consumer_id);
 extern void purge_begin_batch(int32 only_consumer, int64 batch_size);
 extern PurgeProgress purge_step(uint64 *removed);
 
@@ -363,6 +339,9 @@ extern void replay_role_end(ReplayRoleState state);
 
 /* business_run.c */
 extern void business_run_init(void);
+
+/* dead_letter_sql.c */
+extern uint64 dead_letter_pending_summary(void);
 
 /* expect_rows.c */
 extern int64 get_expect_rows_arg(FunctionCallInfo fcinfo, int argno);

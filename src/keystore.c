@@ -466,3 +466,15 @@ keystore_key_exists(int32 consumer_id, text *key)
 	return SPI_processed == 1 &&
 		(DatumGetBool(result_column(1)) || DatumGetBool(result_column(2)));
 }
+
+/*
+ * Moves the identity sequence of dead_letters past the largest id the
+ * table holds, if it is behind it (IDS_PAST_ROWS in keystore_sql.c); for
+ * the dead-letter queue and the entries of external effects, before they
+ * insert.
+ */
+void
+keystore_dead_letter_ids_past_rows(void)
+{
+	keystore_execute(KS_DEAD_LETTER_IDS_PAST_ROWS, NULL, NULL, 0);
+}

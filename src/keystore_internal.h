@@ -37,6 +37,53 @@ typedef struct StorageInfo
 	uint64		consumers_version;	/* changes with every invalidation too */
 } StorageInfo;
 
+/*
+ * keystore_sql.c: the statements of the key store, on keys, collisions,
+ * consumers and the purge; see keystore_stmt_defs for their text and
+ * parameters.
+ */
+typedef enum KeystoreStmt
+{
+	KS_FIND_CONSUMER,
+	KS_CREATE_CONSUMER,
+	KS_FIND_OWNED_CONSUMER,
+	KS_CREATE_OWNED_CONSUMER,
+	KS_SET_CONSUMER_OWNER,
+	KS_CONSUMER_BY_ID,
+	KS_FOREIGN_CONSUMER,
+	KS_SET_CHECK_FINGERPRINT,
+	KS_INSERT_KEY_FP,
+	KS_PROBE_KEY_FP,
+	KS_INSERT_COLLISION_FP,
+	KS_DELETE_COLLISION_FP,
+	KS_INSERT_KEY,
+	KS_PROBE_KEY,
+	KS_CLAIM_OCCUPANT,
+	KS_INSERT_COLLISION,
+	KS_KEY_WRITES,
+	KS_DELETE_KEY,
+	KS_DELETE_COLLISION,
+	KS_FIND_COLLISION,
+	KS_ENTRY_STATUS,
+	KS_DELETE_RESOLVED_ENTRY,
+	KS_TABLE_SIZES,
+	KS_LATEST_COLLISIONS,
+	KS_LATEST_KEYS,
+	KS_PURGEABLE_COLLISIONS,
+	KS_PURGEABLE_KEYS,
+	KS_REMOVE_COLLISIONS,
+	KS_REMOVE_KEYS,
+	KS_COLLIDING_HASHES,
+	KS_INSERT_BATCH,
+	KS_UNRESOLVED_BATCH,
+	KS_CONSUMER_IDS_PAST_ROWS,
+	KS_DEAD_LETTER_IDS_PAST_ROWS,
+	KS_NUM_STMTS
+} KeystoreStmt;
+
+extern int	keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
+							 long tcount);
+
 /* storage.c */
 extern const StorageInfo *storage_ready(void);
 extern int32 key_hash_value(int32 consumer_id, text *key);

@@ -97,11 +97,11 @@ promote_collision(int32 hash)
 static void
 forget_dead_letter(Datum *key_args)
 {
-	keystore_exec(KS_DL_DELETE_RESOLVED, key_args, 0);
+	keystore_exec(KS_DELETE_RESOLVED_ENTRY, key_args, 0);
 	if (SPI_processed > 0)
 		return;
 
-	keystore_exec(KS_DL_KEY_STATUS, key_args, 1);
+	keystore_exec(KS_ENTRY_STATUS, key_args, 1);
 	if (SPI_processed > 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -366,4 +366,35 @@ keystore_keys_estimate(void)
 		table_close(rel, AccessShareLock);
 	}
 	return total;
+}
+
+/*
+ * Reads, per consumer, the newest processed_at, the number of rows and the
+ * oldest processed_at in the blocks of a table from lo up to hi (TIDs
+ * (lo, 0) and (hi, 0)), into SPI_tuptable; for the first pass of a purge.
+ */
+void
+keystore_read_latest(KeystoreTable table, Datum lo, Datum hi)
+{
+	Datum		args[2] = {lo, hi};
+
+	keystore_execute(table == KS_TABLE_KEYS ? KS_LATEST_KEYS : KS_LATEST_COLLISIONS,
+					 args, NULL, 0);
+}
+
+/*
+ * Reads, per consumer, the TIDs of the rows of a table's blocks from lo up
+ * to hi that are older than the consumer's cutoff, into SPI_tuptable;
+ * consumer_ids and cutoffs are parallel int4 arrays, and consumers not in
+ * them keep everything.  Keys of pending dead letters are never among
+ * them.
+ */
+void
+keystore_read_purgeable(KeystoreTable table, Datum consumer_ids, Datum cutoffs,
+						Datum lo, Datum hi)
+{
+	Datum		args[4] = {consumer_ids, cutoffs, lo, hi};
+
+	keystore_execute(table == KS_TABLE_KEYS ? KS_PURGEABLE_KEYS : KS_PURGEABLE_COLLISIONS,
+					 args, NULL, 0);
 }

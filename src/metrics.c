@@ -290,7 +290,7 @@ append_dead_letter_gauges(StringInfo buf, const char *database)
 {
 	StringInfoData ages;
 
-	keystore_execute(KS_DL_PENDING_SUMMARY, NULL, NULL, 0);
+	(void) dead_letter_pending_summary();
 
 	initStringInfo(&ages);
 	append_family(buf, "idem_dlq_pending", "gauge",

@@ -326,7 +326,7 @@ set_windows(void)
 			w->cutoff = Min(w->latest, now_secs) - default_retention;
 	}
 
-	keystore_execute(KS_RETENTION_SETTINGS, NULL, NULL, 0);
+	retention_store_read_windows();
 	for (uint64 i = 0; i < SPI_processed; i++)
 	{
 		HeapTuple	tuple = SPI_tuptable->vals[i];
@@ -407,13 +407,10 @@ read_latest_chunk(void)
 	BlockNumber nblocks = Min(CHUNK_MAX_BLOCKS, run.end_block - run.next_block);
 	ItemPointerData lo,
 				hi;
-	Datum		args[2];
 	ChunkSummary *chunk;
 
-	args[0] = block_bound(&lo, run.next_block);
-	args[1] = block_bound(&hi, run.next_block + nblocks);
-	keystore_execute(run.table == KS_TABLE_KEYS ? KS_LATEST_KEYS : KS_LATEST_COLLISIONS,
-					 args, NULL, 0);
+	keystore_read_latest(run.table, block_bound(&lo, run.next_block),
+						 block_bound(&hi, run.next_block + nblocks));
 
 	chunk = &run.chunks[run.table][run.next_block / CHUNK_MAX_BLOCKS];
 	chunk->nconsumers = (int) SPI_processed;
@@ -491,7 +488,7 @@ purge_chunk(bool *batch_full)
 	int			nwindows = 0;
 	ItemPointerData lo,
 				hi;
-	Datum		args[4];
+	Datum		args[2];		/* the consumers' ids and cutoffs */
 	ItemPointerData *tids;
 	int			ntids = 0;
 	uint64		capacity = 0;
@@ -514,10 +511,9 @@ purge_chunk(bool *batch_full)
 											  sizeof(int32), true, TYPALIGN_INT));
 	args[1] = PointerGetDatum(construct_array(cutoffs, nwindows, INT4OID,
 											  sizeof(int32), true, TYPALIGN_INT));
-	args[2] = block_bound(&lo, run.next_block);
-	args[3] = block_bound(&hi, run.next_block + nblocks);
-	keystore_execute(run.table == KS_TABLE_KEYS ? KS_PURGEABLE_KEYS : KS_PURGEABLE_COLLISIONS,
-					 args, NULL, 0);
+	keystore_read_purgeable(run.table, args[0], args[1],
+							block_bound(&lo, run.next_block),
+							block_bound(&hi, run.next_block + nblocks));
 
 	/* one row per consumer: its id and the TIDs of its purgeable rows */
 	for (uint64 i = 0; i < SPI_processed; i++)

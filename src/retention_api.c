@@ -88,24 +88,15 @@ Datum
 idem_set_retention(PG_FUNCTION_ARGS)
 {
 	char	   *consumer = get_consumer_arg(fcinfo, 0);
-	Datum		args[2];
-	char		nulls[2] = {' ', ' '};
+	bool		forever = PG_ARGISNULL(1);
 
-	if (PG_ARGISNULL(1))
-	{
-		args[1] = (Datum) 0;
-		nulls[1] = 'n';
-	}
-	else
-	{
+	if (!forever)
 		check_retention_arg(PG_GETARG_INTERVAL_P(1));
-		args[1] = PG_GETARG_DATUM(1);
-	}
 
 	inflight_check_none("idem_set_retention");
 	SPI_connect();
-	args[0] = Int32GetDatum(existing_consumer_id(consumer));
-	keystore_execute(KS_SET_RETENTION, args, nulls, 0);
+	retention_store_set_window(existing_consumer_id(consumer),
+							   forever ? (Datum) 0 : PG_GETARG_DATUM(1), forever);
 	SPI_finish();
 
 	PG_RETURN_VOID();
@@ -119,12 +110,10 @@ Datum
 idem_reset_retention(PG_FUNCTION_ARGS)
 {
 	char	   *consumer = get_consumer_arg(fcinfo, 0);
-	Datum		arg;
 
 	inflight_check_none("idem_reset_retention");
 	SPI_connect();
-	arg = Int32GetDatum(existing_consumer_id(consumer));
-	keystore_execute(KS_RESET_RETENTION, &arg, NULL, 0);
+	retention_store_reset_window(existing_consumer_id(consumer));
 	SPI_finish();
 
 	PG_RETURN_VOID();

@@ -150,20 +150,12 @@ stats_warn_untracked(const char *consumer, bool transaction_full)
 static bool
 consumer_committed(const char *consumer)
 {
-	Datum		name = CStringGetTextDatum(consumer);
-	bool		committed = false;
+	TransactionId xmin;
+	bool		committed;
 
 	SPI_connect();
-	keystore_execute(KS_FIND_CONSUMER, &name, NULL, 1);
-	if (SPI_processed > 0)
-	{
-		bool		isnull;
-		TransactionId xmin;
-
-		xmin = DatumGetTransactionId(SPI_getbinval(SPI_tuptable->vals[0],
-												   SPI_tuptable->tupdesc, 2, &isnull));
-		committed = !TransactionIdIsCurrentTransactionId(xmin);
-	}
+	committed = consumer_row_visible(consumer, &xmin) &&
+		!TransactionIdIsCurrentTransactionId(xmin);
 	SPI_finish();
 	return committed;
 }
@@ -176,12 +168,10 @@ consumer_committed(const char *consumer)
 static bool
 consumer_visible(const char *consumer)
 {
-	Datum		name = CStringGetTextDatum(consumer);
 	bool		visible;
 
 	SPI_connect();
-	keystore_execute(KS_FIND_CONSUMER, &name, NULL, 1);
-	visible = SPI_processed > 0;
+	visible = consumer_row_visible(consumer, NULL);
 	SPI_finish();
 	return visible;
 }
