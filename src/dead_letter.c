@@ -424,19 +424,6 @@ refuse_inside_business_sql(const char *function_name, const char *action,
 }
 
 /*
- * Returns the dead-letter entry id argument.
- */
-static int64
-get_id_arg(FunctionCallInfo fcinfo, int argno)
-{
-	if (PG_ARGISNULL(argno))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("id must not be null")));
-	return PG_GETARG_INT64(argno);
-}
-
-/*
  * idem_dlq_replay(id): runs a pending dead-letter entry again in the
  * caller's transaction; returns applied or dead_lettered.
  */

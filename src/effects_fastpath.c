@@ -313,7 +313,7 @@ open_effects(Oid relid, Relation *relp, Relation *pkp, bool insert)
 	ListCell   *lc;
 	bool		plain;
 
-	if (!idem_fast_path || !OidIsValid(relid) || XactReadOnly || IsInParallelMode())
+	if (!fastpath_enabled() || !OidIsValid(relid) || XactReadOnly || IsInParallelMode())
 		return false;
 
 	rel = table_open(relid, RowExclusiveLock);

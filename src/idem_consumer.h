@@ -15,7 +15,7 @@
  *	  keystore_remove.c	forgetting keys and removing them for retention
  *	  plan_cache.c		validation, type inference and cached plans of
  *						business SQL, and binding its parameters
- *	  args.c			the argument validators the API functions share
+ *	  args.c			the validators of the API functions' arguments
  *	  consumers.c		consumers, their owners and who may act on them;
  *						idem_consumer_create(), idem_consumer_set_owner(),
  *						idem_set_fingerprint()
@@ -301,9 +301,17 @@ extern int32 get_count_arg(FunctionCallInfo fcinfo, int argno, const char *argna
 extern char *get_sql_arg(FunctionCallInfo fcinfo, int argno);
 extern void check_event_time_arg(FunctionCallInfo fcinfo, int argno);
 extern text *get_fingerprint_arg(FunctionCallInfo fcinfo, int argno);
-
-/* keystore_fastpath.c */
-extern void fastpath_init(void);
+extern int64 get_expect_rows_arg(FunctionCallInfo fcinfo, int argno);
+extern ArrayType *get_keys_arg(FunctionCallInfo fcinfo, int argno, Datum **elems,
+							   int *nkeys);
+extern void get_fingerprints_arg(FunctionCallInfo fcinfo, int argno, int nkeys,
+								 int32 *fingerprints, bool *has_fingerprint);
+extern int64 get_id_arg(FunctionCallInfo fcinfo, int argno);
+extern int64 get_duration_arg(FunctionCallInfo fcinfo, int argno,
+							  const char *argname, int64 max_us);
+extern int64 get_fence_arg(FunctionCallInfo fcinfo, int argno);
+extern bool get_bool_arg(FunctionCallInfo fcinfo, int argno, const char *argname);
+extern void check_retention_arg(Interval *retention);
 
 /* inflight.c */
 extern int	inflight_push(int32 consumer_id, const char *consumer, text *key);
@@ -344,14 +352,14 @@ extern void business_run_init(void);
 extern uint64 dead_letter_pending_summary(void);
 
 /* expect_rows.c */
-extern int64 get_expect_rows_arg(FunctionCallInfo fcinfo, int argno);
 extern void expect_rows_check_sql(int64 expect_rows, const char *sql);
 extern void expect_rows_demand(int64 expect_rows, uint64 rows,
 							   const char *consumer, text *key);
 extern bool expect_rows_stored(void);
 
-/* keystore_fastpath.c: idem_consumer.fast_path, which effects_fastpath.c follows too */
-extern bool idem_fast_path;
+/* keystore_fastpath.c */
+extern void fastpath_init(void);
+extern bool fastpath_enabled(void);
 
 /* effects.c, effects_store.c */
 extern void effects_init(void);

@@ -41,7 +41,7 @@
 #include "keystore_internal.h"
 
 /* Whether keys may be recorded and probed in C (idem_consumer.fast_path). */
-bool		idem_fast_path = true;
+static bool idem_fast_path = true;
 
 /*
  * Defines idem_consumer.fast_path; called once from _PG_init.
@@ -60,6 +60,16 @@ fastpath_init(void)
 							 NULL,
 							 NULL,
 							 NULL);
+}
+
+/*
+ * Tells whether idem_consumer.fast_path lets statements on the storage
+ * run in C; the fast path of external effects follows it too.
+ */
+bool
+fastpath_enabled(void)
+{
+	return idem_fast_path;
 }
 
 /*

@@ -24,45 +24,10 @@
 
 #include "idem_consumer.h"
 
-/* Longest window accepted; NULL is how to keep keys forever. */
-#define MAX_RETENTION			"100 years"
-
 PG_FUNCTION_INFO_V1(idem_set_retention);
 PG_FUNCTION_INFO_V1(idem_reset_retention);
 PG_FUNCTION_INFO_V1(idem_purge);
 PG_FUNCTION_INFO_V1(idem_default_retention);
-
-/*
- * Raises an error unless retention is a positive interval of at most
- * MAX_RETENTION.
- */
-static void
-check_retention_arg(Interval *retention)
-{
-	Datum		max_retention;
-
-	if (retention->month < 0 || retention->day < 0 || retention->time < 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("retention must be a positive interval"),
-				 errdetail("No field of the interval may be negative, and \"%s\" has one.",
-						   DatumGetCString(DirectFunctionCall1(interval_out,
-															   IntervalPGetDatum(retention))))));
-	if (retention->month == 0 && retention->day == 0 && retention->time == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("retention must be a positive interval"),
-				 errhint("Use NULL to keep the consumer's keys forever.")));
-
-	max_retention = DirectFunctionCall3(interval_in, CStringGetDatum(MAX_RETENTION),
-										ObjectIdGetDatum(InvalidOid), Int32GetDatum(-1));
-	if (DatumGetInt32(DirectFunctionCall2(interval_cmp, IntervalPGetDatum(retention),
-										  max_retention)) > 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("retention must be at most %s", MAX_RETENTION),
-				 errhint("Use NULL to keep the consumer's keys forever.")));
-}
 
 /*
  * Returns the id of an existing consumer, or raises an error.
