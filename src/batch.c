@@ -217,7 +217,8 @@ idem_record_batch_fingerprinted(PG_FUNCTION_ARGS)
 		return (Datum) 0;
 
 	SPI_connect();
-	consumer_id = keystore_consumer_id_ext(consumer, true, &check_fingerprint);
+	consumer_id = keystore_consumer_id_and_fp_check(consumer, true,
+														&check_fingerprint);
 	inflight_check_keys(consumer_id, consumer, elems, nkeys, "record");
 	call = stats_call_begin(consumer);
 	if (!check_fingerprint)

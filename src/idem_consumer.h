@@ -156,8 +156,9 @@ extern void keystore_read_purgeable(KeystoreTable table, Datum consumer_ids,
 /* consumers.c */
 extern void consumers_init(void);
 extern int32 keystore_consumer_id(const char *consumer, bool create);
-extern int32 keystore_consumer_id_ext(const char *consumer, bool create,
-									  bool *check_fingerprint);
+extern int32 keystore_consumer_id_and_fp_check(const char *consumer,
+												bool create,
+												bool *check_fingerprint);
 extern void keystore_check_consumer_id(int32 consumer_id);
 extern bool keystore_may_act_on_consumer_id(int32 consumer_id);
 extern void keystore_check_every_consumer(const char *what);
@@ -358,7 +359,7 @@ extern void expect_rows_demand(int64 expect_rows, uint64 rows,
 extern bool expect_rows_stored(void);
 
 /* keystore_fastpath.c */
-extern void fastpath_init(void);
+extern void key_fastpath_init(void);
 extern bool fastpath_enabled(void);
 
 /* effects.c, effects_store.c */

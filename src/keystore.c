@@ -125,7 +125,7 @@ static bool
 record_key_sql(int32 consumer_id, int32 processed_at, text *key,
 			   const int32 *fingerprint, RecordedKey *recorded)
 {
-	bool		with_fp = storage_ready()->keys_have_fingerprints;
+	bool		with_fp = storage_locate()->keys_have_fingerprints;
 	Datum		key_args[2];
 	Datum		row[4];
 	char		row_nulls[4] = {' ', ' ', ' ', ' '};
@@ -144,7 +144,7 @@ record_key_sql(int32 consumer_id, int32 processed_at, text *key,
 		if (SPI_processed == 1)
 			return true;
 
-		keystore_exec(with_fp ? KS_PROBE_KEY_FP : KS_PROBE_KEY, key_args, 1);
+		keystore_execute(with_fp ? KS_PROBE_KEY_FP : KS_PROBE_KEY, key_args, NULL, 1);
 		if (SPI_processed == 0)
 			continue;			/* the occupant was deleted meanwhile */
 		if (DatumGetBool(result_column(1)) || DatumGetBool(result_column(2)))
@@ -159,7 +159,7 @@ record_key_sql(int32 consumer_id, int32 processed_at, text *key,
 			return false;
 		}
 
-		keystore_exec(KS_CLAIM_OCCUPANT, key_args, 0);
+		keystore_execute(KS_CLAIM_OCCUPANT, key_args, NULL, 0);
 		if (SPI_processed == 0)
 			continue;			/* the occupant was deleted or replaced */
 
@@ -185,30 +185,30 @@ record_key_sql(int32 consumer_id, int32 processed_at, text *key,
  * probe.  A place found taken clears *insert_first.
  */
 static bool
-fastpath_record(FastPath *fp, int32 hash, int32 consumer_id,
+fastpath_record(KeyFastPath *fp, int32 hash, int32 consumer_id,
 				int32 processed_at, text *key, const int32 *fingerprint,
 				RecordedKey *recorded, bool *insert_first)
 {
 	if (insert_first != NULL && *insert_first)
 	{
-		if (fastpath_insert(fp, hash, consumer_id, processed_at, key,
-							fingerprint))
+		if (key_fastpath_insert(fp, hash, consumer_id, processed_at, key,
+								fingerprint))
 			return true;
 		*insert_first = false;
-		if (fastpath_probe(fp, hash, consumer_id, key, recorded) == PROBE_KEY)
+		if (key_fastpath_probe(fp, hash, consumer_id, key, recorded) == PROBE_KEY)
 			return false;
 		/* another key, or a row the snapshot does not see: decide in SQL */
 		return record_key_sql(consumer_id, processed_at, key, fingerprint,
 							  recorded);
 	}
 
-	switch (fastpath_probe(fp, hash, consumer_id, key, recorded))
+	switch (key_fastpath_probe(fp, hash, consumer_id, key, recorded))
 	{
 		case PROBE_KEY:
 			return false;
 		case PROBE_EMPTY:
-			if (fastpath_insert(fp, hash, consumer_id, processed_at, key,
-								fingerprint))
+			if (key_fastpath_insert(fp, hash, consumer_id, processed_at, key,
+									fingerprint))
 				return true;
 			break;
 		case PROBE_OTHER:
@@ -227,18 +227,18 @@ bool
 keystore_record_key_fp(int32 consumer_id, text *key, const int32 *fingerprint,
 					   RecordedKey *recorded)
 {
-	FastPath	fp;
+	KeyFastPath fp;
 	bool		isnew;
 
 	inflight_note_recording();
-	if (!fastpath_open(&fp, true))
+	if (!key_fastpath_open(&fp, true))
 		return record_key_sql(consumer_id, keystore_processed_at_now(), key,
 							  fingerprint, recorded);
 
 	isnew = fastpath_record(&fp, key_hash_value(consumer_id, key),
 							consumer_id, keystore_processed_at_now(), key, fingerprint,
 							recorded, NULL);
-	fastpath_close(&fp);
+	key_fastpath_close(&fp);
 	return isnew;
 }
 
@@ -320,7 +320,7 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 					 const int32 *fingerprints, const bool *has_fingerprint,
 					 bool require_fastpath, bool *isnew, RecordedKey *recorded)
 {
-	FastPath	fp;
+	KeyFastPath fp;
 	bool		fast;
 	BatchKey   *sorted;
 	int32		processed_at;
@@ -329,7 +329,7 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 
 	inflight_note_recording();
 
-	fast = fastpath_open(&fp, true);
+	fast = key_fastpath_open(&fp, true);
 	if (!fast && require_fastpath)
 		return false;
 
@@ -397,7 +397,7 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 	pfree(sorted);
 
 	if (fast)
-		fastpath_close(&fp);
+		key_fastpath_close(&fp);
 	return true;
 }
 
@@ -415,7 +415,7 @@ keystore_insert_batch(int32 consumer_id, ArrayType *keys)
 	args[0] = Int32GetDatum(consumer_id);
 	args[1] = Int32GetDatum(keystore_processed_at_now());
 	args[2] = PointerGetDatum(keys);
-	keystore_exec(KS_INSERT_BATCH, args, 0);
+	keystore_execute(KS_INSERT_BATCH, args, NULL, 0);
 	return SPI_processed;
 }
 
@@ -436,7 +436,7 @@ keystore_unresolved_batch(int32 consumer_id, ArrayType *keys,
 	args[0] = Int32GetDatum(consumer_id);
 	args[1] = PointerGetDatum(keys);
 	args[2] = PointerGetDatum(inserted);
-	keystore_exec(KS_UNRESOLVED_BATCH, args, 0);
+	keystore_execute(KS_UNRESOLVED_BATCH, args, NULL, 0);
 	return SPI_processed;
 }
 
@@ -447,22 +447,22 @@ bool
 keystore_key_exists(int32 consumer_id, text *key)
 {
 	Datum		key_args[2];
-	FastPath	fp;
+	KeyFastPath fp;
 
 	/* a collision is visible only with its occupant, see the invariant */
-	if (fastpath_open(&fp, false))
+	if (key_fastpath_open(&fp, false))
 	{
-		KeyProbe	found = fastpath_probe(&fp, key_hash_value(consumer_id, key),
-										   consumer_id, key, NULL);
+		KeyProbe	found = key_fastpath_probe(&fp, key_hash_value(consumer_id, key),
+											   consumer_id, key, NULL);
 
-		fastpath_close(&fp);
+		key_fastpath_close(&fp);
 		if (found != PROBE_OTHER)
 			return found == PROBE_KEY;
 	}
 
 	key_args[0] = Int32GetDatum(consumer_id);
 	key_args[1] = PointerGetDatum(key);
-	keystore_exec(KS_PROBE_KEY, key_args, 1);
+	keystore_execute(KS_PROBE_KEY, key_args, NULL, 1);
 	return SPI_processed == 1 &&
 		(DatumGetBool(result_column(1)) || DatumGetBool(result_column(2)));
 }

@@ -5,7 +5,7 @@
  *	  index of processed_keys and inserting a new key without the executor.
  *
  * It is used only when the storage is exactly as the extension creates it
- * (storage.c recognises the index; fastpath_open checks the table), and it
+ * (storage.c recognises the index; key_fastpath_open checks the table), and it
  * decides only the two plain cases: a visible row of the key itself is a
  * duplicate (no transaction id, no WAL, no waiting), and a free hash takes
  * the new key.  A new key is inserted the way INSERT ... ON CONFLICT does
@@ -47,7 +47,7 @@ static bool idem_fast_path = true;
  * Defines idem_consumer.fast_path; called once from _PG_init.
  */
 void
-fastpath_init(void)
+key_fastpath_init(void)
 {
 	DefineCustomBoolVariable("idem_consumer.fast_path",
 							 "Records and looks up keys in C when the storage allows it.",
@@ -114,10 +114,10 @@ fastpath_columns_match(TupleDesc tupdesc)
  * then raises the usual error).
  */
 bool
-fastpath_open(FastPath *fp, bool write)
+key_fastpath_open(KeyFastPath *fp, bool write)
 {
 	LOCKMODE	lockmode = write ? RowExclusiveLock : AccessShareLock;
-	const StorageInfo *si = storage_ready();
+	const StorageInfo *si = storage_locate();
 	List	   *indexes;
 	bool		usable;
 
@@ -165,7 +165,7 @@ fastpath_open(FastPath *fp, bool write)
  * as the executor keeps them.
  */
 void
-fastpath_close(FastPath *fp)
+key_fastpath_close(KeyFastPath *fp)
 {
 	if (fp->scan != NULL)
 		index_endscan(fp->scan);
@@ -203,8 +203,8 @@ recorded_from_slot(TupleTableSlot *slot, RecordedKey *recorded)
  * of a hash.
  */
 KeyProbe
-fastpath_probe(FastPath *fp, int32 hash, int32 consumer_id, text *key,
-			   RecordedKey *recorded)
+key_fastpath_probe(KeyFastPath *fp, int32 hash, int32 consumer_id, text *key,
+				   RecordedKey *recorded)
 {
 	ScanKeyData skey;
 	KeyProbe	found = PROBE_EMPTY;
@@ -256,8 +256,8 @@ fastpath_probe(FastPath *fp, int32 hash, int32 consumer_id, text *key,
  * tell a duplicate from a collision.
  */
 bool
-fastpath_insert(FastPath *fp, int32 hash, int32 consumer_id,
-				int32 processed_at, text *key, const int32 *fingerprint)
+key_fastpath_insert(KeyFastPath *fp, int32 hash, int32 consumer_id,
+					int32 processed_at, text *key, const int32 *fingerprint)
 {
 	TupleDesc	tupdesc = RelationGetDescr(fp->keys);
 	TupleTableSlot *slot;

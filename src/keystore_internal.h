@@ -85,7 +85,7 @@ extern int	keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
 							 long tcount);
 
 /* storage.c */
-extern const StorageInfo *storage_ready(void);
+extern const StorageInfo *storage_locate(void);
 extern int32 key_hash_value(int32 consumer_id, text *key);
 
 /* keystore_fastpath.c */
@@ -99,7 +99,7 @@ typedef enum KeyProbe
 } KeyProbe;
 
 /* processed_keys and its unique index, opened for the fast path */
-typedef struct FastPath
+typedef struct KeyFastPath
 {
 	Relation	keys;
 	Relation	hash_index;
@@ -109,15 +109,16 @@ typedef struct FastPath
 	TupleTableSlot *slot;		/* the same */
 	TransactionId found_xmin;	/* xmin of the key's row a probe found */
 	MemoryContext cxt;			/* where these live */
-} FastPath;
+} KeyFastPath;
 
-extern bool fastpath_open(FastPath *fp, bool write);
-extern void fastpath_close(FastPath *fp);
-extern KeyProbe fastpath_probe(FastPath *fp, int32 hash, int32 consumer_id,
-							   text *key, RecordedKey *recorded);
-extern bool fastpath_insert(FastPath *fp, int32 hash, int32 consumer_id,
-							int32 processed_at, text *key,
-							const int32 *fingerprint);
+extern bool key_fastpath_open(KeyFastPath *fp, bool write);
+extern void key_fastpath_close(KeyFastPath *fp);
+extern KeyProbe key_fastpath_probe(KeyFastPath *fp, int32 hash,
+								   int32 consumer_id, text *key,
+								   RecordedKey *recorded);
+extern bool key_fastpath_insert(KeyFastPath *fp, int32 hash, int32 consumer_id,
+								int32 processed_at, text *key,
+								const int32 *fingerprint);
 
 /* keystore.c */
 extern int32 keystore_processed_at_now(void);
@@ -132,16 +133,6 @@ result_column(int colno)
 
 	return SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
 						 colno, &isnull);
-}
-
-/*
- * Runs one storage statement without null parameters as the owner of the
- * storage tables.
- */
-static inline int
-keystore_exec(KeystoreStmt stmt, Datum *values, long tcount)
-{
-	return keystore_execute(stmt, values, NULL, tcount);
 }
 
 #endif							/* KEYSTORE_INTERNAL_H */

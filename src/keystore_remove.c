@@ -49,7 +49,7 @@ static void
 promote_collision(int32 hash)
 {
 	Datum		hash_arg = Int32GetDatum(hash);
-	bool		with_fp = storage_ready()->keys_have_fingerprints;
+	bool		with_fp = storage_locate()->keys_have_fingerprints;
 
 	for (;;)
 	{
@@ -59,14 +59,14 @@ promote_collision(int32 hash)
 
 		CHECK_FOR_INTERRUPTS();
 
-		keystore_exec(KS_FIND_COLLISION, &hash_arg, 1);
+		keystore_execute(KS_FIND_COLLISION, &hash_arg, NULL, 1);
 		if (SPI_processed == 0)
 			return;
 		collision_args[0] = row[0] = result_column(1);
 		collision_args[1] = row[2] = PointerGetDatum(PG_DETOAST_DATUM_COPY(result_column(2)));
 
-		keystore_exec(with_fp ? KS_DELETE_COLLISION_FP : KS_DELETE_COLLISION,
-					  collision_args, 0);
+		keystore_execute(with_fp ? KS_DELETE_COLLISION_FP : KS_DELETE_COLLISION,
+						 collision_args, NULL, 0);
 		if (SPI_processed == 0)
 			continue;			/* forgotten meanwhile: look again */
 		row[1] = result_column(1);
@@ -97,11 +97,11 @@ promote_collision(int32 hash)
 static void
 forget_dead_letter(Datum *key_args)
 {
-	keystore_exec(KS_DELETE_RESOLVED_ENTRY, key_args, 0);
+	keystore_execute(KS_DELETE_RESOLVED_ENTRY, key_args, NULL, 0);
 	if (SPI_processed > 0)
 		return;
 
-	keystore_exec(KS_ENTRY_STATUS, key_args, 1);
+	keystore_execute(KS_ENTRY_STATUS, key_args, NULL, 1);
 	if (SPI_processed > 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -136,22 +136,22 @@ recorded_here(TransactionId xmin, int32 processed_at)
 static bool
 key_recorded_here(int32 consumer_id, text *key, Datum *key_args)
 {
-	FastPath	fp;
+	KeyFastPath	fp;
 
-	if (fastpath_open(&fp, false))
+	if (key_fastpath_open(&fp, false))
 	{
 		RecordedKey recorded;
-		KeyProbe	found = fastpath_probe(&fp, key_hash_value(consumer_id, key),
-										   consumer_id, key, &recorded);
+		KeyProbe	found = key_fastpath_probe(&fp, key_hash_value(consumer_id, key),
+											   consumer_id, key, &recorded);
 
-		fastpath_close(&fp);
+		key_fastpath_close(&fp);
 		if (found == PROBE_EMPTY)
 			return false;
 		if (found == PROBE_KEY)
 			return recorded_here(fp.found_xmin, recorded.processed_at);
 	}
 
-	keystore_exec(KS_KEY_WRITES, key_args, 0);
+	keystore_execute(KS_KEY_WRITES, key_args, NULL, 0);
 	for (uint64 i = 0; i < SPI_processed; i++)
 	{
 		HeapTuple	row = SPI_tuptable->vals[i];
@@ -201,19 +201,19 @@ keystore_forget_key(int32 consumer_id, text *key)
 	refuse_forget_recorded_here(consumer_id, key, key_args);
 	forget_dead_letter(key_args);
 
-	keystore_exec(KS_DELETE_KEY, key_args, 0);
+	keystore_execute(KS_DELETE_KEY, key_args, NULL, 0);
 	if (SPI_processed == 1)
 	{
 		promote_collision(key_hash_value(consumer_id, key));
 		return true;
 	}
 
-	keystore_exec(KS_DELETE_COLLISION, key_args, 0);
+	keystore_execute(KS_DELETE_COLLISION, key_args, NULL, 0);
 	if (SPI_processed == 1)
 		return true;
 
 	/* a concurrent forget may have just moved the key out of key_collisions */
-	keystore_exec(KS_DELETE_KEY, key_args, 0);
+	keystore_execute(KS_DELETE_KEY, key_args, NULL, 0);
 	if (SPI_processed == 1)
 	{
 		promote_collision(key_hash_value(consumer_id, key));
@@ -229,7 +229,7 @@ keystore_forget_key(int32 consumer_id, text *key)
 void
 keystore_table_blocks(BlockNumber *blocks)
 {
-	keystore_exec(KS_TABLE_SIZES, NULL, 1);
+	keystore_execute(KS_TABLE_SIZES, NULL, NULL, 1);
 	for (int i = 0; i < KS_NUM_TABLES; i++)
 		blocks[i] = (BlockNumber) (DatumGetInt64(result_column(i + 1)) / BLCKSZ);
 	SPI_freetuptable(SPI_tuptable);
@@ -277,11 +277,11 @@ keystore_remove_rows(KeystoreTable table, ItemPointer tids, int ntids,
 	remove_args[2] = cutoffs;
 	if (table == KS_TABLE_COLLISIONS)
 	{
-		keystore_exec(KS_REMOVE_COLLISIONS, remove_args, 0);
+		keystore_execute(KS_REMOVE_COLLISIONS, remove_args, NULL, 0);
 		return SPI_processed;
 	}
 
-	keystore_exec(KS_REMOVE_KEYS, remove_args, 0);
+	keystore_execute(KS_REMOVE_KEYS, remove_args, NULL, 0);
 	removed = SPI_processed;
 	if (removed == 0)
 		return 0;
@@ -298,7 +298,7 @@ keystore_remove_rows(KeystoreTable table, ItemPointer tids, int ntids,
 	arg = PointerGetDatum(construct_array(hashes, (int) removed, INT4OID,
 										  sizeof(int32), true, TYPALIGN_INT));
 
-	keystore_exec(KS_COLLIDING_HASHES, &arg, 0);
+	keystore_execute(KS_COLLIDING_HASHES, &arg, NULL, 0);
 	ncolliding = SPI_processed;
 	colliding = palloc(sizeof(int32) * Max(ncolliding, 1));
 	for (uint64 i = 0; i < ncolliding; i++)
@@ -329,7 +329,7 @@ keystore_remove_rows(KeystoreTable table, ItemPointer tids, int ntids,
 double
 keystore_keys_estimate(void)
 {
-	const StorageInfo *si = storage_ready();
+	const StorageInfo *si = storage_locate();
 	Oid			relids[2];
 	double		total = 0;
 

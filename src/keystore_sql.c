@@ -513,7 +513,7 @@ run_as_owner(const StorageInfo *si, SPIPlanPtr *plan, const StorageStmt *def,
 static const StorageInfo *
 current_storage(StorageStmtSet *set)
 {
-	const StorageInfo *si = storage_ready();
+	const StorageInfo *si = storage_locate();
 
 	if (set->generation != si->generation)
 	{

@@ -168,7 +168,7 @@ usable_hash_index(Oid nspid)
  * Finds the storage tables of this database, or raises a clear error.
  */
 static void
-storage_locate(void)
+locate_storage(void)
 {
 	Oid			nspid;
 
@@ -205,7 +205,7 @@ storage_locate(void)
  * raises an error if they are missing.
  */
 const StorageInfo *
-storage_ready(void)
+storage_locate(void)
 {
 	if (storage.located && storage.recheck)
 	{
@@ -228,7 +228,7 @@ storage_ready(void)
 		}
 	}
 	if (!storage.located)
-		storage_locate();
+		locate_storage();
 	return &storage.info;
 }
 
@@ -239,7 +239,7 @@ storage_ready(void)
 Oid
 keystore_keys_relid(void)
 {
-	return storage_ready()->keys_relid;
+	return storage_locate()->keys_relid;
 }
 
 /*

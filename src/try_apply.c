@@ -143,7 +143,8 @@ try_apply_message(FunctionCallInfo fcinfo, int event_time_argno,
 	expect_rows_check_sql(expect_rows, sql);
 
 	SPI_connect();
-	consumer_id = keystore_consumer_id_ext(consumer, true, &check_fingerprint);
+	consumer_id = keystore_consumer_id_and_fp_check(consumer, true,
+														&check_fingerprint);
 	call = stats_call_begin(consumer);
 
 	if (check_fingerprint)
