@@ -12,6 +12,11 @@
  * business SQL raises, the error propagates as it is and the transaction's
  * rollback removes the key with everything else.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/apply.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"

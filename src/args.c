@@ -4,12 +4,18 @@
  *	  Validators of the arguments of the SQL-callable functions: keys and
  *	  batches of keys, consumer names, business SQL text, counts, event
  *	  times, fingerprints, the rows a message demands, dead-letter ids, the
- *	  durations, fences and flags of external effects, retention windows.
+ *	  durations, fences and flags of external effects, retention windows,
+ *	  owners.
  *
  * Every API function checks its arguments with these before it records or
  * changes anything, so that a bad call leaves nothing behind and the same
  * mistake gets the same SQLSTATE and message whichever function it was
  * made in.  They read only the call's arguments.
+ *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/args.c
  *
  *-------------------------------------------------------------------------
  */
@@ -17,6 +23,7 @@
 
 #include "catalog/pg_type.h"
 #include "fmgr.h"
+#include "miscadmin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
@@ -383,4 +390,21 @@ get_expect_rows_arg(FunctionCallInfo fcinfo, int argno)
 				 errmsg("expect_rows must not be negative"),
 				 errdetail("The value given is " INT64_FORMAT ".", value)));
 	return value;
+}
+
+/*
+ * Returns a role argument, the current role when NULL.
+ */
+Oid
+get_role_arg(FunctionCallInfo fcinfo, int argno, bool null_is_current)
+{
+	if (PG_ARGISNULL(argno))
+	{
+		if (null_is_current)
+			return GetUserId();
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("owner must not be null")));
+	}
+	return PG_GETARG_OID(argno);
 }

@@ -22,6 +22,11 @@
  * Only such keys, hash collisions in practice, go through the per-key path
  * of idem_apply().
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/batch.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"

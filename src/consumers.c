@@ -42,6 +42,11 @@
  *
  * The caller of the C functions must be connected to SPI.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/consumers.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -528,23 +533,6 @@ require_owners(const char *function)
 				 errmsg("%s needs version 1.1 of extension \"idem_consumer\"", function),
 				 errdetail("The consumers table of this database has no owner column."),
 				 errhint("ALTER EXTENSION idem_consumer UPDATE")));
-}
-
-/*
- * Returns a role argument, the current role when NULL.
- */
-static Oid
-get_role_arg(FunctionCallInfo fcinfo, int argno, bool null_is_current)
-{
-	if (PG_ARGISNULL(argno))
-	{
-		if (null_is_current)
-			return GetUserId();
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("owner must not be null")));
-	}
-	return PG_GETARG_OID(argno);
 }
 
 /*

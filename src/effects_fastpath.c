@@ -36,6 +36,11 @@
  * partition), so that nothing but built-in code runs; otherwise the
  * statements do the work.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/effects_fastpath.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"

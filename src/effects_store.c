@@ -19,6 +19,11 @@
  *
  * The caller must be connected to SPI.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/effects_store.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"

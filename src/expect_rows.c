@@ -24,6 +24,11 @@
  * whose data-modifying WITH queries change other rows.  A CALL counts
  * none, so a demand on one is refused before anything is recorded.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/expect_rows.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"

@@ -6,6 +6,11 @@
  *	  purge worker (purge_worker.c) need shared_preload_libraries;
  *	  deduplication and idem_purge() work without it.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/idem_consumer.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"

@@ -3,58 +3,13 @@
  * idem_consumer.h
  *	  Declarations shared by the modules of the idem_consumer extension.
  *
- * Module map:
- *	  idem_consumer.c	library entry point: calls each module's init
- *	  storage.c			where the storage tables are, their owner, and
- *						whether the key index is the one created
- *	  keystore_sql.c	the fixed statements on the storage, run as its owner
- *	  keystore_fastpath.c	probing and inserting keys through the key
- *						index in C
- *	  keystore.c		the key store: keys, collisions, consumers, and
- *						the argument that makes them exact
- *	  keystore_remove.c	forgetting keys and removing them for retention
- *	  plan_cache.c		validation, type inference and cached plans of
- *						business SQL, and binding its parameters
- *	  args.c			the validators of the API functions' arguments
- *	  consumers.c		consumers, their owners and who may act on them;
- *						idem_consumer_create(), idem_consumer_set_owner(),
- *						idem_set_fingerprint()
- *	  consumer_names.c	which names a new consumer may have
- *	  fingerprint.c		fingerprints of messages and the key-reuse error
- *	  apply.c			the SQL-callable idem_apply() family
- *	  apply_typed.c		idem_apply_v(), idem_try_apply_v(): typed parameters
- *	  batch.c			idem_record_batch(): recording a batch of keys
- *	  try_apply.c		idem_try_apply(), idem_try_apply_rows(): parking
- *						a message whose business SQL fails permanently
- *	  dead_letter.c		the dead-letter queue: its entries, replay and
- *						discard
- *	  business_run.c	running business SQL in a subtransaction, which
- *						errors are transient, and a replay's settings
- *	  expect_rows.c		the rows business SQL must affect, and the error
- *						of too few
- *	  stats.c			per-consumer counters in shared memory, one set
- *						per database and consumer: the shared state, its
- *						locking protocol and GUCs
- *	  stats_slots.c		which consumers have a slot of counters
- *	  stats_xact.c		what a transaction counts, added when it ends
- *	  stats_file.c		the counters' shared memory made at start-up, and
- *						the file that keeps them across a restart
- *	  stats_views.c		the idem_stats and idem_stats_info functions
- *	  histogram.c		log-scale duration histograms
- *	  metrics.c			the Prometheus text exposition
- *	  retention.c		retention windows, latest activity and purge runs
- *	  retention_api.c	the SQL functions of retention and idem_purge()
- *	  purge_worker.c	the background worker that purges on a schedule
- *	  inflight.c		the messages whose business SQL is running in
- *						this backend, and what that SQL may not change
- *	  replay_role.c		the role and schemas a dead-letter replay runs
- *						its SQL with, and who may replay
- *	  effects.c			external effects: the state machine of leases,
- *						fences and retries, and its GUCs
- *	  effects_api.c		the SQL functions of external effects
- *	  effects_store.c	the storage statements of external effects
- *	  effects_fastpath.c	inserting an effect's lease and completing
- *						it without the executor, in the plain case
+ * docs/architecture.md maps the modules, what each owns and which may
+ * call which; this header holds only what they call of each other.
+ *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/idem_consumer.h
  *
  *-------------------------------------------------------------------------
  */
@@ -313,6 +268,7 @@ extern int64 get_duration_arg(FunctionCallInfo fcinfo, int argno,
 extern int64 get_fence_arg(FunctionCallInfo fcinfo, int argno);
 extern bool get_bool_arg(FunctionCallInfo fcinfo, int argno, const char *argname);
 extern void check_retention_arg(Interval *retention);
+extern Oid	get_role_arg(FunctionCallInfo fcinfo, int argno, bool null_is_current);
 
 /* inflight.c */
 extern int	inflight_push(int32 consumer_id, const char *consumer, text *key);

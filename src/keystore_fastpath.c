@@ -18,6 +18,11 @@
  * This file touches processed_keys and its index only, never
  * key_collisions or the other tables.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/keystore_fastpath.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"

@@ -6,6 +6,11 @@
  *	  fast path on the key index (keystore_fastpath.c), which keystore.c
  *	  puts together.  Nothing above the key store includes this file.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/keystore_internal.h
+ *
  *-------------------------------------------------------------------------
  */
 #ifndef KEYSTORE_INTERNAL_H

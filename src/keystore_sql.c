@@ -23,6 +23,11 @@
  *
  * The caller must be connected to SPI.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/keystore_sql.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"

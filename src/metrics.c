@@ -13,6 +13,11 @@
  * index): its time and memory are those of the text it returns, about
  * 4 kB per consumer, whatever the number of keys.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/metrics.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"

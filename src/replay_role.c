@@ -32,6 +32,11 @@
  *	  extension; parking and discarding work as before.  The update script
  *	  fills the role of older entries in from dead_lettered_by.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/replay_role.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"

@@ -16,6 +16,11 @@
  *
  * This file reads the catalogs only; it runs no statement.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/storage.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
