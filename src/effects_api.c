@@ -65,6 +65,104 @@ require_own_transaction(const char *funcname)
 }
 
 /*
+ * Decides what the caller of idem_effect_begin is to do about an effect,
+ * leasing it when it is the caller's to execute; row is set to the effect
+ * as it stands.
+ */
+static EffectAction
+begin_action(const char *consumer, int32 consumer_id, text *key,
+			 Jsonb *request, int64 lease_us, EffectRow *row)
+{
+	EffectAction action;
+
+	for (;;)
+	{
+		if (effects_insert_leased(consumer_id, key, request,
+								  DatumGetIntervalP(effect_interval(lease_us)), row))
+		{
+			stats_count_effect(consumer, EFFECT_EXECUTED);
+			action = ACTION_EXECUTE;
+			break;
+		}
+		/* none if a concurrent purge removed it since the insert looked */
+		if (!effects_fetch(EF_LOCK, consumer_id, key, NULL, NULL, 0, row))
+			continue;
+
+		effect_check_request(consumer, key, row, request);
+		switch (row->state)
+		{
+			case ES_COMPLETED:
+				action = ACTION_REPLAY;
+				stats_count_effect(consumer, EFFECT_REPLAYED);
+				break;
+			case ES_DEAD:
+				action = ACTION_DEAD;
+				break;
+			case ES_IN_FLIGHT:
+				if (row->lease_live)
+				{
+					action = ACTION_BUSY;
+					stats_count_effect(consumer, EFFECT_BUSY);
+				}
+				else
+					action = effect_take_lease(consumer, consumer_id, row, lease_us);
+				break;
+			case ES_WAITING:
+				if (!row->due)
+				{
+					action = ACTION_WAIT;
+					break;
+				}
+				/* FALLTHROUGH */
+			default:
+				action = effect_take_lease(consumer, consumer_id, row, lease_us);
+				break;
+		}
+		break;
+	}
+	return action;
+}
+
+/*
+ * Returns idem_effect_begin's result row for an action on an effect.
+ */
+static Datum
+begin_result(TupleDesc tupdesc, EffectAction action, const EffectRow *row)
+{
+	Datum		values[IDEM_EFFECT_COLS];
+	bool		nulls[IDEM_EFFECT_COLS];
+
+	/* the fence goes to the lease holder only: it is what lets one complete */
+	memset(nulls, true, sizeof(nulls));
+	values[0] = effect_action_datum(action, TupleDescAttr(tupdesc, 0)->atttypid);
+	nulls[0] = false;
+	values[1] = Int64GetDatum(row->fence);
+	nulls[1] = action != ACTION_EXECUTE;
+	values[2] = PointerGetDatum(row->provider_key);
+	nulls[2] = false;
+	values[3] = Int32GetDatum(row->attempts);
+	nulls[3] = false;
+	values[4] = BoolGetDatum(action == ACTION_EXECUTE && row->outcome_unknown);
+	nulls[4] = false;
+	values[5] = PointerGetDatum(row->result);
+	nulls[5] = action != ACTION_REPLAY || row->result == NULL;
+	if (action == ACTION_WAIT)
+	{
+		values[6] = TimestampTzGetDatum(row->retry_at);
+		nulls[6] = false;
+	}
+	else if (action == ACTION_BUSY)
+	{
+		values[6] = TimestampTzGetDatum(row->lease_until);
+		nulls[6] = false;
+	}
+	values[7] = PointerGetDatum(row->last_error);
+	nulls[7] = (action != ACTION_WAIT && action != ACTION_DEAD) || row->last_error == NULL;
+
+	return HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls));
+}
+
+/*
  * idem_effect_begin(consumer, key, request, lease): what the caller is to
  * do about an effect, in its own transaction; see the file header.
  */
@@ -78,9 +176,6 @@ idem_effect_begin(PG_FUNCTION_ARGS)
 	TupleDesc	tupdesc;
 	EffectRow	row = {.cxt = CurrentMemoryContext};
 	EffectAction action;
-	int32		consumer_id;
-	Datum		values[IDEM_EFFECT_COLS];
-	bool		nulls[IDEM_EFFECT_COLS];
 
 	require_own_transaction("idem_effect_begin");
 	consumer = get_consumer_arg(fcinfo, 0);
@@ -91,82 +186,11 @@ idem_effect_begin(PG_FUNCTION_ARGS)
 		elog(ERROR, "return type must be a row type");
 
 	SPI_connect();
-	consumer_id = keystore_consumer_id(consumer, true);
-	for (;;)
-	{
-		if (effects_insert_leased(consumer_id, key, request,
-								  DatumGetIntervalP(effect_interval(lease_us)), &row))
-		{
-			stats_count_effect(consumer, EFFECT_EXECUTED);
-			action = ACTION_EXECUTE;
-			break;
-		}
-		/* none if a concurrent purge removed it since the insert looked */
-		if (!effects_fetch(EF_LOCK, consumer_id, key, NULL, NULL, 0, &row))
-			continue;
-
-		effect_check_request(consumer, key, &row, request);
-		switch (row.state)
-		{
-			case ES_COMPLETED:
-				action = ACTION_REPLAY;
-				stats_count_effect(consumer, EFFECT_REPLAYED);
-				break;
-			case ES_DEAD:
-				action = ACTION_DEAD;
-				break;
-			case ES_IN_FLIGHT:
-				if (row.lease_live)
-				{
-					action = ACTION_BUSY;
-					stats_count_effect(consumer, EFFECT_BUSY);
-				}
-				else
-					action = effect_take_lease(consumer, consumer_id, &row, lease_us);
-				break;
-			case ES_WAITING:
-				if (!row.due)
-				{
-					action = ACTION_WAIT;
-					break;
-				}
-				/* FALLTHROUGH */
-			default:
-				action = effect_take_lease(consumer, consumer_id, &row, lease_us);
-				break;
-		}
-		break;
-	}
+	action = begin_action(consumer, keystore_consumer_id(consumer, true), key,
+						  request, lease_us, &row);
 	SPI_finish();
 
-	/* the fence goes to the lease holder only: it is what lets one complete */
-	memset(nulls, true, sizeof(nulls));
-	values[0] = effect_action_datum(action, TupleDescAttr(tupdesc, 0)->atttypid);
-	nulls[0] = false;
-	values[1] = Int64GetDatum(row.fence);
-	nulls[1] = action != ACTION_EXECUTE;
-	values[2] = PointerGetDatum(row.provider_key);
-	nulls[2] = false;
-	values[3] = Int32GetDatum(row.attempts);
-	nulls[3] = false;
-	values[4] = BoolGetDatum(action == ACTION_EXECUTE && row.outcome_unknown);
-	nulls[4] = false;
-	values[5] = PointerGetDatum(row.result);
-	nulls[5] = action != ACTION_REPLAY || row.result == NULL;
-	if (action == ACTION_WAIT)
-	{
-		values[6] = TimestampTzGetDatum(row.retry_at);
-		nulls[6] = false;
-	}
-	else if (action == ACTION_BUSY)
-	{
-		values[6] = TimestampTzGetDatum(row.lease_until);
-		nulls[6] = false;
-	}
-	values[7] = PointerGetDatum(row.last_error);
-	nulls[7] = (action != ACTION_WAIT && action != ACTION_DEAD) || row.last_error == NULL;
-
-	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+	PG_RETURN_DATUM(begin_result(tupdesc, action, &row));
 }
 
 /*

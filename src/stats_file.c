@@ -208,41 +208,32 @@ ignore_stats_file(const char *why)
 }
 
 /*
- * Reads the counters saved at the last clean shutdown, then removes the
- * file so that a crash cannot bring back stale counters.  The file is
- * checked whole (its checksum, then every size) before anything is loaded.
+ * Checks a counters file read whole: its format, checksum and counts.
+ * Sets *ndbs and *nentries, the counts of its databases and consumers, and
+ * returns true if it may be loaded; logs why not and returns false
+ * otherwise.
  */
-static void
-stats_file_load(void)
+static bool
+stats_file_check(const char *data, size_t len, int32 *ndbs, int32 *nentries)
 {
-	char	   *data;
-	size_t		len;
 	size_t		pos;
 	uint32		header[4];
 	pg_crc32c	crc;
 	pg_crc32c	stored_crc;
-	int32		ndbs;
-	int32		nentries;
 
-	data = read_stats_file(&len);
-	if (data == NULL)
-		goto done;
-	if (!shut_down_cleanly())
-		goto done;
-
-	if (len >= sizeof(uint32) && *(uint32 *) data == STATS_FILE_HEADER_1_1)
+	if (len >= sizeof(uint32) && *(const uint32 *) data == STATS_FILE_HEADER_1_1)
 	{
 		ereport(LOG,
 				(errmsg("not loading the counters of file \"%s\", saved by idem_consumer 1.1 or earlier",
 						STATS_FILE),
 				 errdetail("Counters are now kept per database and consumer; the file kept them per consumer only."),
 				 errhint("The counters of idem_consumer start from zero, once.")));
-		goto done;
+		return false;
 	}
 	if (len < sizeof(header) + 2 * sizeof(int32) + sizeof(pg_crc32c))
 	{
 		ignore_stats_file("The file is too short: it was cut short.");
-		goto done;
+		return false;
 	}
 	memcpy(header, data, sizeof(header));
 	if (header[0] != STATS_FILE_HEADER || header[1] != PG_VERSION_NUM / 100 ||
@@ -250,7 +241,7 @@ stats_file_load(void)
 		header[3] != (uint32) sizeof(StatsKey))
 	{
 		ignore_stats_file("Its header is not that of this version.");
-		goto done;
+		return false;
 	}
 	INIT_CRC32C(crc);
 	COMP_CRC32C(crc, data, len - sizeof(pg_crc32c));
@@ -263,35 +254,45 @@ stats_file_load(void)
 				 errmsg("ignoring file \"%s\": checksum mismatch", STATS_FILE),
 				 errdetail("The file was cut short or damaged after it was written."),
 				 errhint("The counters of idem_consumer start from zero.")));
-		goto done;
+		return false;
 	}
 
-	/* the sizes agree with the length, so the reads below stay inside */
+	/* the sizes agree with the length, so the reads of the caller stay inside */
 	pos = sizeof(header);
-	memcpy(&ndbs, data + pos, sizeof(int32));
+	memcpy(ndbs, data + pos, sizeof(int32));
 	pos += sizeof(int32);
-	if (ndbs < 0 || ndbs > (len - pos) / sizeof(DatabaseStatsEntry))
+	if (*ndbs < 0 || *ndbs > (len - pos) / sizeof(DatabaseStatsEntry))
 	{
 		ignore_stats_file("Its count of databases is wrong.");
-		goto done;
+		return false;
 	}
-	pos += (size_t) ndbs * sizeof(DatabaseStatsEntry);
+	pos += (size_t) *ndbs * sizeof(DatabaseStatsEntry);
 	if (len - pos < sizeof(int32) + sizeof(pg_crc32c))
 	{
 		ignore_stats_file("Its count of databases is wrong.");
-		goto done;
+		return false;
 	}
-	memcpy(&nentries, data + pos, sizeof(int32));
+	memcpy(nentries, data + pos, sizeof(int32));
 	pos += sizeof(int32);
-	if (nentries < 0 ||
+	if (*nentries < 0 ||
 		len - sizeof(pg_crc32c) - pos !=
-		(size_t) nentries * (sizeof(StatsKey) + sizeof(ConsumerCounters)))
+		(size_t) *nentries * (sizeof(StatsKey) + sizeof(ConsumerCounters)))
 	{
 		ignore_stats_file("Its count of consumers is wrong.");
-		goto done;
+		return false;
 	}
+	return true;
+}
 
-	pos = sizeof(header) + sizeof(int32);
+/*
+ * Loads the ndbs databases and nentries consumers of a checked counters
+ * file into shared memory, as many as max_consumers allows.
+ */
+static void
+stats_file_fill(const char *data, int32 ndbs, int32 nentries)
+{
+	size_t		pos = 4 * sizeof(uint32) + sizeof(int32);
+
 	for (int i = 0; i < ndbs; i++)
 	{
 		DatabaseStatsEntry loaded;
@@ -327,8 +328,25 @@ stats_file_load(void)
 		SpinLockInit(&entry->mutex);
 		entry->counters = counters;
 	}
+}
 
-done:
+/*
+ * Reads the counters saved at the last clean shutdown, then removes the
+ * file so that a crash cannot bring back stale counters.  The file is
+ * checked whole (its checksum, then every size) before anything is loaded.
+ */
+static void
+stats_file_load(void)
+{
+	size_t		len;
+	char	   *data = read_stats_file(&len);
+	int32		ndbs;
+	int32		nentries;
+
+	if (data != NULL && shut_down_cleanly() &&
+		stats_file_check(data, len, &ndbs, &nentries))
+		stats_file_fill(data, ndbs, nentries);
+
 	if (data != NULL)
 		pfree(data);
 	unlink(STATS_FILE);

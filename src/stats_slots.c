@@ -191,6 +191,78 @@ slots_full(void)
 }
 
 /*
+ * Copies the keys of up to max_consumers slots into keys, and adds every
+ * other database that has a slot or untracked calls to *other_dbs, under
+ * the shared lock; returns the number of keys.
+ */
+static int
+copy_slot_keys(StatsKey *keys, List **other_dbs)
+{
+	HASH_SEQ_STATUS hash_seq;
+	ConsumerStatsEntry *entry;
+	DatabaseStatsEntry *db;
+	int			nkeys = 0;
+
+	LWLockAcquire(stats_state->lock, LW_SHARED);
+	hash_seq_init(&hash_seq, stats_hash);
+	while ((entry = hash_seq_search(&hash_seq)) != NULL)
+	{
+		if (nkeys >= idem_max_consumers)
+		{
+			hash_seq_term(&hash_seq);
+			break;
+		}
+		keys[nkeys++] = entry->key;
+		if (entry->key.dbid != MyDatabaseId)
+			*other_dbs = list_append_unique_oid(*other_dbs, entry->key.dbid);
+	}
+	hash_seq_init(&hash_seq, db_hash);
+	while ((db = hash_seq_search(&hash_seq)) != NULL)
+	{
+		if (db->dbid != MyDatabaseId)
+			*other_dbs = list_append_unique_oid(*other_dbs, db->dbid);
+	}
+	LWLockRelease(stats_state->lock);
+	return nkeys;
+}
+
+/*
+ * Removes, under the exclusive lock, the slots of keys judged dead and
+ * those whose counters are all zero, and the entries of dead_dbs; bumps
+ * the generation if any slot went.
+ */
+static void
+remove_slots(const StatsKey *keys, int nkeys, const bool *dead, List *dead_dbs)
+{
+	ListCell   *lc;
+	int			removed = 0;
+
+	LWLockAcquire(stats_state->lock, LW_EXCLUSIVE);
+	for (int i = 0; i < nkeys; i++)
+	{
+		ConsumerStatsEntry *entry = hash_search(stats_hash, &keys[i], HASH_FIND, NULL);
+
+		if (entry == NULL)
+			continue;
+		/* no backend adds to an entry without the shared lock */
+		if (dead[i] || stats_counters_empty(&entry->counters))
+		{
+			hash_search(stats_hash, &keys[i], HASH_REMOVE, NULL);
+			removed++;
+		}
+	}
+	foreach(lc, dead_dbs)
+	{
+		Oid			dbid = lfirst_oid(lc);
+
+		hash_search(db_hash, &dbid, HASH_REMOVE, NULL);
+	}
+	if (removed > 0)
+		pg_atomic_fetch_add_u64(&stats_state->generation, 1);
+	LWLockRelease(stats_state->lock);
+}
+
+/*
  * When the table of slots is full, removes the entries of databases that
  * were dropped, of this database's consumers that no longer exist, and of
  * counters that are all zero.  At most once a second per backend (less
@@ -205,16 +277,12 @@ reclaim_slots(void)
 	TimestampTz now = GetCurrentTimestamp();
 	MemoryContext cxt;
 	MemoryContext old;
-	HASH_SEQ_STATUS hash_seq;
-	ConsumerStatsEntry *entry;
-	DatabaseStatsEntry *db;
 	StatsKey   *keys;
-	int			nkeys = 0;
+	int			nkeys;
 	bool	   *dead;
 	List	   *other_dbs = NIL;
 	List	   *dead_dbs = NIL;
 	ListCell   *lc;
-	int			removed = 0;
 
 	if (!IsTransactionState() || IsolationUsesXactSnapshot() ||
 		now < next_reclaim || !slots_full())
@@ -226,26 +294,7 @@ reclaim_slots(void)
 
 	/* the keys to judge, and the other databases, copied under the lock */
 	keys = palloc(sizeof(StatsKey) * idem_max_consumers);
-	LWLockAcquire(stats_state->lock, LW_SHARED);
-	hash_seq_init(&hash_seq, stats_hash);
-	while ((entry = hash_seq_search(&hash_seq)) != NULL)
-	{
-		if (nkeys >= idem_max_consumers)
-		{
-			hash_seq_term(&hash_seq);
-			break;
-		}
-		keys[nkeys++] = entry->key;
-		if (entry->key.dbid != MyDatabaseId)
-			other_dbs = list_append_unique_oid(other_dbs, entry->key.dbid);
-	}
-	hash_seq_init(&hash_seq, db_hash);
-	while ((db = hash_seq_search(&hash_seq)) != NULL)
-	{
-		if (db->dbid != MyDatabaseId)
-			other_dbs = list_append_unique_oid(other_dbs, db->dbid);
-	}
-	LWLockRelease(stats_state->lock);
+	nkeys = copy_slot_keys(keys, &other_dbs);
 
 	/* pg_database is shared: any database can tell which ones are gone */
 	foreach(lc, other_dbs)
@@ -266,28 +315,7 @@ reclaim_slots(void)
 			dead[i] = list_member_oid(dead_dbs, keys[i].dbid);
 	}
 
-	LWLockAcquire(stats_state->lock, LW_EXCLUSIVE);
-	for (int i = 0; i < nkeys; i++)
-	{
-		entry = hash_search(stats_hash, &keys[i], HASH_FIND, NULL);
-		if (entry == NULL)
-			continue;
-		/* no backend adds to an entry without the shared lock */
-		if (dead[i] || stats_counters_empty(&entry->counters))
-		{
-			hash_search(stats_hash, &keys[i], HASH_REMOVE, NULL);
-			removed++;
-		}
-	}
-	foreach(lc, dead_dbs)
-	{
-		Oid			dbid = lfirst_oid(lc);
-
-		hash_search(db_hash, &dbid, HASH_REMOVE, NULL);
-	}
-	if (removed > 0)
-		pg_atomic_fetch_add_u64(&stats_state->generation, 1);
-	LWLockRelease(stats_state->lock);
+	remove_slots(keys, nkeys, dead, dead_dbs);
 
 	MemoryContextSwitchTo(old);
 	MemoryContextDelete(cxt);

@@ -108,6 +108,34 @@ fingerprint_of_try_call(text *explicit_fingerprint, const char *sql,
 }
 
 /*
+ * Parks a message whose key is recorded for another message, unless the
+ * key has an entry already; returns its outcome, and clears *redelivered
+ * when it made the entry.
+ */
+static Outcome
+park_key_reuse(const char *consumer, int32 consumer_id, text *key,
+			   const char *sql, ArrayType *params, NullableDatum event_time,
+			   int64 expect_rows, int32 fingerprint,
+			   const RecordedKey *recorded, bool *redelivered)
+{
+	char	   *status = dead_letter_status(consumer_id, key);
+	ErrorData  *edata;
+
+	/*
+	 * One entry per key: the message's own redelivery finds the entry its
+	 * first delivery made, and reports it like any parked message.
+	 */
+	if (status != NULL)
+		return redelivery_outcome(status);
+
+	edata = fingerprint_key_reuse_error(consumer, key, fingerprint, recorded);
+	dead_letter_insert(consumer_id, key, sql, params, event_time, edata,
+					   expect_rows);
+	*redelivered = false;
+	return OUTCOME_DEAD_LETTERED;
+}
+
+/*
  * Like idem_apply, but a permanent failure of the business SQL parks the
  * message in the dead-letter queue instead of raising; returns applied,
  * duplicate or dead_lettered.  key, consumer, sql and params are the
@@ -157,37 +185,19 @@ try_apply_message(FunctionCallInfo fcinfo, int event_time_argno,
 		!fingerprint_admits(explicit_fingerprint, fingerprint, &recorded,
 							sql, params))
 	{
-		ErrorData  *edata;
-		char	   *status;
-
 		/* another message under the key: a permanent failure of its own */
 		stats_call_key_reuse(call);
-		status = dead_letter_status(consumer_id, key);
-		if (status != NULL)
-		{
-			/*
-			 * One entry per key: the message's own redelivery finds the
-			 * entry its first delivery made, and reports it like any
-			 * parked message.
-			 */
-			outcome = redelivery_outcome(status);
-		}
-		else
-		{
-			edata = fingerprint_key_reuse_error(consumer, key, fingerprint, &recorded);
-			dead_letter_insert(consumer_id, key, sql, params, event_time, edata,
-							   expect_rows);
-			outcome = OUTCOME_DEAD_LETTERED;
-			redelivered = false;
-		}
+		outcome = park_key_reuse(consumer, consumer_id, key, sql, params,
+								 event_time, expect_rows, fingerprint,
+								 &recorded, &redelivered);
 	}
 	else if (redelivered)
 		outcome = redelivery_outcome(dead_letter_status(consumer_id, key));
 	else
 	{
 		ErrorData  *edata = business_run(consumer_id, consumer, key, sql,
-											 params, NULL, InvalidOid,
-											 expect_rows, rows);
+										 params, NULL, InvalidOid,
+										 expect_rows, rows);
 
 		if (edata == NULL)
 			outcome = OUTCOME_APPLIED;
