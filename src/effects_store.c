@@ -29,7 +29,6 @@
 #include "postgres.h"
 
 #include "access/xact.h"
-#include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
@@ -212,9 +211,7 @@ static const char *const state_names[] = {
 Oid
 effects_table_oid(void)
 {
-	Oid			nspid = get_namespace_oid(STORAGE_SCHEMA, true);
-
-	return OidIsValid(nspid) ? get_relname_relid("effects", nspid) : InvalidOid;
+	return storage_parts()->effects_relid;
 }
 
 /*

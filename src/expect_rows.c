@@ -86,5 +86,5 @@ expect_rows_demand(int64 expect_rows, uint64 rows, const char *consumer,
 bool
 expect_rows_stored(void)
 {
-	return dead_letters_has_column("expect_rows");
+	return storage_parts()->dead_letters_have_expect_rows;
 }

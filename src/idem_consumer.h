@@ -74,6 +74,19 @@ typedef enum KeystoreTable
 } KeystoreTable;
 
 extern void storage_init(void);
+
+/*
+ * storage.c: what versions after 1.0 of the SQL objects add to the
+ * storage, probed with the storage tables and invalidated with them.
+ */
+typedef struct StorageParts
+{
+	Oid			effects_relid;	/* InvalidOid before 1.1 */
+	bool		dead_letters_have_role; /* 1.1 on: the parking role */
+	bool		dead_letters_have_expect_rows;	/* 1.2 on */
+} StorageParts;
+
+extern const StorageParts *storage_parts(void);
 extern bool keystore_record_key(int32 consumer_id, text *key);
 
 /* What the storage holds of a key found recorded. */
@@ -293,7 +306,6 @@ typedef struct ReplayRoleState
 	int			save_sec_context;
 } ReplayRoleState;
 
-extern bool dead_letters_has_column(const char *column);
 extern bool replay_role_supported(void);
 extern void replay_role_require_supported(void);
 extern char *replay_role_search_path(void);
