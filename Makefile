@@ -8,6 +8,7 @@ OBJS = \
 	src/idem_consumer.o \
 	src/storage.o \
 	src/keystore_sql.o \
+	src/fastpath.o \
 	src/keystore_fastpath.o \
 	src/keystore.o \
 	src/keystore_remove.o \

@@ -32,7 +32,7 @@ _PG_init(void)
 {
 	plan_cache_init();
 	consumers_init();
-	key_fastpath_init();
+	fastpath_init();
 	retention_init();
 	stats_init();
 	stats_file_init();

@@ -326,8 +326,8 @@ extern void expect_rows_demand(int64 expect_rows, uint64 rows,
 							   const char *consumer, text *key);
 extern bool expect_rows_stored(void);
 
-/* keystore_fastpath.c */
-extern void key_fastpath_init(void);
+/* fastpath.c: idem_consumer.fast_path, for the keys and the effects */
+extern void fastpath_init(void);
 extern bool fastpath_enabled(void);
 
 /* effects.c, effects_store.c */
