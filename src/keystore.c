@@ -294,6 +294,45 @@ batch_key_cmp(const void *a, const void *b)
 }
 
 /*
+ * Returns a batch's keys in the order of the unique index, with their
+ * hashes and places in the batch; sets every isnew to false.
+ */
+static BatchKey *
+sort_batch(int32 consumer_id, text **keys, int nkeys, bool *isnew)
+{
+	BatchKey   *sorted = palloc(Max(nkeys, 1) * sizeof(BatchKey));
+
+	for (int i = 0; i < nkeys; i++)
+	{
+		sorted[i].hash = key_hash_value(consumer_id, keys[i]);
+		sorted[i].index = i;
+		sorted[i].key = keys[i];
+		isnew[i] = false;
+	}
+	qsort(sorted, nkeys, sizeof(BatchKey), batch_key_cmp);
+	return sorted;
+}
+
+/*
+ * Sets what a repeated key of a batch found to what its first occurrence,
+ * at first, recorded or found.
+ */
+static void
+repeat_as_first(RecordedKey *found, int first, const bool *isnew,
+				const RecordedKey *recorded, const int32 *fingerprints,
+				const bool *has_fingerprint, int32 processed_at)
+{
+	if (isnew[first])
+	{
+		found->has_fingerprint = fingerprints != NULL && has_fingerprint[first];
+		found->fingerprint = found->has_fingerprint ? fingerprints[first] : 0;
+		found->processed_at = processed_at;
+	}
+	else
+		*found = recorded[first];
+}
+
+/*
  * Records the keys of a batch one at a time in the order of the unique
  * index, which rules out deadlocks between batches for the reason given at
  * KS_INSERT_BATCH.  Sets isnew[i] when keys[i] was not recorded before and
@@ -334,15 +373,7 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 		return false;
 
 	processed_at = keystore_processed_at_now();
-	sorted = palloc(Max(nkeys, 1) * sizeof(BatchKey));
-	for (int i = 0; i < nkeys; i++)
-	{
-		sorted[i].hash = key_hash_value(consumer_id, keys[i]);
-		sorted[i].index = i;
-		sorted[i].key = keys[i];
-		isnew[i] = false;
-	}
-	qsort(sorted, nkeys, sizeof(BatchKey), batch_key_cmp);
+	sorted = sort_batch(consumer_id, keys, nkeys, isnew);
 
 	keycxt = AllocSetContextCreate(CurrentMemoryContext,
 								   "idem_consumer batch key",
@@ -362,18 +393,8 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 		{
 			/* a repeat: one message, as its first occurrence left it */
 			if (found != NULL)
-			{
-				int			first = sorted[i - 1].index;
-
-				if (isnew[first])
-				{
-					found->has_fingerprint = fingerprints != NULL && has_fingerprint[first];
-					found->fingerprint = found->has_fingerprint ? fingerprints[first] : 0;
-					found->processed_at = processed_at;
-				}
-				else
-					*found = recorded[first];
-			}
+				repeat_as_first(found, sorted[i - 1].index, isnew, recorded,
+								fingerprints, has_fingerprint, processed_at);
 			continue;
 		}
 

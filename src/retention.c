@@ -471,32 +471,18 @@ tid_cmp(const void *a, const void *b)
 }
 
 /*
- * Pass 2: removes the purgeable rows of the next chunk, within each
- * consumer's remaining quota.  Sets *batch_full when a consumer used up its
- * quota.  The run moves past the chunk, or, if the quota left rows behind,
- * to the block of the first of them (a consumer whose quota is short of
- * its rows takes the first ones in TID order).
+ * Sets args[0] and args[1] to the int4 arrays of the ids and cutoffs of the
+ * consumers that may still lose keys in this call.
  */
-static uint64
-purge_chunk(bool *batch_full)
+static void
+window_arrays(Datum *args)
 {
-	BlockNumber nblocks = purge_chunk_blocks();
 	HASH_SEQ_STATUS seq;
 	ConsumerWindow *w;
-	Datum	   *ids;
-	Datum	   *cutoffs;
+	Datum	   *ids = palloc(sizeof(Datum) * hash_get_num_entries(run.windows));
+	Datum	   *cutoffs = palloc(sizeof(Datum) * hash_get_num_entries(run.windows));
 	int			nwindows = 0;
-	ItemPointerData lo,
-				hi;
-	Datum		args[2];		/* the consumers' ids and cutoffs */
-	ItemPointerData *tids;
-	int			ntids = 0;
-	uint64		capacity = 0;
-	BlockNumber resume_block = InvalidBlockNumber;
-	uint64		removed;
 
-	ids = palloc(sizeof(Datum) * hash_get_num_entries(run.windows));
-	cutoffs = palloc(sizeof(Datum) * hash_get_num_entries(run.windows));
 	hash_seq_init(&seq, run.windows);
 	while ((w = hash_seq_search(&seq)) != NULL)
 	{
@@ -511,6 +497,30 @@ purge_chunk(bool *batch_full)
 											  sizeof(int32), true, TYPALIGN_INT));
 	args[1] = PointerGetDatum(construct_array(cutoffs, nwindows, INT4OID,
 											  sizeof(int32), true, TYPALIGN_INT));
+}
+
+/*
+ * Pass 2: removes the purgeable rows of the next chunk, within each
+ * consumer's remaining quota.  Sets *batch_full when a consumer used up its
+ * quota.  The run moves past the chunk, or, if the quota left rows behind,
+ * to the block of the first of them (a consumer whose quota is short of
+ * its rows takes the first ones in TID order).
+ */
+static uint64
+purge_chunk(bool *batch_full)
+{
+	BlockNumber nblocks = purge_chunk_blocks();
+	ConsumerWindow *w;
+	ItemPointerData lo,
+				hi;
+	Datum		args[2];		/* the consumers' ids and cutoffs */
+	ItemPointerData *tids;
+	int			ntids = 0;
+	uint64		capacity = 0;
+	BlockNumber resume_block = InvalidBlockNumber;
+	uint64		removed;
+
+	window_arrays(args);
 	keystore_read_purgeable(run.table, args[0], args[1],
 							block_bound(&lo, run.next_block),
 							block_bound(&hi, run.next_block + nblocks));
