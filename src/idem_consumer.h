@@ -18,13 +18,11 @@
 
 #include "postgres.h"
 
-#include "executor/spi.h"
 #include "fmgr.h"
 #include "nodes/params.h"
 #include "storage/block.h"
 #include "storage/itemptr.h"
 #include "utils/array.h"
-#include "utils/guc.h"
 #include "utils/timestamp.h"
 
 /* The schema of the storage tables, fixed by the install script. */
@@ -55,7 +53,7 @@ typedef struct StorageStmtSet
 {
 	const StorageStmt *stmts;
 	int			nstmts;
-	SPIPlanPtr *plans;			/* nstmts of them, NULL until prepared */
+	struct _SPI_plan **plans;	/* nstmts of them, NULL until prepared */
 	uint64		generation;		/* of the storage the plans were made for */
 } StorageStmtSet;
 

@@ -19,6 +19,7 @@
 #include "idem_consumer.h"
 
 #include "access/genam.h"
+#include "executor/spi.h"
 #include "executor/tuptable.h"
 #include "nodes/execnodes.h"
 #include "utils/rel.h"

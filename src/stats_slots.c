@@ -26,6 +26,7 @@
 
 #include "access/transam.h"
 #include "access/xact.h"
+#include "executor/spi.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"

@@ -16,6 +16,7 @@
  */
 #include "postgres.h"
 
+#include "executor/spi.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
