@@ -8,8 +8,10 @@ OBJS = \
 	src/idem_consumer.o \
 	src/storage.o \
 	src/keystore_sql.o \
+	src/fastpath.o \
 	src/keystore_fastpath.o \
 	src/keystore.o \
+	src/keystore_remove.o \
 	src/consumers.o \
 	src/consumer_names.o \
 	src/fingerprint.o \
@@ -20,14 +22,24 @@ OBJS = \
 	src/batch.o \
 	src/histogram.o \
 	src/stats.o \
+	src/stats_slots.o \
+	src/stats_xact.o \
+	src/stats_file.o \
+	src/stats_views.o \
 	src/metrics.o \
+	src/business_run.o \
 	src/dead_letter.o \
+	src/dead_letter_sql.o \
+	src/try_apply.o \
 	src/expect_rows.o \
 	src/retention.o \
+	src/retention_api.o \
+	src/retention_store.o \
 	src/purge_worker.o \
 	src/effects_store.o \
 	src/effects_fastpath.o \
 	src/effects.o \
+	src/effects_api.o \
 	src/inflight.o \
 	src/replay_role.o
 

@@ -12,6 +12,11 @@
  * business SQL raises, the error propagates as it is and the transaction's
  * rollback removes the key with everything else.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/apply.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -61,7 +66,8 @@ apply_message(FunctionCallInfo fcinfo, int event_time_argno,
 
 	/* a role refused for the consumer must not show in its counters */
 	SPI_connect();
-	consumer_id = keystore_consumer_id_ext(consumer, false, &check_fingerprint);
+	consumer_id = keystore_consumer_id_and_fp_check(consumer, false,
+														&check_fingerprint);
 	call = stats_call_begin(consumer);
 
 	bplan = business_plan_get(sql);
@@ -69,7 +75,8 @@ apply_message(FunctionCallInfo fcinfo, int event_time_argno,
 	expect_rows_check_sql(expect_rows, sql);
 
 	if (consumer_id == 0)
-		consumer_id = keystore_consumer_id_ext(consumer, true, &check_fingerprint);
+		consumer_id = keystore_consumer_id_and_fp_check(consumer, true,
+														&check_fingerprint);
 	if (check_fingerprint)
 		fingerprint = fingerprint_of_bound_call(explicit_fingerprint, sql,
 												bound_params);

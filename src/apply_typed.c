@@ -17,6 +17,11 @@
  * the values bound are the values given.  (Floating-point values lose
  * digits only in a session that sets extra_float_digits below 1.)
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/apply_typed.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"

@@ -13,7 +13,7 @@
  *
  * All keys are recorded within this one call, in the order of the unique
  * index whatever their order in the array: that order is why two batches
- * cannot deadlock each other (see KS_INSERT_BATCH in keystore.c).  Through
+ * cannot deadlock each other (see KS_INSERT_BATCH in keystore_sql.c).  Through
  * keystore.c's fast path each key costs an index probe, and a new key a
  * speculative insertion, with no SQL statement per key.  When the storage
  * does not allow the fast path, the work is set-based SQL: one insert for
@@ -21,6 +21,11 @@
  * statement that finds which of those are not simply recorded already.
  * Only such keys, hash collisions in practice, go through the per-key path
  * of idem_apply().
+ *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/batch.c
  *
  *-------------------------------------------------------------------------
  */
@@ -38,68 +43,6 @@
 
 PG_FUNCTION_INFO_V1(idem_record_batch);
 PG_FUNCTION_INFO_V1(idem_record_batch_fingerprinted);
-
-/*
- * Returns the keys argument, or NULL for an empty batch, after checking
- * every element the way idem_apply() checks its key; sets *elems to the
- * elements.
- */
-static ArrayType *
-get_keys_arg(FunctionCallInfo fcinfo, int argno, Datum **elems, int *nkeys)
-{
-	ArrayType  *keys;
-	bool	   *nulls;
-	int			nelems;
-	int			lbound;
-
-	if (PG_ARGISNULL(argno))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("keys must not be null"),
-				 errhint("Pass an empty array for an empty batch.")));
-
-	keys = PG_GETARG_ARRAYTYPE_P(argno);
-	if (ARR_NDIM(keys) > 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
-				 errmsg("keys must be a one-dimensional array"),
-				 errdetail("The array has %d dimensions.", ARR_NDIM(keys))));
-	if (ARR_NDIM(keys) == 0)
-	{
-		*nkeys = 0;
-		return NULL;
-	}
-
-	lbound = ARR_LBOUND(keys)[0];
-	deconstruct_array(keys, TEXTOID, -1, false, TYPALIGN_INT,
-					  elems, &nulls, &nelems);
-	for (int i = 0; i < nelems; i++)
-	{
-		int			len;
-
-		if (nulls[i])
-			ereport(ERROR,
-					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-					 errmsg("key must not be null"),
-					 errdetail("Element %d of keys is null.", lbound + i)));
-		len = VARSIZE_ANY_EXHDR(DatumGetPointer((*elems)[i]));
-		if (len == 0)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("key must not be empty"),
-					 errdetail("Element %d of keys is empty.", lbound + i)));
-		if (len > IDEM_MAX_KEY_BYTES)
-			ereport(ERROR,
-					(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
-					 errmsg("key is too long"),
-					 errdetail("Element %d of keys is %d bytes long; the limit is %d bytes.",
-							   lbound + i, len, IDEM_MAX_KEY_BYTES)));
-	}
-	pfree(nulls);
-
-	*nkeys = nelems;
-	return keys;
-}
 
 /*
  * Appends one key to the function's result.
@@ -240,48 +183,6 @@ idem_record_batch(PG_FUNCTION_ARGS)
 }
 
 /*
- * Returns the fingerprints of a batch's messages, aligned with its nkeys
- * keys: fingerprints[i] and has_fingerprint[i] for keys[i]; a NULL array
- * or element is no fingerprint.
- */
-static void
-get_fingerprints_arg(FunctionCallInfo fcinfo, int argno, int nkeys,
-					 int32 *fingerprints, bool *has_fingerprint)
-{
-	ArrayType  *array;
-	Datum	   *elems;
-	bool	   *nulls;
-	int			nelems;
-
-	memset(has_fingerprint, 0, nkeys * sizeof(bool));
-	if (PG_ARGISNULL(argno))
-		return;
-	array = PG_GETARG_ARRAYTYPE_P(argno);
-	if (ARR_NDIM(array) > 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
-				 errmsg("fingerprints must be a one-dimensional array"),
-				 errdetail("The array has %d dimensions.", ARR_NDIM(array))));
-	nelems = ARR_NDIM(array) == 0 ? 0 : ARR_DIMS(array)[0];
-	if (nelems != nkeys)
-		ereport(ERROR,
-				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
-				 errmsg("fingerprints must have one element per key"),
-				 errdetail("There are %d keys and %d fingerprints.", nkeys, nelems)));
-	if (nelems == 0)
-		return;
-	deconstruct_array(array, TEXTOID, -1, false, TYPALIGN_INT,
-					  &elems, &nulls, &nelems);
-	for (int i = 0; i < nelems; i++)
-	{
-		if (nulls[i])
-			continue;
-		fingerprints[i] = fingerprint_of_text(DatumGetTextPP(elems[i]));
-		has_fingerprint[i] = true;
-	}
-}
-
-/*
  * idem_record_batch(consumer, keys, fingerprints): records every key of
  * the batch with the fingerprint of its message; returns each new key
  * once with reused = false, and each key found recorded for another
@@ -321,7 +222,8 @@ idem_record_batch_fingerprinted(PG_FUNCTION_ARGS)
 		return (Datum) 0;
 
 	SPI_connect();
-	consumer_id = keystore_consumer_id_ext(consumer, true, &check_fingerprint);
+	consumer_id = keystore_consumer_id_and_fp_check(consumer, true,
+														&check_fingerprint);
 	inflight_check_keys(consumer_id, consumer, elems, nkeys, "record");
 	call = stats_call_begin(consumer);
 	if (!check_fingerprint)

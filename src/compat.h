@@ -9,9 +9,10 @@
  * supplies what an older one lacks, so that the code that calls it reads
  * the same on every version.
  *
- * Copyright (c) 2026, idem_consumer maintainers
+ * Copyright (c) 2025-2026, idem_consumer maintainers
  *
- * src/compat.h
+ * IDENTIFICATION
+ *	  src/compat.h
  *
  *-------------------------------------------------------------------------
  */

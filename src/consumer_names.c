@@ -29,6 +29,11 @@
  * 0x7F mean nothing, only the ASCII rules apply (control characters, and
  * spaces at either end).
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/consumer_names.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"

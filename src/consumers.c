@@ -42,6 +42,11 @@
  *
  * The caller of the C functions must be connected to SPI.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/consumers.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -99,7 +104,7 @@ PG_FUNCTION_INFO_V1(idem_set_fingerprint);
 static HTAB *
 consumer_id_cache(void)
 {
-	const StorageInfo *si = storage_ready();
+	const StorageInfo *si = storage_locate();
 
 	if (consumer_cache != NULL &&
 		(consumer_cache_generation != si->generation ||
@@ -300,7 +305,7 @@ check_may_create(const char *consumer, Oid owner)
 static bool
 lookup_consumer(const char *consumer, ConsumerIdEntry *found)
 {
-	const StorageInfo *si = storage_ready();
+	const StorageInfo *si = storage_locate();
 	HTAB	   *cache = consumer_id_cache();
 	ConsumerIdEntry *entry;
 	Datum		name_datum;
@@ -315,8 +320,8 @@ lookup_consumer(const char *consumer, ConsumerIdEntry *found)
 	}
 
 	name_datum = CStringGetTextDatum(consumer);
-	keystore_exec(si->consumers_have_owners ? KS_FIND_OWNED_CONSUMER : KS_FIND_CONSUMER,
-				  &name_datum, 1);
+	keystore_execute(si->consumers_have_owners ? KS_FIND_OWNED_CONSUMER : KS_FIND_CONSUMER,
+					 &name_datum, NULL, 1);
 	if (SPI_processed == 0)
 		return false;
 
@@ -366,7 +371,7 @@ lookup_consumer(const char *consumer, ConsumerIdEntry *found)
 static int32
 insert_consumer(const char *consumer, Oid owner)
 {
-	const StorageInfo *si = storage_ready();
+	const StorageInfo *si = storage_locate();
 	Datum		args[2];
 	bool		isnull;
 
@@ -374,18 +379,18 @@ insert_consumer(const char *consumer, Oid owner)
 	args[1] = ObjectIdGetDatum(owner);
 	for (;;)
 	{
-		keystore_exec(si->consumers_have_owners ? KS_CREATE_OWNED_CONSUMER : KS_CREATE_CONSUMER,
-					  args, 1);
+		keystore_execute(si->consumers_have_owners ? KS_CREATE_OWNED_CONSUMER : KS_CREATE_CONSUMER,
+						 args, NULL, 1);
 		if (SPI_processed > 0)
 			return DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
 											   SPI_tuptable->tupdesc, 1, &isnull));
 
 		/* under READ COMMITTED, a new snapshot sees a concurrent creation */
-		keystore_exec(KS_FIND_CONSUMER, args, 1);
+		keystore_execute(KS_FIND_CONSUMER, args, NULL, 1);
 		if (SPI_processed > 0)
 			return 0;
 
-		keystore_exec(KS_CONSUMER_IDS_PAST_ROWS, NULL, 0);
+		keystore_execute(KS_CONSUMER_IDS_PAST_ROWS, NULL, NULL, 0);
 		CHECK_FOR_INTERRUPTS();
 	}
 }
@@ -399,7 +404,7 @@ insert_consumer(const char *consumer, Oid owner)
 int32
 keystore_consumer_id(const char *consumer, bool create)
 {
-	return keystore_consumer_id_ext(consumer, create, NULL);
+	return keystore_consumer_id_and_fp_check(consumer, create, NULL);
 }
 
 /*
@@ -407,8 +412,8 @@ keystore_consumer_id(const char *consumer, bool create)
  * fingerprints of redeliveries (when check_fingerprint is not NULL).
  */
 int32
-keystore_consumer_id_ext(const char *consumer, bool create,
-						 bool *check_fingerprint)
+keystore_consumer_id_and_fp_check(const char *consumer, bool create,
+								  bool *check_fingerprint)
 {
 	ConsumerIdEntry found;
 
@@ -432,8 +437,8 @@ keystore_consumer_id_ext(const char *consumer, bool create,
 		{
 			/* the column's default */
 			if (check_fingerprint != NULL)
-				*check_fingerprint = storage_ready()->keys_have_fingerprints &&
-					storage_ready()->consumers_have_owners;
+				*check_fingerprint = storage_locate()->keys_have_fingerprints &&
+					storage_locate()->consumers_have_owners;
 			return consumer_id;
 		}
 
@@ -460,9 +465,9 @@ keystore_may_act_on_consumer_id(int32 consumer_id)
 	bool		isnull;
 	Datum		owner;
 
-	if (!storage_ready()->consumers_have_owners)
+	if (!storage_locate()->consumers_have_owners)
 		return true;
-	keystore_exec(KS_CONSUMER_BY_ID, &arg, 1);
+	keystore_execute(KS_CONSUMER_BY_ID, &arg, NULL, 1);
 	if (SPI_processed == 0)
 		return true;
 	owner = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
@@ -480,9 +485,9 @@ keystore_check_consumer_id(int32 consumer_id)
 	Datum		owner;
 	char	   *name;
 
-	if (!storage_ready()->consumers_have_owners)
+	if (!storage_locate()->consumers_have_owners)
 		return;
-	keystore_exec(KS_CONSUMER_BY_ID, &arg, 1);
+	keystore_execute(KS_CONSUMER_BY_ID, &arg, NULL, 1);
 	if (SPI_processed == 0)
 		return;
 	name = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
@@ -502,9 +507,9 @@ keystore_check_every_consumer(const char *what)
 	Datum		arg = ObjectIdGetDatum(GetUserId());
 	char	   *name;
 
-	if (superuser() || !storage_ready()->consumers_have_owners)
+	if (superuser() || !storage_locate()->consumers_have_owners)
 		return;
-	keystore_exec(KS_FOREIGN_CONSUMER, &arg, 1);
+	keystore_execute(KS_FOREIGN_CONSUMER, &arg, NULL, 1);
 	if (SPI_processed == 0)
 		return;
 	name = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
@@ -522,29 +527,12 @@ keystore_check_every_consumer(const char *what)
 static void
 require_owners(const char *function)
 {
-	if (!storage_ready()->consumers_have_owners)
+	if (!storage_locate()->consumers_have_owners)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("%s needs version 1.1 of extension \"idem_consumer\"", function),
 				 errdetail("The consumers table of this database has no owner column."),
 				 errhint("ALTER EXTENSION idem_consumer UPDATE")));
-}
-
-/*
- * Returns a role argument, the current role when NULL.
- */
-static Oid
-get_role_arg(FunctionCallInfo fcinfo, int argno, bool null_is_current)
-{
-	if (PG_ARGISNULL(argno))
-	{
-		if (null_is_current)
-			return GetUserId();
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("owner must not be null")));
-	}
-	return PG_GETARG_OID(argno);
 }
 
 /*
@@ -628,8 +616,8 @@ idem_consumer_set_owner(PG_FUNCTION_ARGS)
 
 	args[0] = Int32GetDatum(found.consumer_id);
 	args[1] = ObjectIdGetDatum(owner);
-	keystore_exec(KS_SET_CONSUMER_OWNER, args, 0);
-	CacheInvalidateRelcacheByRelid(storage_ready()->consumers_relid);
+	keystore_execute(KS_SET_CONSUMER_OWNER, args, NULL, 0);
+	CacheInvalidateRelcacheByRelid(storage_locate()->consumers_relid);
 	SPI_finish();
 	PG_RETURN_VOID();
 }
@@ -660,8 +648,8 @@ idem_set_fingerprint(PG_FUNCTION_ARGS)
 				 errmsg("consumer \"%s\" does not exist", consumer),
 				 errhint("Create it with idem_consumer_create() first.")));
 	args[1] = PG_GETARG_DATUM(1);
-	keystore_exec(KS_SET_CHECK_FINGERPRINT, args, 0);
-	CacheInvalidateRelcacheByRelid(storage_ready()->consumers_relid);
+	keystore_execute(KS_SET_CHECK_FINGERPRINT, args, NULL, 0);
+	CacheInvalidateRelcacheByRelid(storage_locate()->consumers_relid);
 	SPI_finish();
 	PG_RETURN_VOID();
 }
@@ -685,4 +673,23 @@ consumers_init(void)
 							 NULL,
 							 NULL,
 							 NULL);
+}
+
+/*
+ * Tells whether a consumer's row is visible to this transaction, and sets
+ * *xmin (unless NULL) to the transaction that inserted it.
+ */
+bool
+consumer_row_visible(const char *consumer, TransactionId *xmin)
+{
+	Datum		name = CStringGetTextDatum(consumer);
+	bool		isnull;
+
+	keystore_execute(KS_FIND_CONSUMER, &name, NULL, 1);
+	if (SPI_processed == 0)
+		return false;
+	if (xmin != NULL)
+		*xmin = DatumGetTransactionId(SPI_getbinval(SPI_tuptable->vals[0],
+													SPI_tuptable->tupdesc, 2, &isnull));
+	return true;
 }

@@ -2,11 +2,10 @@
  *
  * effects.c
  *	  External effects: calls to payment providers, mailers or webhooks
- *	  that a transaction cannot roll back.  The state machine of an effect
- *	  (leases, fencing tokens, the stored result, retries with backoff, the
- *	  dead-letter queue) and its SQL functions: idem_effect_begin,
- *	  _complete, _fail, _heartbeat, the outbox's idem_effect_enqueue and
- *	  idem_effect_claim, and idem_set_effect_policy.
+ *	  that a transaction cannot roll back.  The state machine of an effect:
+ *	  leases, fencing tokens, the stored result, retries with backoff, the
+ *	  dead-letter queue, and the GUCs of the default retry policy.  Its SQL
+ *	  functions are in effects_api.c.
  *
  * An effect is one row per (consumer, key) in idem_consumer.effects:
  *
@@ -38,17 +37,17 @@
  * fenced-off completion and a request mismatch raise, and their
  * transaction never commits.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/effects.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
-#include "access/htup_details.h"
-#include "access/xact.h"
-#include "catalog/pg_type.h"
 #include "common/pg_prng.h"
 #include "executor/spi.h"
-#include "fmgr.h"
-#include "funcapi.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
@@ -56,26 +55,12 @@
 #include "utils/guc.h"
 #include "utils/jsonb.h"
 #include "utils/timestamp.h"
-#include "utils/tuplestore.h"
 
-#include "idem_consumer.h"
+#include "effects.h"
 #include "effects_store.h"
-#include "effects_fastpath.h"
 
-/* Longest error text idem_effect_fail accepts, in bytes. */
-#define MAX_ERROR_BYTES			8192
 /* How much of a request an error detail quotes, in bytes. */
 #define QUOTED_REQUEST_BYTES	200
-
-/* The labels of the SQL enum idem_effect_action, in this order. */
-typedef enum EffectAction
-{
-	ACTION_EXECUTE,
-	ACTION_REPLAY,
-	ACTION_BUSY,
-	ACTION_WAIT,
-	ACTION_DEAD
-} EffectAction;
 
 static const char *const action_labels[] = {
 	[ACTION_EXECUTE] = "execute",
@@ -85,20 +70,10 @@ static const char *const action_labels[] = {
 	[ACTION_DEAD] = "dead",
 };
 
-#define IDEM_EFFECT_COLS 8
-
 /* GUCs: the retry policy of consumers without one of their own */
 static int	effect_max_attempts = 5;
 static int	effect_base_delay_ms = 1000;
 static int	effect_max_delay_ms = 5 * 60 * 1000;
-
-PG_FUNCTION_INFO_V1(idem_effect_begin);
-PG_FUNCTION_INFO_V1(idem_effect_complete);
-PG_FUNCTION_INFO_V1(idem_effect_fail);
-PG_FUNCTION_INFO_V1(idem_effect_heartbeat);
-PG_FUNCTION_INFO_V1(idem_effect_enqueue);
-PG_FUNCTION_INFO_V1(idem_effect_claim);
-PG_FUNCTION_INFO_V1(idem_set_effect_policy);
 
 /*
  * Defines the GUCs of the default retry policy.
@@ -131,99 +106,15 @@ effects_init(void)
 }
 
 /*
- * Refuses to run inside a transaction block: the lease must commit before
- * the caller acts on it.
- */
-static void
-require_own_transaction(const char *funcname)
-{
-	if (IsTransactionBlock())
-		ereport(ERROR,
-				(errcode(ERRCODE_ACTIVE_SQL_TRANSACTION),
-				 errmsg("%s cannot run inside a transaction block", funcname),
-				 errdetail("The lease must be committed before the provider is called, or other workers cannot see it."),
-				 errhint("Call %s as a statement of its own, in autocommit mode, and the business transaction after it.",
-						 funcname)));
-}
-
-/*
- * Returns a duration argument (a lease, an extension, a delay) in
- * microseconds: not null, positive, at most max_us (MAX_LEASE_US or
- * MAX_DELAY_US), however far beyond it the interval goes.
- */
-static int64
-get_duration_arg(FunctionCallInfo fcinfo, int argno, const char *argname,
-				 int64 max_us)
-{
-	Interval   *value;
-	int64		us;
-
-	if (PG_ARGISNULL(argno))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must not be null", argname)));
-	value = PG_GETARG_INTERVAL_P(argno);
-	us = interval_to_us(value);
-	if (us > max_us)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s is too long", argname),
-				 errdetail("The limit is %s.", max_us == MAX_LEASE_US ? "1 day" : "30 days")));
-	if (us <= 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s must be positive", argname),
-				 errdetail("The value given is %s.",
-						   DatumGetCString(DirectFunctionCall1(interval_out,
-															   PointerGetDatum(value))))));
-	return us;
-}
-
-/*
  * Returns a microsecond count as an interval datum.
  */
-static Datum
-us_interval(int64 us)
+Datum
+effect_interval(int64 us)
 {
 	Interval   *interval = palloc0(sizeof(Interval));
 
 	interval->time = us;
 	return IntervalPGetDatum(interval);
-}
-
-/*
- * Returns the fence argument: not null, at least 1.
- */
-static int64
-get_fence_arg(FunctionCallInfo fcinfo, int argno)
-{
-	int64		fence;
-
-	if (PG_ARGISNULL(argno))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("fence must not be null")));
-	fence = PG_GETARG_INT64(argno);
-	if (fence < 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("fence must be at least 1"),
-				 errdetail("The value given is %lld; fences come from idem_effect_begin or idem_effect_claim.",
-						   (long long) fence)));
-	return fence;
-}
-
-/*
- * Returns a boolean argument that must not be null.
- */
-static bool
-get_bool_arg(FunctionCallInfo fcinfo, int argno, const char *argname)
-{
-	if (PG_ARGISNULL(argno))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must not be null", argname)));
-	return PG_GETARG_BOOL(argno);
 }
 
 /*
@@ -251,8 +142,8 @@ quote_request(Jsonb *request)
  * Raises IE002 unless a call's request is the one stored with the effect
  * (NULL equals only NULL).
  */
-static void
-check_request(const char *consumer, text *key, const EffectRow *row, Jsonb *request)
+void
+effect_check_request(const char *consumer, text *key, const EffectRow *row, Jsonb *request)
 {
 	bool		same;
 
@@ -279,8 +170,8 @@ check_request(const char *consumer, text *key, const EffectRow *row, Jsonb *requ
  * effect: IE001 for a fence that was superseded or whose effect is no
  * longer in flight, 22023 for one never handed out.
  */
-static void
-check_fence(const char *consumer, text *key, const EffectRow *row, int64 fence)
+void
+effect_check_fence(const char *consumer, text *key, const EffectRow *row, int64 fence)
 {
 	if (fence > row->fence)
 		ereport(ERROR,
@@ -307,7 +198,7 @@ check_fence(const char *consumer, text *key, const EffectRow *row, int64 fence)
  * Returns the id of an existing consumer, or raises the error of an
  * effect that does not exist.
  */
-static int32
+int32
 effect_consumer_id(const char *consumer, text *key)
 {
 	int32		consumer_id = keystore_consumer_id(consumer, false);
@@ -326,8 +217,8 @@ effect_consumer_id(const char *consumer, text *key)
  * Locks an effect row and reads it, or raises the error of an effect that
  * does not exist.
  */
-static void
-lock_effect(const char *consumer, int32 consumer_id, text *key, EffectRow *row)
+void
+effect_lock(const char *consumer, int32 consumer_id, text *key, EffectRow *row)
 {
 	if (!effects_fetch(EF_LOCK, consumer_id, key, NULL, NULL, 0, row))
 		ereport(ERROR,
@@ -340,8 +231,8 @@ lock_effect(const char *consumer, int32 consumer_id, text *key, EffectRow *row)
 /*
  * Returns a consumer's retry policy: its own, or the GUCs'.
  */
-static EffectPolicy
-policy_of(int32 consumer_id)
+EffectPolicy
+effect_policy(int32 consumer_id)
 {
 	EffectPolicy policy;
 
@@ -360,8 +251,8 @@ policy_of(int32 consumer_id)
  * random half is jitter ("equal jitter"), so that effects failing together
  * do not come back together.
  */
-static int64
-backoff_us(const EffectPolicy *policy, int32 attempts)
+int64
+effect_backoff_us(const EffectPolicy *policy, int32 attempts)
 {
 	int64		delay = policy->base_delay_us;
 
@@ -375,8 +266,8 @@ backoff_us(const EffectPolicy *policy, int32 attempts)
  * Makes a locked effect dead: parks it in the dead-letter queue with the
  * error and records the entry; unknown marks a death by an expired lease.
  */
-static void
-kill_effect(const char *consumer, int32 consumer_id, text *key,
+void
+effect_kill(const char *consumer, int32 consumer_id, text *key,
 			const char *message, const char *detail, bool unknown)
 {
 	int64		entry_id = effects_park(consumer_id, key, message, detail);
@@ -403,20 +294,20 @@ kill_effect(const char *consumer, int32 consumer_id, text *key,
  * the last attempt allowed, the effect dies instead.  Returns
  * ACTION_EXECUTE or ACTION_DEAD.
  */
-static EffectAction
-take_lease(const char *consumer, int32 consumer_id, EffectRow *row, int64 lease_us)
+EffectAction
+effect_take_lease(const char *consumer, int32 consumer_id, EffectRow *row, int64 lease_us)
 {
 	bool		unknown = row->state == ES_IN_FLIGHT;
 	Datum		args[3];
 
 	if (unknown)
 	{
-		EffectPolicy policy = policy_of(consumer_id);
+		EffectPolicy policy = effect_policy(consumer_id);
 
 		stats_count_effect(consumer, EFFECT_UNKNOWN_OUTCOME);
 		if (row->attempts >= policy.max_attempts)
 		{
-			kill_effect(consumer, consumer_id, row->key,
+			effect_kill(consumer, consumer_id, row->key,
 						"lease expired with the outcome unknown",
 						psprintf("Attempt %d of %d held fence %lld and neither completed nor failed before its lease expired.",
 								 row->attempts, policy.max_attempts, (long long) row->fence),
@@ -428,7 +319,7 @@ take_lease(const char *consumer, int32 consumer_id, EffectRow *row, int64 lease_
 
 	args[0] = Int32GetDatum(row->attempts + 1);
 	args[1] = BoolGetDatum(unknown);
-	args[2] = us_interval(lease_us);
+	args[2] = effect_interval(lease_us);
 	effects_fetch(EF_LEASE, consumer_id, row->key, args, NULL, 3, row);
 	stats_count_effect(consumer, EFFECT_EXECUTED);
 	return ACTION_EXECUTE;
@@ -437,373 +328,9 @@ take_lease(const char *consumer, int32 consumer_id, EffectRow *row, int64 lease_
 /*
  * Returns the enum datum of an action, for an enum type known by OID.
  */
-static Datum
-action_datum(EffectAction action, Oid enumtypoid)
+Datum
+effect_action_datum(EffectAction action, Oid enumtypoid)
 {
 	return DirectFunctionCall2(enum_in, CStringGetDatum(action_labels[action]),
 							   ObjectIdGetDatum(enumtypoid));
-}
-
-/*
- * idem_effect_begin(consumer, key, request, lease): what the caller is to
- * do about an effect, in its own transaction; see the file header.
- */
-Datum
-idem_effect_begin(PG_FUNCTION_ARGS)
-{
-	char	   *consumer;
-	text	   *key;
-	Jsonb	   *request;
-	int64		lease_us;
-	TupleDesc	tupdesc;
-	EffectRow	row = {.cxt = CurrentMemoryContext};
-	EffectAction action;
-	int32		consumer_id;
-	Datum		values[IDEM_EFFECT_COLS];
-	bool		nulls[IDEM_EFFECT_COLS];
-
-	require_own_transaction("idem_effect_begin");
-	consumer = get_consumer_arg(fcinfo, 0);
-	key = get_key_arg(fcinfo, 1);
-	request = PG_ARGISNULL(2) ? NULL : PG_GETARG_JSONB_P(2);
-	lease_us = get_duration_arg(fcinfo, 3, "lease", MAX_LEASE_US);
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "return type must be a row type");
-
-	SPI_connect();
-	consumer_id = keystore_consumer_id(consumer, true);
-	for (;;)
-	{
-		if (effects_insert_leased(consumer_id, key, request,
-								  DatumGetIntervalP(us_interval(lease_us)), &row))
-		{
-			stats_count_effect(consumer, EFFECT_EXECUTED);
-			action = ACTION_EXECUTE;
-			break;
-		}
-		/* none if a concurrent purge removed it since the insert looked */
-		if (!effects_fetch(EF_LOCK, consumer_id, key, NULL, NULL, 0, &row))
-			continue;
-
-		check_request(consumer, key, &row, request);
-		switch (row.state)
-		{
-			case ES_COMPLETED:
-				action = ACTION_REPLAY;
-				stats_count_effect(consumer, EFFECT_REPLAYED);
-				break;
-			case ES_DEAD:
-				action = ACTION_DEAD;
-				break;
-			case ES_IN_FLIGHT:
-				if (row.lease_live)
-				{
-					action = ACTION_BUSY;
-					stats_count_effect(consumer, EFFECT_BUSY);
-				}
-				else
-					action = take_lease(consumer, consumer_id, &row, lease_us);
-				break;
-			case ES_WAITING:
-				if (!row.due)
-				{
-					action = ACTION_WAIT;
-					break;
-				}
-				/* FALLTHROUGH */
-			default:
-				action = take_lease(consumer, consumer_id, &row, lease_us);
-				break;
-		}
-		break;
-	}
-	SPI_finish();
-
-	/* the fence goes to the lease holder only: it is what lets one complete */
-	memset(nulls, true, sizeof(nulls));
-	values[0] = action_datum(action, TupleDescAttr(tupdesc, 0)->atttypid);
-	nulls[0] = false;
-	values[1] = Int64GetDatum(row.fence);
-	nulls[1] = action != ACTION_EXECUTE;
-	values[2] = PointerGetDatum(row.provider_key);
-	nulls[2] = false;
-	values[3] = Int32GetDatum(row.attempts);
-	nulls[3] = false;
-	values[4] = BoolGetDatum(action == ACTION_EXECUTE && row.outcome_unknown);
-	nulls[4] = false;
-	values[5] = PointerGetDatum(row.result);
-	nulls[5] = action != ACTION_REPLAY || row.result == NULL;
-	if (action == ACTION_WAIT)
-	{
-		values[6] = TimestampTzGetDatum(row.retry_at);
-		nulls[6] = false;
-	}
-	else if (action == ACTION_BUSY)
-	{
-		values[6] = TimestampTzGetDatum(row.lease_until);
-		nulls[6] = false;
-	}
-	values[7] = PointerGetDatum(row.last_error);
-	nulls[7] = (action != ACTION_WAIT && action != ACTION_DEAD) || row.last_error == NULL;
-
-	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
-}
-
-/*
- * idem_effect_complete(consumer, key, fence, result, sql, params): stores
- * the result of the lease holder's call in the caller's (business)
- * transaction, and runs the business SQL if given, as idem_apply() does,
- * so that the business transaction can be one statement.
- */
-Datum
-idem_effect_complete(PG_FUNCTION_ARGS)
-{
-	char	   *consumer = get_consumer_arg(fcinfo, 0);
-	text	   *key = get_key_arg(fcinfo, 1);
-	int64		fence = get_fence_arg(fcinfo, 2);
-	Jsonb	   *result = PG_ARGISNULL(3) ? NULL : PG_GETARG_JSONB_P(3);
-	EffectRow	row = {.cxt = CurrentMemoryContext};
-	BusinessPlan *bplan = NULL;
-	ParamListInfo bound_params = NULL;
-	int32		consumer_id;
-	Datum		args[2] = {PointerGetDatum(result), Int64GetDatum(fence)};
-	char		argnulls[2] = {result == NULL ? 'n' : ' ', ' '};
-
-	SPI_connect();
-	/* like idem_apply, everything about the SQL is checked before any write */
-	if (!PG_ARGISNULL(4))
-	{
-		bplan = business_plan_get(get_sql_arg(fcinfo, 4));
-		bound_params = business_plan_bind(bplan, PG_ARGISNULL(5) ? NULL : PG_GETARG_ARRAYTYPE_P(5));
-	}
-	else if (!PG_ARGISNULL(5))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("params given without sql")));
-
-	consumer_id = effect_consumer_id(consumer, key);
-	/* the plain case without the executor; EF_COMPLETE decides the rest */
-	if (!effects_fast_complete(effects_table_oid(), consumer_id, key, fence, result))
-	{
-		effects_fetch(EF_COMPLETE, consumer_id, key, args, argnulls, 2, NULL);
-		if (SPI_processed == 0)
-		{
-			/* not the current lease: find out why, and say so */
-			lock_effect(consumer, consumer_id, key, &row);
-			check_fence(consumer, key, &row, fence);
-			elog(ERROR, "effect was in flight under fence %lld but could not be completed",
-				 (long long) fence);
-		}
-	}
-	if (bplan != NULL)
-		inflight_execute(consumer_id, consumer, key, bplan, bound_params);
-	SPI_finish();
-
-	PG_RETURN_VOID();
-}
-
-/*
- * idem_effect_fail(consumer, key, fence, error, retryable): records a
- * failed attempt of the lease holder; returns wait (retried later) or dead
- * (parked in the dead-letter queue).
- */
-Datum
-idem_effect_fail(PG_FUNCTION_ARGS)
-{
-	char	   *consumer = get_consumer_arg(fcinfo, 0);
-	text	   *key = get_key_arg(fcinfo, 1);
-	int64		fence = get_fence_arg(fcinfo, 2);
-	char	   *error = text_to_cstring(get_name_arg(fcinfo, 3, "error", MAX_ERROR_BYTES));
-	bool		retryable = get_bool_arg(fcinfo, 4, "retryable");
-	EffectRow	row = {.cxt = CurrentMemoryContext};
-	EffectPolicy policy;
-	EffectAction action;
-	int32		consumer_id;
-
-	SPI_connect();
-	consumer_id = effect_consumer_id(consumer, key);
-	lock_effect(consumer, consumer_id, key, &row);
-	check_fence(consumer, key, &row, fence);
-	policy = policy_of(consumer_id);
-
-	if (retryable && row.attempts < policy.max_attempts)
-	{
-		Datum		args[2];
-
-		args[0] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp() +
-									  backoff_us(&policy, row.attempts));
-		args[1] = CStringGetTextDatum(error);
-		effects_fetch(EF_WAIT, consumer_id, key, args, NULL, 2, NULL);
-		action = ACTION_WAIT;
-	}
-	else
-	{
-		kill_effect(consumer, consumer_id, key, error,
-					retryable ?
-					psprintf("Attempt %d of %d failed; no attempts are left.",
-							 row.attempts, policy.max_attempts) :
-					psprintf("Attempt %d failed permanently.", row.attempts),
-					false);
-		action = ACTION_DEAD;
-	}
-	SPI_finish();
-
-	PG_RETURN_DATUM(action_datum(action, get_fn_expr_rettype(fcinfo->flinfo)));
-}
-
-/*
- * idem_effect_heartbeat(consumer, key, fence, extend): extends the lease
- * of its holder to now() + extend; false if fence is no longer current.
- */
-Datum
-idem_effect_heartbeat(PG_FUNCTION_ARGS)
-{
-	char	   *consumer = get_consumer_arg(fcinfo, 0);
-	text	   *key = get_key_arg(fcinfo, 1);
-	int64		fence = get_fence_arg(fcinfo, 2);
-	int64		extend_us = get_duration_arg(fcinfo, 3, "extend", MAX_LEASE_US);
-	EffectRow	row = {.cxt = CurrentMemoryContext};
-	int32		consumer_id;
-	bool		extended = false;
-
-	SPI_connect();
-	consumer_id = effect_consumer_id(consumer, key);
-	lock_effect(consumer, consumer_id, key, &row);
-	if (fence > row.fence)
-		check_fence(consumer, key, &row, fence);	/* raises */
-	if (fence == row.fence && row.state == ES_IN_FLIGHT)
-	{
-		Datum		arg = us_interval(extend_us);
-
-		effects_fetch(EF_HEARTBEAT, consumer_id, key, &arg, NULL, 1, NULL);
-		extended = true;
-	}
-	SPI_finish();
-
-	PG_RETURN_BOOL(extended);
-}
-
-/*
- * idem_effect_enqueue(consumer, key, request): adds an effect to the
- * outbox in the caller's transaction; false if the key exists already.
- */
-Datum
-idem_effect_enqueue(PG_FUNCTION_ARGS)
-{
-	char	   *consumer = get_consumer_arg(fcinfo, 0);
-	text	   *key = get_key_arg(fcinfo, 1);
-	Jsonb	   *request;
-	EffectRow	row = {.cxt = CurrentMemoryContext};
-	int32		consumer_id;
-	Datum		arg;
-	bool		enqueued;
-
-	if (PG_ARGISNULL(2))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("request must not be null"),
-				 errdetail("The request is what the dispatcher sends to the provider.")));
-	request = PG_GETARG_JSONB_P(2);
-	arg = JsonbPGetDatum(request);
-
-	SPI_connect();
-	consumer_id = keystore_consumer_id(consumer, true);
-	effects_fetch(EF_ENQUEUE, consumer_id, key, &arg, NULL, 1, NULL);
-	enqueued = SPI_processed > 0;
-	/* a duplicate's request must match too; a row still invisible cannot be read */
-	if (!enqueued && effects_fetch(EF_READ, consumer_id, key, NULL, NULL, 0, &row))
-		check_request(consumer, key, &row, request);
-	SPI_finish();
-
-	PG_RETURN_BOOL(enqueued);
-}
-
-/*
- * idem_effect_claim(consumer, max_count, lease): leases up to max_count
- * due outbox effects of a consumer, oldest first, skipping the rows other
- * dispatchers hold, each with a new fence.
- */
-Datum
-idem_effect_claim(PG_FUNCTION_ARGS)
-{
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	char	   *consumer;
-	int32		max_count;
-	int64		lease_us;
-	int32		consumer_id;
-	EffectRow  *rows;
-	uint64		nrows;
-
-	require_own_transaction("idem_effect_claim");
-	consumer = get_consumer_arg(fcinfo, 0);
-	max_count = get_count_arg(fcinfo, 1, "max_count");
-	lease_us = get_duration_arg(fcinfo, 2, "lease", MAX_LEASE_US);
-	InitMaterializedSRF(fcinfo, 0);
-
-	SPI_connect();
-	consumer_id = keystore_consumer_id(consumer, false);
-	if (consumer_id != 0)
-	{
-		Datum		values[2] = {Int32GetDatum(consumer_id), Int32GetDatum(max_count)};
-
-		/* every row is read before the leases overwrite SPI's result */
-		effects_execute(EF_LOCK_DUE, values, NULL, 0);
-		nrows = SPI_processed;
-		rows = palloc0(Max(nrows, 1) * sizeof(EffectRow));
-		for (uint64 i = 0; i < nrows; i++)
-		{
-			rows[i].cxt = rsinfo->econtext->ecxt_per_query_memory;
-			effect_row_read(i, &rows[i]);
-		}
-
-		for (uint64 i = 0; i < nrows; i++)
-		{
-			EffectRow  *row = &rows[i];
-			Datum		out[6];
-			bool		outnulls[6] = {false, false, false, false, false, false};
-
-			if (take_lease(consumer, consumer_id, row, lease_us) != ACTION_EXECUTE)
-				continue;
-			out[0] = PointerGetDatum(row->key);
-			out[1] = PointerGetDatum(row->request);
-			outnulls[1] = row->request == NULL;
-			out[2] = Int64GetDatum(row->fence);
-			out[3] = PointerGetDatum(row->provider_key);
-			out[4] = Int32GetDatum(row->attempts);
-			out[5] = BoolGetDatum(row->outcome_unknown);
-			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, out, outnulls);
-		}
-	}
-	SPI_finish();
-
-	return (Datum) 0;
-}
-
-/*
- * idem_set_effect_policy(consumer, max_attempts, base_delay, max_delay):
- * sets a consumer's retry policy for failed effects.
- */
-Datum
-idem_set_effect_policy(PG_FUNCTION_ARGS)
-{
-	char	   *consumer = get_consumer_arg(fcinfo, 0);
-	int32		max_attempts = get_count_arg(fcinfo, 1, "max_attempts");
-	int64		base_us = get_duration_arg(fcinfo, 2, "base_delay", MAX_DELAY_US);
-	int64		max_us = get_duration_arg(fcinfo, 3, "max_delay", MAX_DELAY_US);
-	Datum		values[4];
-
-	if (max_us < base_us)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("max_delay must not be shorter than base_delay")));
-
-	SPI_connect();
-	values[0] = Int32GetDatum(keystore_consumer_id(consumer, true));
-	values[1] = Int32GetDatum(max_attempts);
-	values[2] = PG_GETARG_DATUM(2);
-	values[3] = PG_GETARG_DATUM(3);
-	effects_execute(EF_SET_POLICY, values, NULL, 0);
-	SPI_finish();
-
-	PG_RETURN_VOID();
 }

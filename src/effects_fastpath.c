@@ -14,7 +14,7 @@
  *	insert		the snapshot an SPI statement would take sees no row of the
  *				key, and the primary key takes the new row at once; the row
  *				is inserted as INSERT ... ON CONFLICT does it, with a
- *				speculative insertion, as keystore_fastpath.c inserts a key;
+ *				speculative insertion of fastpath.c, as a key is inserted;
  *				anything in the key's place (a row of another transaction
  *				still running or committed since the snapshot) is the
  *				statement's to decide
@@ -36,6 +36,11 @@
  * partition), so that nothing but built-in code runs; otherwise the
  * statements do the work.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/effects_fastpath.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -54,7 +59,6 @@
 #include "executor/executor.h"
 #include "nodes/execnodes.h"
 #include "nodes/primnodes.h"
-#include "storage/lmgr.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/fmgrprotos.h"
@@ -65,6 +69,7 @@
 #include "compat.h"
 #include "idem_consumer.h"
 #include "effects_fastpath.h"
+#include "fastpath.h"
 
 /* The columns of idem_consumer.effects the fast path reads or writes. */
 #define ATT_CONSUMER_ID		1
@@ -83,37 +88,28 @@
 #define ATT_COMPLETED_AT	17
 #define EFFECTS_NATTS		17
 
-/* The columns created NOT NULL, as bits 1 << attnum. */
-#define NOT_NULL_COLUMNS \
-	((1 << ATT_CONSUMER_ID) | (1 << ATT_KEY) | (1 << ATT_DEFERRED) | (1 << ATT_STATE) | \
-	 (1 << ATT_FENCE) | (1 << ATT_ATTEMPTS) | (1 << ATT_PROVIDER_KEY) | \
-	 (1 << ATT_OUTCOME_UNKNOWN) | (1 << ATT_CREATED_AT) | (1 << ATT_UPDATED_AT))
-
 /* btree's datetime_ops (pg_opfamily.dat), which has no macro of its own */
 #define DATETIME_BTREE_FAM_OID	434
 
-typedef struct ExpectedColumn
-{
-	AttrNumber	attnum;
-	const char *name;
-	Oid			type;
-} ExpectedColumn;
-
-static const ExpectedColumn expected_columns[] = {
-	{ATT_CONSUMER_ID, "consumer_id", INT4OID},
-	{ATT_KEY, "key", TEXTOID},
-	{ATT_REQUEST, "request", JSONBOID},
-	{ATT_DEFERRED, "deferred", BOOLOID},
-	{ATT_STATE, "state", TEXTOID},
-	{ATT_FENCE, "fence", INT8OID},
-	{ATT_ATTEMPTS, "attempts", INT4OID},
-	{ATT_PROVIDER_KEY, "provider_key", TEXTOID},
-	{ATT_OUTCOME_UNKNOWN, "outcome_unknown", BOOLOID},
-	{ATT_LEASE_UNTIL, "lease_until", TIMESTAMPTZOID},
-	{ATT_RESULT, "result", JSONBOID},
-	{ATT_CREATED_AT, "created_at", TIMESTAMPTZOID},
-	{ATT_UPDATED_AT, "updated_at", TIMESTAMPTZOID},
-	{ATT_COMPLETED_AT, "completed_at", TIMESTAMPTZOID},
+/*
+ * The columns as the 1.1 script creates them, by attnum - 1; those the
+ * fast path neither reads nor writes are compared for NOT NULL only.
+ */
+static const FastPathColumn effect_columns[EFFECTS_NATTS] = {
+	[ATT_CONSUMER_ID - 1] = {"consumer_id", INT4OID, true, false},
+	[ATT_KEY - 1] = {"key", TEXTOID, true, true},
+	[ATT_REQUEST - 1] = {"request", JSONBOID, false, false},
+	[ATT_DEFERRED - 1] = {"deferred", BOOLOID, true, false},
+	[ATT_STATE - 1] = {"state", TEXTOID, true, false},
+	[ATT_FENCE - 1] = {"fence", INT8OID, true, false},
+	[ATT_ATTEMPTS - 1] = {"attempts", INT4OID, true, false},
+	[ATT_PROVIDER_KEY - 1] = {"provider_key", TEXTOID, true, false},
+	[ATT_OUTCOME_UNKNOWN - 1] = {"outcome_unknown", BOOLOID, true, false},
+	[ATT_LEASE_UNTIL - 1] = {"lease_until", TIMESTAMPTZOID, false, false},
+	[ATT_RESULT - 1] = {"result", JSONBOID, false, false},
+	[ATT_CREATED_AT - 1] = {"created_at", TIMESTAMPTZOID, true, false},
+	[ATT_UPDATED_AT - 1] = {"updated_at", TIMESTAMPTZOID, true, false},
+	[ATT_COMPLETED_AT - 1] = {"completed_at", TIMESTAMPTZOID, false, false},
 };
 
 /*
@@ -147,26 +143,11 @@ table_is_plain(Relation rel)
 		rel->rd_rel->relispartition ||
 		rel->trigdesc != NULL ||
 		rel->rd_rel->relrowsecurity ||
-		tupdesc->natts != EFFECTS_NATTS ||
 		(tupdesc->constr != NULL &&
 		 (tupdesc->constr->num_check > 0 || tupdesc->constr->has_generated_stored)))
 		return false;
 	/* the executor checks NOT NULL, the fast paths only form the tuple */
-	for (int i = 0; i < EFFECTS_NATTS; i++)
-		if (TupleDescAttr(tupdesc, i)->attisdropped ||
-			TupleDescAttr(tupdesc, i)->attnotnull != ((NOT_NULL_COLUMNS >> (i + 1)) & 1))
-			return false;
-	if (TupleDescAttr(tupdesc, ATT_KEY - 1)->attcollation != C_COLLATION_OID)
-		return false;
-	for (int i = 0; i < lengthof(expected_columns); i++)
-	{
-		Form_pg_attribute att = TupleDescAttr(tupdesc, expected_columns[i].attnum - 1);
-
-		if (att->atttypid != expected_columns[i].type ||
-			strcmp(NameStr(att->attname), expected_columns[i].name) != 0)
-			return false;
-	}
-	return true;
+	return fastpath_columns_match(tupdesc, effect_columns, EFFECTS_NATTS);
 }
 
 /*
@@ -313,7 +294,7 @@ open_effects(Oid relid, Relation *relp, Relation *pkp, bool insert)
 	ListCell   *lc;
 	bool		plain;
 
-	if (!idem_fast_path || !OidIsValid(relid) || XactReadOnly || IsInParallelMode())
+	if (!fastpath_enabled() || !OidIsValid(relid) || XactReadOnly || IsInParallelMode())
 		return false;
 
 	rel = table_open(relid, RowExclusiveLock);
@@ -349,10 +330,7 @@ open_effects(Oid relid, Relation *relp, Relation *pkp, bool insert)
 	if (!insert)
 		CheckCmdReplicaIdentity(rel, CMD_UPDATE);
 
-	/* the snapshot an SPI statement would take, as keystore_fastpath.c */
-	CommandCounterIncrement();
-	PushActiveSnapshot(GetTransactionSnapshot());
-	UpdateActiveSnapshotCommandId();
+	(void) fastpath_push_snapshot();
 
 	*relp = rel;
 	*pkp = pk;
@@ -497,11 +475,9 @@ effects_fast_insert_leased(Oid relid, int32 consumer_id, text *key, Jsonb *reque
 	if (!seen)
 	{
 		TimestampTz now = GetCurrentTransactionStartTimestamp();
-		TransactionId xid = GetCurrentTransactionId();
 		IndexInfo  *index_info = BuildIndexInfo(pk);
 		Datum		index_values[INDEX_MAX_KEYS];
 		bool		index_isnull[INDEX_MAX_KEYS];
-		uint32		token;
 		bool		inserted;
 
 		/* what the statement's VALUES and the columns' defaults give */
@@ -524,18 +500,10 @@ effects_fast_insert_leased(Oid relid, int32 consumer_id, text *key, Jsonb *reque
 		set_column(slot, ATT_UPDATED_AT, TimestampTzGetDatum(now));
 		ExecStoreVirtualTuple(slot);
 
-		/*
-		 * As ExecInsert does for INSERT ... ON CONFLICT.  An inline effect is
-		 * not deferred: the outbox's partial index takes no entry.
-		 */
-		token = SpeculativeInsertionLockAcquire(xid);
-		table_tuple_insert_speculative(rel, slot, GetCurrentCommandId(true),
-									   0, NULL, token);
+		/* an inline effect is not deferred: the outbox's index takes no entry */
 		FormIndexDatum(index_info, slot, NULL, index_values, index_isnull);
-		inserted = index_insert(pk, index_values, index_isnull, &slot->tts_tid, rel,
-								UNIQUE_CHECK_PARTIAL, false, index_info);
-		table_tuple_complete_speculative(rel, slot, token, inserted);
-		SpeculativeInsertionLockRelease(xid);
+		inserted = fastpath_insert_speculative(rel, slot, pk, index_info,
+											   index_values, index_isnull);
 		ExecDropSingleTupleTableSlot(slot);
 		if (!inserted)
 			provider_key = NULL;

@@ -5,6 +5,11 @@
  *	  insert and the completion of an effect without SQL, for the state
  *	  machine (effects.c) and the store (effects_store.c).
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/effects_fastpath.h
+ *
  *-------------------------------------------------------------------------
  */
 #ifndef IDEM_EFFECTS_FASTPATH_H

@@ -7,7 +7,7 @@
  *
  * As for the keys, the caller needs EXECUTE on the API functions and no
  * privilege on the tables: each statement here runs through
- * storage_execute() (keystore_sql.c) with the user id of the storage's
+ * storage_stmt_run() (keystore_sql.c) with the user id of the storage's
  * owner.  The statements are fixed, schema-qualified text with
  * values as parameters; nothing the caller controls runs while the user id
  * is switched.  What the states mean is effects.c's business.
@@ -19,12 +19,16 @@
  *
  * The caller must be connected to SPI.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/effects_store.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include "access/xact.h"
-#include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
@@ -37,13 +41,6 @@
 #include "effects_fastpath.h"
 
 #define EFFECTS_TABLE STORAGE_SCHEMA ".effects"
-
-typedef struct EffectStmtDef
-{
-	const char *sql;
-	int			nargs;
-	Oid			argtypes[6];
-} EffectStmtDef;
 
 /* The columns every statement that returns an effect row returns. */
 #define EFFECT_COLUMNS \
@@ -62,7 +59,7 @@ typedef struct EffectStmtDef
 #define EFFECT_ENTRY_SQL "/* external effect: idem_dlq_replay re-arms it */"
 
 /* In every statement on one effect, $1 is the consumer id and $2 the key. */
-static const EffectStmtDef effect_stmt_defs[EF_NUM_STMTS] = {
+static const StorageStmt effect_stmt_defs[EF_NUM_STMTS] = {
 	/* only the default it chose: effects_insert_leased knows the rest */
 	[EF_INSERT_LEASED] = {
 		"INSERT INTO " EFFECTS_TABLE " (consumer_id, key, request, deferred, state,"
@@ -196,6 +193,8 @@ static const EffectStmtDef effect_stmt_defs[EF_NUM_STMTS] = {
 };
 
 static SPIPlanPtr effect_plans[EF_NUM_STMTS];
+static StorageStmtSet effect_stmts =
+STORAGE_STMT_SET(effect_stmt_defs, effect_plans);
 
 static const char *const state_names[] = {
 	[ES_PENDING] = "pending",
@@ -212,9 +211,7 @@ static const char *const state_names[] = {
 Oid
 effects_table_oid(void)
 {
-	Oid			nspid = get_namespace_oid(STORAGE_SCHEMA, true);
-
-	return OidIsValid(nspid) ? get_relname_relid("effects", nspid) : InvalidOid;
+	return storage_parts()->effects_relid;
 }
 
 /*
@@ -234,13 +231,12 @@ effects_storage_exists(void)
 int
 effects_execute(EffectStmt stmt, Datum *values, const char *nulls, long tcount)
 {
-	const EffectStmtDef *def = &effect_stmt_defs[stmt];
-
 	/*
 	 * A plan that is still valid proves that the table exists, and spares
 	 * the catalog lookups of every call; an invalidated one is looked at
 	 * again, so that a database at 1.0 gets the error below.
 	 */
+	storage_stmts_current(&effect_stmts);
 	if ((effect_plans[stmt] == NULL || !SPI_plan_is_valid(effect_plans[stmt])) &&
 		!effects_storage_exists())
 		ereport(ERROR,
@@ -249,9 +245,7 @@ effects_execute(EffectStmt stmt, Datum *values, const char *nulls, long tcount)
 				 errdetail("Table %s was not found; it comes with version 1.1 of extension \"idem_consumer\".",
 						   EFFECTS_TABLE),
 				 errhint("ALTER EXTENSION idem_consumer UPDATE")));
-	/* a kept plan follows a re-created table: the plan cache re-analyzes it */
-	return storage_execute(&effect_plans[stmt], def->sql, def->nargs, def->argtypes,
-						   0, values, nulls, tcount);
+	return storage_stmt_run(&effect_stmts, stmt, values, nulls, tcount);
 }
 
 /*
@@ -457,7 +451,7 @@ effects_park(int32 consumer_id, text *key, const char *message, const char *deta
 	values[4] = CStringGetTextDatum(detail);
 	values[5] = CStringGetTextDatum(GetUserNameFromId(GetUserId(), false));
 	/* ids past replicated entries, as for a message's (dead_letter.c) */
-	keystore_execute(KS_DEAD_LETTER_IDS_PAST_ROWS, NULL, NULL, 0);
+	keystore_dead_letter_ids_past_rows();
 	effects_execute(EF_PARK, values, NULL, 1);
 	if (SPI_processed == 0)
 		return 0;

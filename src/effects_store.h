@@ -6,6 +6,11 @@
  *	  state machine and the SQL functions of effects.c.  What other
  *	  modules call is declared in idem_consumer.h.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/effects_store.h
+ *
  *-------------------------------------------------------------------------
  */
 #ifndef IDEM_EFFECTS_STORE_H

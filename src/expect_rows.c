@@ -24,6 +24,11 @@
  * whose data-modifying WITH queries change other rows.  A CALL counts
  * none, so a demand on one is refused before anything is recorded.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/expect_rows.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -37,30 +42,6 @@
 
 /* SQLSTATE of business SQL that affected fewer rows than expected. */
 #define ERRCODE_TOO_FEW_ROWS	MAKE_SQLSTATE('I','K','0','0','2')
-
-/*
- * Returns the expect_rows argument: a number of rows of at least 0, where
- * 0 demands nothing.  NULL is refused rather than read as 0, so that a
- * demand lost on its way from the caller does not pass silently.
- */
-int64
-get_expect_rows_arg(FunctionCallInfo fcinfo, int argno)
-{
-	int64		value;
-
-	if (PG_ARGISNULL(argno))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("expect_rows must not be null"),
-				 errhint("Pass 0 to demand no rows.")));
-	value = PG_GETARG_INT64(argno);
-	if (value < 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("expect_rows must not be negative"),
-				 errdetail("The value given is " INT64_FORMAT ".", value)));
-	return value;
-}
 
 /*
  * Raises an error if business SQL cannot meet a demand for rows because
@@ -105,5 +86,5 @@ expect_rows_demand(int64 expect_rows, uint64 rows, const char *consumer,
 bool
 expect_rows_stored(void)
 {
-	return dead_letters_has_column("expect_rows");
+	return storage_parts()->dead_letters_have_expect_rows;
 }

@@ -26,6 +26,11 @@
  *
  * This file only computes and compares; the key store keeps the values.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/fingerprint.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"

@@ -11,6 +11,11 @@
  * 10^(1/48) - 1 = 4.9%.  Adding a value costs one log10() and no
  * allocation: the histogram is a plain struct that lives in shared memory.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/histogram.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"

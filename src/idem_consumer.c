@@ -6,6 +6,11 @@
  *	  purge worker (purge_worker.c) need shared_preload_libraries;
  *	  deduplication and idem_purge() work without it.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/idem_consumer.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -30,7 +35,8 @@ _PG_init(void)
 	fastpath_init();
 	retention_init();
 	stats_init();
-	dead_letter_init();
+	stats_file_init();
+	business_run_init();
 	purge_worker_init();
 	effects_init();
 

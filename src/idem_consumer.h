@@ -3,46 +3,13 @@
  * idem_consumer.h
  *	  Declarations shared by the modules of the idem_consumer extension.
  *
- * Module map:
- *	  idem_consumer.c	library entry point: calls each module's init
- *	  storage.c			where the storage tables are, their owner, and
- *						whether the key index is the one created
- *	  keystore_sql.c	the fixed statements on the storage, run as its owner
- *	  keystore_fastpath.c	probing and inserting keys through the key
- *						index in C
- *	  keystore.c		the key store: keys, collisions, consumers, and
- *						the argument that makes them exact
- *	  plan_cache.c		validation, type inference and cached plans of
- *						business SQL, and binding its parameters
- *	  args.c			the argument validators the API functions share
- *	  consumers.c		consumers, their owners and who may act on them;
- *						idem_consumer_create(), idem_consumer_set_owner(),
- *						idem_set_fingerprint()
- *	  consumer_names.c	which names a new consumer may have
- *	  fingerprint.c		fingerprints of messages and the key-reuse error
- *	  apply.c			the SQL-callable idem_apply() family
- *	  apply_typed.c		idem_apply_v(), idem_try_apply_v(): typed parameters
- *	  batch.c			idem_record_batch(): recording a batch of keys
- *	  dead_letter.c		idem_try_apply(), the dead-letter queue and its
- *						replay and discard functions
- *	  expect_rows.c		the rows business SQL must affect, and the error
- *						of too few
- *	  stats.c			per-consumer counters in shared memory, one set
- *						per database and consumer, counted when the
- *						transaction ends, and the idem_stats view
- *	  histogram.c		log-scale duration histograms
- *	  metrics.c			the Prometheus text exposition
- *	  retention.c		retention windows, latest activity and purge runs
- *	  purge_worker.c	the background worker that purges on a schedule
- *	  inflight.c		the messages whose business SQL is running in
- *						this backend, and what that SQL may not change
- *	  replay_role.c		the role and schemas a dead-letter replay runs
- *						its SQL with, and who may replay
- *	  effects.c			external effects: the state machine of leases,
- *						fences and retries, and its SQL functions
- *	  effects_store.c	the storage statements of external effects
- *	  effects_fastpath.c	inserting an effect's lease and completing
- *						it without the executor, in the plain case
+ * docs/architecture.md maps the modules, what each owns and which may
+ * call which; this header holds only what they call of each other.
+ *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/idem_consumer.h
  *
  *-------------------------------------------------------------------------
  */
@@ -51,13 +18,11 @@
 
 #include "postgres.h"
 
-#include "executor/spi.h"
 #include "fmgr.h"
 #include "nodes/params.h"
 #include "storage/block.h"
 #include "storage/itemptr.h"
 #include "utils/array.h"
-#include "utils/guc.h"
 #include "utils/timestamp.h"
 
 /* The schema of the storage tables, fixed by the install script. */
@@ -68,65 +33,35 @@
 #define IDEM_MAX_CONSUMER_BYTES		128
 
 /*
- * keystore_sql.c: the statements on the storage tables.  Each runs as the
- * owner of the tables; see keystore_stmt_defs for their text and parameters.
+ * keystore_sql.c: fixed statements on the storage tables, run as the
+ * owner of the tables.  Each module keeps the text of its statements in a
+ * StorageStmtSet of its own, indexed by an enum of its own; their plans
+ * are prepared on first use and forgotten when the storage is located
+ * anew.
  */
-typedef enum KeystoreStmt
-{
-	KS_FIND_CONSUMER,
-	KS_CREATE_CONSUMER,
-	KS_FIND_OWNED_CONSUMER,
-	KS_CREATE_OWNED_CONSUMER,
-	KS_SET_CONSUMER_OWNER,
-	KS_CONSUMER_BY_ID,
-	KS_FOREIGN_CONSUMER,
-	KS_SET_CHECK_FINGERPRINT,
-	KS_INSERT_KEY_FP,
-	KS_PROBE_KEY_FP,
-	KS_INSERT_COLLISION_FP,
-	KS_DELETE_COLLISION_FP,
-	KS_INSERT_KEY,
-	KS_PROBE_KEY,
-	KS_CLAIM_OCCUPANT,
-	KS_INSERT_COLLISION,
-	KS_KEY_WRITES,
-	KS_DELETE_KEY,
-	KS_DELETE_COLLISION,
-	KS_FIND_COLLISION,
-	KS_DL_INSERT,
-	KS_DL_INSERT_ROLE,
-	KS_DL_ROLE,
-	KS_DL_KEY_STATUS,
-	KS_DL_LOCK,
-	KS_DL_ENTRY_KEY,
-	KS_DL_LOCK_NEXT_PENDING,
-	KS_DL_FAILED_AGAIN,
-	KS_DL_REPLAYED,
-	KS_DL_DISCARDED,
-	KS_DL_DELETE_RESOLVED,
-	KS_DL_PENDING_SUMMARY,
-	KS_RETENTION_SETTINGS,
-	KS_SET_RETENTION,
-	KS_RESET_RETENTION,
-	KS_TABLE_SIZES,
-	KS_LATEST_COLLISIONS,
-	KS_LATEST_KEYS,
-	KS_PURGEABLE_COLLISIONS,
-	KS_PURGEABLE_KEYS,
-	KS_REMOVE_COLLISIONS,
-	KS_REMOVE_KEYS,
-	KS_COLLIDING_HASHES,
-	KS_INSERT_BATCH,
-	KS_UNRESOLVED_BATCH,
-	KS_DL_INSERT_ROWS,
-	KS_DL_EXPECT_ROWS,
-	KS_CONSUMER_IDS_PAST_ROWS,
-	KS_DEAD_LETTER_IDS_PAST_ROWS,
-	KS_NUM_STMTS
-} KeystoreStmt;
+#define STORAGE_MAX_ARGS 14
 
-/* The most parameters a storage statement takes. */
-#define KS_MAX_ARGS 14
+typedef struct StorageStmt
+{
+	const char *sql;
+	int			nargs;
+	Oid			argtypes[STORAGE_MAX_ARGS];
+	int			cursor_options; /* as for SPI_prepare_cursor */
+} StorageStmt;
+
+typedef struct StorageStmtSet
+{
+	const StorageStmt *stmts;
+	int			nstmts;
+	struct _SPI_plan **plans;	/* nstmts of them, NULL until prepared */
+	uint64		generation;		/* of the storage the plans were made for */
+} StorageStmtSet;
+
+#define STORAGE_STMT_SET(stmts, plans) {(stmts), lengthof(stmts), (plans), 0}
+
+extern void storage_stmts_current(StorageStmtSet *set);
+extern int	storage_stmt_run(StorageStmtSet *set, int stmt, Datum *values,
+							 const char *nulls, long tcount);
 
 /* The tables that hold keys, in the order a purge walks them. */
 typedef enum KeystoreTable
@@ -137,11 +72,19 @@ typedef enum KeystoreTable
 } KeystoreTable;
 
 extern void storage_init(void);
-extern int	storage_execute(SPIPlanPtr *plan, const char *sql, int nargs,
-							const Oid *argtypes, int cursor_options,
-							Datum *values, const char *nulls, long tcount);
-extern int	keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
-							 long tcount);
+
+/*
+ * storage.c: what versions after 1.0 of the SQL objects add to the
+ * storage, probed with the storage tables and invalidated with them.
+ */
+typedef struct StorageParts
+{
+	Oid			effects_relid;	/* InvalidOid before 1.1 */
+	bool		dead_letters_have_role; /* 1.1 on: the parking role */
+	bool		dead_letters_have_expect_rows;	/* 1.2 on */
+} StorageParts;
+
+extern const StorageParts *storage_parts(void);
 extern bool keystore_record_key(int32 consumer_id, text *key);
 
 /* What the storage holds of a key found recorded. */
@@ -162,6 +105,7 @@ extern bool keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 								 RecordedKey *recorded);
 extern bool keystore_key_exists(int32 consumer_id, text *key);
 extern bool keystore_forget_key(int32 consumer_id, text *key);
+extern void keystore_dead_letter_ids_past_rows(void);
 
 extern uint64 keystore_insert_batch(int32 consumer_id, ArrayType *keys);
 extern uint64 keystore_unresolved_batch(int32 consumer_id, ArrayType *keys,
@@ -171,16 +115,21 @@ extern void keystore_table_blocks(BlockNumber *blocks);
 extern uint64 keystore_remove_rows(KeystoreTable table, ItemPointer tids,
 								   int ntids, Datum consumer_ids, Datum cutoffs);
 extern double keystore_keys_estimate(void);
+extern void keystore_read_latest(KeystoreTable table, Datum lo, Datum hi);
+extern void keystore_read_purgeable(KeystoreTable table, Datum consumer_ids,
+									Datum cutoffs, Datum lo, Datum hi);
 
 /* consumers.c */
 extern void consumers_init(void);
 extern int32 keystore_consumer_id(const char *consumer, bool create);
-extern int32 keystore_consumer_id_ext(const char *consumer, bool create,
-									  bool *check_fingerprint);
+extern int32 keystore_consumer_id_and_fp_check(const char *consumer,
+												bool create,
+												bool *check_fingerprint);
 extern void keystore_check_consumer_id(int32 consumer_id);
 extern bool keystore_may_act_on_consumer_id(int32 consumer_id);
 extern void keystore_check_every_consumer(const char *what);
 extern bool role_can_become(Oid roleid);
+extern bool consumer_row_visible(const char *consumer, TransactionId *xmin);
 
 /* consumer_names.c */
 extern void consumer_name_check_new(const char *name);
@@ -213,6 +162,13 @@ typedef enum PurgeProgress
 } PurgeProgress;
 
 extern void retention_init(void);
+extern int	retention_default_secs(void);
+
+/* retention_store.c */
+extern void retention_store_read_windows(void);
+extern void retention_store_set_window(int32 consumer_id, Datum retention,
+									   bool isnull);
+extern void retention_store_reset_window(int32 consumer_id);
 extern void purge_begin_batch(int32 only_consumer, int64 batch_size);
 extern PurgeProgress purge_step(uint64 *removed);
 
@@ -278,13 +234,18 @@ typedef struct ConsumerStatsCopy
 } ConsumerStatsCopy;
 
 extern void stats_init(void);
+extern void stats_foreach(Oid dbid,
+						  void (*fn) (const ConsumerStatsCopy *copy, void *arg),
+						  void *arg);
+
+/* stats_file.c */
+extern void stats_file_init(void);
+
+/* stats_xact.c */
 extern int	stats_call_begin(const char *consumer);
 extern void stats_call_end(int call, int applied, int duplicates,
 						   int dead_lettered, TimestampTz event_time);
 extern void stats_call_key_reuse(int call);
-extern void stats_foreach(Oid dbid,
-						  void (*fn) (const ConsumerStatsCopy *copy, void *arg),
-						  void *arg);
 extern void stats_count_effect(const char *consumer, EffectEvent event);
 
 /* plan_cache.c */
@@ -307,9 +268,18 @@ extern int32 get_count_arg(FunctionCallInfo fcinfo, int argno, const char *argna
 extern char *get_sql_arg(FunctionCallInfo fcinfo, int argno);
 extern void check_event_time_arg(FunctionCallInfo fcinfo, int argno);
 extern text *get_fingerprint_arg(FunctionCallInfo fcinfo, int argno);
-
-/* keystore_fastpath.c */
-extern void fastpath_init(void);
+extern int64 get_expect_rows_arg(FunctionCallInfo fcinfo, int argno);
+extern ArrayType *get_keys_arg(FunctionCallInfo fcinfo, int argno, Datum **elems,
+							   int *nkeys);
+extern void get_fingerprints_arg(FunctionCallInfo fcinfo, int argno, int nkeys,
+								 int32 *fingerprints, bool *has_fingerprint);
+extern int64 get_id_arg(FunctionCallInfo fcinfo, int argno);
+extern int64 get_duration_arg(FunctionCallInfo fcinfo, int argno,
+							  const char *argname, int64 max_us);
+extern int64 get_fence_arg(FunctionCallInfo fcinfo, int argno);
+extern bool get_bool_arg(FunctionCallInfo fcinfo, int argno, const char *argname);
+extern void check_retention_arg(Interval *retention);
+extern Oid	get_role_arg(FunctionCallInfo fcinfo, int argno, bool null_is_current);
 
 /* inflight.c */
 extern int	inflight_push(int32 consumer_id, const char *consumer, text *key);
@@ -334,7 +304,6 @@ typedef struct ReplayRoleState
 	int			save_sec_context;
 } ReplayRoleState;
 
-extern bool dead_letters_has_column(const char *column);
 extern bool replay_role_supported(void);
 extern void replay_role_require_supported(void);
 extern char *replay_role_search_path(void);
@@ -343,18 +312,21 @@ extern Oid	replay_role_check(int64 entry_id, const char *consumer, Oid roleid,
 extern ReplayRoleState replay_role_begin(Oid roleid);
 extern void replay_role_end(ReplayRoleState state);
 
-/* dead_letter.c */
-extern void dead_letter_init(void);
+/* business_run.c */
+extern void business_run_init(void);
+
+/* dead_letter_sql.c */
+extern uint64 dead_letter_pending_summary(void);
 
 /* expect_rows.c */
-extern int64 get_expect_rows_arg(FunctionCallInfo fcinfo, int argno);
 extern void expect_rows_check_sql(int64 expect_rows, const char *sql);
 extern void expect_rows_demand(int64 expect_rows, uint64 rows,
 							   const char *consumer, text *key);
 extern bool expect_rows_stored(void);
 
-/* keystore_fastpath.c: idem_consumer.fast_path, which effects_fastpath.c follows too */
-extern bool idem_fast_path;
+/* fastpath.c: idem_consumer.fast_path, for the keys and the effects */
+extern void fastpath_init(void);
+extern bool fastpath_enabled(void);
 
 /* effects.c, effects_store.c */
 extern void effects_init(void);

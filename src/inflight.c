@@ -29,6 +29,11 @@
  * refused in a transaction that has recorded keys (noted here, and cleared
  * by the same transaction-end callback).
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/inflight.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"

@@ -1,15 +1,17 @@
 /*-------------------------------------------------------------------------
  *
  * keystore.c
- *	  The key store: recording, probing and forgetting (consumer, key),
- *	  removing keys for retention, and the invariant that keeps all of it
- *	  exact under concurrency.  Consumers and their ids are consumers.c's.
+ *	  The key store: recording and probing (consumer, key), and the
+ *	  invariant that keeps the key store exact under concurrency.  Consumers
+ *	  and their ids are consumers.c's; forgetting and removing keys,
+ *	  keystore_remove.c's.
  *
- * The key store is four files.  storage.c finds the tables and their
+ * The key store is five files.  storage.c finds the tables and their
  * owner; keystore_sql.c holds the fixed statements and runs them as that
  * owner; keystore_fastpath.c probes and inserts through the key index in
- * C.  This file puts them together, and the argument that the result is
- * exact is here and nowhere else:
+ * C; keystore_remove.c forgets and removes keys.  This file puts them
+ * together, and the argument that the result is exact is here and nowhere
+ * else:
  *
  * Uniqueness of (consumer, key) rests on the unique index of
  * processed_keys over a 32-bit hash of the pair, with key_collisions
@@ -47,32 +49,24 @@
  * place.  Hence a successful insert into processed_keys proves the key was
  * in neither table, and a key whose hash place is free is not recorded.
  *
- * Retention (retention.c) removes rows chunk by chunk: it reads the rows of
- * a range of heap blocks of a table and names the ones to remove by TID,
- * and keystore_remove_rows() removes them and keeps the invariant, moving
- * a collision into the place of every occupant it removed.
- * *
  * The caller must be connected to SPI.
+ *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/keystore.c
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
-#include <math.h>
-
 #include "access/htup_details.h"
-#include "access/table.h"
 #include "access/transam.h"
 #include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
-#include "optimizer/plancat.h"
-#include "pgstat.h"
-#include "storage/bufmgr.h"
-#include "storage/bufpage.h"
 #include "utils/builtins.h"
-#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
@@ -83,8 +77,8 @@
  * Converts the current transaction's start time to the integer seconds
  * stored in processed_keys.processed_at.
  */
-static int32
-processed_at_now(void)
+int32
+keystore_processed_at_now(void)
 {
 	int64		seconds = GetCurrentTransactionStartTimestamp() / USECS_PER_SEC;
 
@@ -95,19 +89,6 @@ processed_at_now(void)
 				 errdetail("Processing times are stored as seconds from 2000-01-01 to 2068-01-19.")));
 	return (int32) seconds;
 }
-
-/*
- * Fetches a column of the first row an SPI statement returned.
- */
-static inline Datum
-result_column(int colno)
-{
-	bool		isnull;
-
-	return SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
-						 colno, &isnull);
-}
-
 
 /*
  * Reads what KS_PROBE_KEY_FP found of a key recorded already.
@@ -144,7 +125,7 @@ static bool
 record_key_sql(int32 consumer_id, int32 processed_at, text *key,
 			   const int32 *fingerprint, RecordedKey *recorded)
 {
-	bool		with_fp = storage_ready()->keys_have_fingerprints;
+	bool		with_fp = storage_locate()->keys_have_fingerprints;
 	Datum		key_args[2];
 	Datum		row[4];
 	char		row_nulls[4] = {' ', ' ', ' ', ' '};
@@ -163,7 +144,7 @@ record_key_sql(int32 consumer_id, int32 processed_at, text *key,
 		if (SPI_processed == 1)
 			return true;
 
-		keystore_exec(with_fp ? KS_PROBE_KEY_FP : KS_PROBE_KEY, key_args, 1);
+		keystore_execute(with_fp ? KS_PROBE_KEY_FP : KS_PROBE_KEY, key_args, NULL, 1);
 		if (SPI_processed == 0)
 			continue;			/* the occupant was deleted meanwhile */
 		if (DatumGetBool(result_column(1)) || DatumGetBool(result_column(2)))
@@ -178,7 +159,7 @@ record_key_sql(int32 consumer_id, int32 processed_at, text *key,
 			return false;
 		}
 
-		keystore_exec(KS_CLAIM_OCCUPANT, key_args, 0);
+		keystore_execute(KS_CLAIM_OCCUPANT, key_args, NULL, 0);
 		if (SPI_processed == 0)
 			continue;			/* the occupant was deleted or replaced */
 
@@ -204,30 +185,30 @@ record_key_sql(int32 consumer_id, int32 processed_at, text *key,
  * probe.  A place found taken clears *insert_first.
  */
 static bool
-fastpath_record(FastPath *fp, int32 hash, int32 consumer_id,
+fastpath_record(KeyFastPath *fp, int32 hash, int32 consumer_id,
 				int32 processed_at, text *key, const int32 *fingerprint,
 				RecordedKey *recorded, bool *insert_first)
 {
 	if (insert_first != NULL && *insert_first)
 	{
-		if (fastpath_insert(fp, hash, consumer_id, processed_at, key,
-							fingerprint))
+		if (key_fastpath_insert(fp, hash, consumer_id, processed_at, key,
+								fingerprint))
 			return true;
 		*insert_first = false;
-		if (fastpath_probe(fp, hash, consumer_id, key, recorded) == PROBE_KEY)
+		if (key_fastpath_probe(fp, hash, consumer_id, key, recorded) == PROBE_KEY)
 			return false;
 		/* another key, or a row the snapshot does not see: decide in SQL */
 		return record_key_sql(consumer_id, processed_at, key, fingerprint,
 							  recorded);
 	}
 
-	switch (fastpath_probe(fp, hash, consumer_id, key, recorded))
+	switch (key_fastpath_probe(fp, hash, consumer_id, key, recorded))
 	{
 		case PROBE_KEY:
 			return false;
 		case PROBE_EMPTY:
-			if (fastpath_insert(fp, hash, consumer_id, processed_at, key,
-								fingerprint))
+			if (key_fastpath_insert(fp, hash, consumer_id, processed_at, key,
+									fingerprint))
 				return true;
 			break;
 		case PROBE_OTHER:
@@ -246,18 +227,18 @@ bool
 keystore_record_key_fp(int32 consumer_id, text *key, const int32 *fingerprint,
 					   RecordedKey *recorded)
 {
-	FastPath	fp;
+	KeyFastPath fp;
 	bool		isnew;
 
 	inflight_note_recording();
-	if (!fastpath_open(&fp, true))
-		return record_key_sql(consumer_id, processed_at_now(), key,
+	if (!key_fastpath_open(&fp, true))
+		return record_key_sql(consumer_id, keystore_processed_at_now(), key,
 							  fingerprint, recorded);
 
 	isnew = fastpath_record(&fp, key_hash_value(consumer_id, key),
-							consumer_id, processed_at_now(), key, fingerprint,
+							consumer_id, keystore_processed_at_now(), key, fingerprint,
 							recorded, NULL);
-	fastpath_close(&fp);
+	key_fastpath_close(&fp);
 	return isnew;
 }
 
@@ -313,6 +294,45 @@ batch_key_cmp(const void *a, const void *b)
 }
 
 /*
+ * Returns a batch's keys in the order of the unique index, with their
+ * hashes and places in the batch; sets every isnew to false.
+ */
+static BatchKey *
+sort_batch(int32 consumer_id, text **keys, int nkeys, bool *isnew)
+{
+	BatchKey   *sorted = palloc(Max(nkeys, 1) * sizeof(BatchKey));
+
+	for (int i = 0; i < nkeys; i++)
+	{
+		sorted[i].hash = key_hash_value(consumer_id, keys[i]);
+		sorted[i].index = i;
+		sorted[i].key = keys[i];
+		isnew[i] = false;
+	}
+	qsort(sorted, nkeys, sizeof(BatchKey), batch_key_cmp);
+	return sorted;
+}
+
+/*
+ * Sets what a repeated key of a batch found to what its first occurrence,
+ * at first, recorded or found.
+ */
+static void
+repeat_as_first(RecordedKey *found, int first, const bool *isnew,
+				const RecordedKey *recorded, const int32 *fingerprints,
+				const bool *has_fingerprint, int32 processed_at)
+{
+	if (isnew[first])
+	{
+		found->has_fingerprint = fingerprints != NULL && has_fingerprint[first];
+		found->fingerprint = found->has_fingerprint ? fingerprints[first] : 0;
+		found->processed_at = processed_at;
+	}
+	else
+		*found = recorded[first];
+}
+
+/*
  * Records the keys of a batch one at a time in the order of the unique
  * index, which rules out deadlocks between batches for the reason given at
  * KS_INSERT_BATCH.  Sets isnew[i] when keys[i] was not recorded before and
@@ -339,7 +359,7 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 					 const int32 *fingerprints, const bool *has_fingerprint,
 					 bool require_fastpath, bool *isnew, RecordedKey *recorded)
 {
-	FastPath	fp;
+	KeyFastPath fp;
 	bool		fast;
 	BatchKey   *sorted;
 	int32		processed_at;
@@ -348,20 +368,12 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 
 	inflight_note_recording();
 
-	fast = fastpath_open(&fp, true);
+	fast = key_fastpath_open(&fp, true);
 	if (!fast && require_fastpath)
 		return false;
 
-	processed_at = processed_at_now();
-	sorted = palloc(Max(nkeys, 1) * sizeof(BatchKey));
-	for (int i = 0; i < nkeys; i++)
-	{
-		sorted[i].hash = key_hash_value(consumer_id, keys[i]);
-		sorted[i].index = i;
-		sorted[i].key = keys[i];
-		isnew[i] = false;
-	}
-	qsort(sorted, nkeys, sizeof(BatchKey), batch_key_cmp);
+	processed_at = keystore_processed_at_now();
+	sorted = sort_batch(consumer_id, keys, nkeys, isnew);
 
 	keycxt = AllocSetContextCreate(CurrentMemoryContext,
 								   "idem_consumer batch key",
@@ -381,18 +393,8 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 		{
 			/* a repeat: one message, as its first occurrence left it */
 			if (found != NULL)
-			{
-				int			first = sorted[i - 1].index;
-
-				if (isnew[first])
-				{
-					found->has_fingerprint = fingerprints != NULL && has_fingerprint[first];
-					found->fingerprint = found->has_fingerprint ? fingerprints[first] : 0;
-					found->processed_at = processed_at;
-				}
-				else
-					*found = recorded[first];
-			}
+				repeat_as_first(found, sorted[i - 1].index, isnew, recorded,
+								fingerprints, has_fingerprint, processed_at);
 			continue;
 		}
 
@@ -416,7 +418,7 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 	pfree(sorted);
 
 	if (fast)
-		fastpath_close(&fp);
+		key_fastpath_close(&fp);
 	return true;
 }
 
@@ -432,9 +434,9 @@ keystore_insert_batch(int32 consumer_id, ArrayType *keys)
 
 	inflight_note_recording();
 	args[0] = Int32GetDatum(consumer_id);
-	args[1] = Int32GetDatum(processed_at_now());
+	args[1] = Int32GetDatum(keystore_processed_at_now());
 	args[2] = PointerGetDatum(keys);
-	keystore_exec(KS_INSERT_BATCH, args, 0);
+	keystore_execute(KS_INSERT_BATCH, args, NULL, 0);
 	return SPI_processed;
 }
 
@@ -455,7 +457,7 @@ keystore_unresolved_batch(int32 consumer_id, ArrayType *keys,
 	args[0] = Int32GetDatum(consumer_id);
 	args[1] = PointerGetDatum(keys);
 	args[2] = PointerGetDatum(inserted);
-	keystore_exec(KS_UNRESOLVED_BATCH, args, 0);
+	keystore_execute(KS_UNRESOLVED_BATCH, args, NULL, 0);
 	return SPI_processed;
 }
 
@@ -466,351 +468,34 @@ bool
 keystore_key_exists(int32 consumer_id, text *key)
 {
 	Datum		key_args[2];
-	FastPath	fp;
+	KeyFastPath fp;
 
 	/* a collision is visible only with its occupant, see the invariant */
-	if (fastpath_open(&fp, false))
+	if (key_fastpath_open(&fp, false))
 	{
-		KeyProbe	found = fastpath_probe(&fp, key_hash_value(consumer_id, key),
-										   consumer_id, key, NULL);
+		KeyProbe	found = key_fastpath_probe(&fp, key_hash_value(consumer_id, key),
+											   consumer_id, key, NULL);
 
-		fastpath_close(&fp);
+		key_fastpath_close(&fp);
 		if (found != PROBE_OTHER)
 			return found == PROBE_KEY;
 	}
 
 	key_args[0] = Int32GetDatum(consumer_id);
 	key_args[1] = PointerGetDatum(key);
-	keystore_exec(KS_PROBE_KEY, key_args, 1);
+	keystore_execute(KS_PROBE_KEY, key_args, NULL, 1);
 	return SPI_processed == 1 &&
 		(DatumGetBool(result_column(1)) || DatumGetBool(result_column(2)));
 }
 
-
 /*
- * Moves a collision of a deleted occupant into its place in processed_keys,
- * so that every collision keeps an occupant.  hash is the deleted
- * occupant's.
- */
-static void
-promote_collision(int32 hash)
-{
-	Datum		hash_arg = Int32GetDatum(hash);
-	bool		with_fp = storage_ready()->keys_have_fingerprints;
-
-	for (;;)
-	{
-		Datum		collision_args[2];
-		Datum		row[4];
-		char		row_nulls[4] = {' ', ' ', ' ', 'n'};
-
-		CHECK_FOR_INTERRUPTS();
-
-		keystore_exec(KS_FIND_COLLISION, &hash_arg, 1);
-		if (SPI_processed == 0)
-			return;
-		collision_args[0] = row[0] = result_column(1);
-		collision_args[1] = row[2] = PointerGetDatum(PG_DETOAST_DATUM_COPY(result_column(2)));
-
-		keystore_exec(with_fp ? KS_DELETE_COLLISION_FP : KS_DELETE_COLLISION,
-					  collision_args, 0);
-		if (SPI_processed == 0)
-			continue;			/* forgotten meanwhile: look again */
-		row[1] = result_column(1);
-		if (with_fp)
-		{
-			bool		isnull;
-
-			row[3] = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
-								   2, &isnull);
-			row_nulls[3] = isnull ? 'n' : ' ';
-		}
-
-		keystore_execute(with_fp ? KS_INSERT_KEY_FP : KS_INSERT_KEY, row, row_nulls, 0);
-		if (SPI_processed != 1)
-			elog(ERROR, "could not move a hash collision of idem_consumer into processed_keys");
-		return;
-	}
-}
-
-/*
- * Prepares forgetting a key: removes the key's resolved dead-letter entry,
- * which would otherwise describe a processing the key no longer records,
- * and refuses while the entry is pending.  The broker has been told the
- * message is done, so a pending entry may be its only copy, and a
- * redelivery applied after the forget would make a later replay apply it
- * twice.  Retention keeps such keys for the same reason.
- */
-static void
-forget_dead_letter(Datum *key_args)
-{
-	keystore_exec(KS_DL_DELETE_RESOLVED, key_args, 0);
-	if (SPI_processed > 0)
-		return;
-
-	keystore_exec(KS_DL_KEY_STATUS, key_args, 1);
-	if (SPI_processed > 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("cannot forget a key whose message is dead-lettered"),
-				 errdetail("Dead-letter entry %lld of the key is pending.",
-						   (long long) DatumGetInt64(result_column(2))),
-				 errhint("Replay the entry with idem_dlq_replay or discard it with idem_dlq_discard first.")));
-}
-
-/*
- * Tells whether a row of a key was recorded by the current transaction:
- * written by it (xmin, the raw value, as the SQL column shows it) and
- * stamped with its start time.  The time keeps out rows frozen long ago
- * whose raw xmin a wrapped-around transaction id meets again, and rows
- * this transaction only rewrote (an occupant claimed for a collision, a
- * collision moved in place of a forgotten occupant) unless they were
- * recorded in the same second: those are refused too, erring on the side
- * of keeping a key.  Both paths ask the same.
- */
-static bool
-recorded_here(TransactionId xmin, int32 processed_at)
-{
-	return TransactionIdIsCurrentTransactionId(xmin) &&
-		processed_at == processed_at_now();
-}
-
-/*
- * Tells whether the current transaction recorded a key.  Only the key's
- * own row in processed_keys lets the fast path answer; a collision, or
- * another key in the hash's place, is the SQL path's.
- */
-static bool
-key_recorded_here(int32 consumer_id, text *key, Datum *key_args)
-{
-	FastPath	fp;
-
-	if (fastpath_open(&fp, false))
-	{
-		RecordedKey recorded;
-		KeyProbe	found = fastpath_probe(&fp, key_hash_value(consumer_id, key),
-										   consumer_id, key, &recorded);
-
-		fastpath_close(&fp);
-		if (found == PROBE_EMPTY)
-			return false;
-		if (found == PROBE_KEY)
-			return recorded_here(fp.found_xmin, recorded.processed_at);
-	}
-
-	keystore_exec(KS_KEY_WRITES, key_args, 0);
-	for (uint64 i = 0; i < SPI_processed; i++)
-	{
-		HeapTuple	row = SPI_tuptable->vals[i];
-		bool		isnull;
-
-		if (recorded_here(DatumGetTransactionId(SPI_getbinval(row, SPI_tuptable->tupdesc, 1, &isnull)),
-						  DatumGetInt32(SPI_getbinval(row, SPI_tuptable->tupdesc, 2, &isnull))))
-			return true;
-	}
-	return false;
-}
-
-/*
- * Raises object_in_use if the current transaction recorded the key.  Its
- * message's changes and its record commit or roll back together; a
- * forget in between, from the business SQL, a trigger or a deferred
- * constraint trigger firing at commit after every other check, would
- * commit the changes without the record, and the redelivery would apply
- * the message again.
- */
-static void
-refuse_forget_recorded_here(int32 consumer_id, text *key, Datum *key_args)
-{
-	if (!key_recorded_here(consumer_id, key, key_args))
-		return;
-	ereport(ERROR,
-			(errcode(ERRCODE_OBJECT_IN_USE),
-			 errmsg("cannot forget key \"%s\" in the transaction that recorded it",
-					text_to_cstring(key)),
-			 errdetail("The key and the changes of its message commit or roll back together; "
-					   "forgetting the key before then would let its next delivery apply the message again."),
-			 errhint("Forget the key in a later transaction, once the one that recorded it has committed.")));
-}
-
-/*
- * Removes a key and its resolved dead-letter entry; returns whether the
- * key was recorded.  Refuses a key recorded by the current transaction,
- * and a key whose dead-letter entry is pending.
- */
-bool
-keystore_forget_key(int32 consumer_id, text *key)
-{
-	Datum		key_args[2];
-
-	key_args[0] = Int32GetDatum(consumer_id);
-	key_args[1] = PointerGetDatum(key);
-	refuse_forget_recorded_here(consumer_id, key, key_args);
-	forget_dead_letter(key_args);
-
-	keystore_exec(KS_DELETE_KEY, key_args, 0);
-	if (SPI_processed == 1)
-	{
-		promote_collision(key_hash_value(consumer_id, key));
-		return true;
-	}
-
-	keystore_exec(KS_DELETE_COLLISION, key_args, 0);
-	if (SPI_processed == 1)
-		return true;
-
-	/* a concurrent forget may have just moved the key out of key_collisions */
-	keystore_exec(KS_DELETE_KEY, key_args, 0);
-	if (SPI_processed == 1)
-	{
-		promote_collision(key_hash_value(consumer_id, key));
-		return true;
-	}
-	return false;
-}
-
-/*
- * Fills blocks[KS_NUM_TABLES] with the number of heap blocks of each table
- * that holds keys.
+ * Moves the identity sequence of dead_letters past the largest id the
+ * table holds, if it is behind it (IDS_PAST_ROWS in keystore_sql.c); for
+ * the dead-letter queue and the entries of external effects, before they
+ * insert.
  */
 void
-keystore_table_blocks(BlockNumber *blocks)
+keystore_dead_letter_ids_past_rows(void)
 {
-	keystore_exec(KS_TABLE_SIZES, NULL, 1);
-	for (int i = 0; i < KS_NUM_TABLES; i++)
-		blocks[i] = (BlockNumber) (DatumGetInt64(result_column(i + 1)) / BLCKSZ);
-	SPI_freetuptable(SPI_tuptable);
-}
-
-/*
- * Removes the rows of a table at the given TIDs that are still older than
- * their consumer's cutoff (consumer_ids and cutoffs are the parallel int4
- * arrays the TIDs were selected with) and returns how many it removed; rows
- * removed or updated meanwhile by others are skipped.
- *
- * The TIDs should come from a statement of the current transaction, whose
- * snapshot keeps them from being reused; the cutoffs are checked again all
- * the same, so that a reused TID could never remove a key inside its
- * window.  Removing a row of processed_keys may leave
- * collisions without their occupant: one statement finds which of the
- * removed hashes have any (rarely one in thousands), in a snapshot taken
- * after the removal so that it also sees a collision recorded by a
- * transaction we waited for; promote_collision() then fills each place.
- */
-uint64
-keystore_remove_rows(KeystoreTable table, ItemPointer tids, int ntids,
-					 Datum consumer_ids, Datum cutoffs)
-{
-	Datum	   *tid_datums;
-	Datum		arg;
-	Datum		remove_args[3];
-	uint64		removed;
-	Datum	   *hashes;
-	int32	   *colliding;
-	uint64		ncolliding;
-
-	if (ntids == 0)
-		return 0;
-
-	tid_datums = palloc(sizeof(Datum) * ntids);
-	for (int i = 0; i < ntids; i++)
-		tid_datums[i] = PointerGetDatum(&tids[i]);
-	arg = PointerGetDatum(construct_array(tid_datums, ntids, TIDOID,
-										  sizeof(ItemPointerData), false,
-										  TYPALIGN_SHORT));
-
-	remove_args[0] = arg;
-	remove_args[1] = consumer_ids;
-	remove_args[2] = cutoffs;
-	if (table == KS_TABLE_COLLISIONS)
-	{
-		keystore_exec(KS_REMOVE_COLLISIONS, remove_args, 0);
-		return SPI_processed;
-	}
-
-	keystore_exec(KS_REMOVE_KEYS, remove_args, 0);
-	removed = SPI_processed;
-	if (removed == 0)
-		return 0;
-
-	hashes = palloc(sizeof(Datum) * removed);
-	for (uint64 i = 0; i < removed; i++)
-	{
-		bool		isnull;
-
-		hashes[i] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
-								  1, &isnull);
-	}
-	SPI_freetuptable(SPI_tuptable);
-	arg = PointerGetDatum(construct_array(hashes, (int) removed, INT4OID,
-										  sizeof(int32), true, TYPALIGN_INT));
-
-	keystore_exec(KS_COLLIDING_HASHES, &arg, 0);
-	ncolliding = SPI_processed;
-	colliding = palloc(sizeof(int32) * Max(ncolliding, 1));
-	for (uint64 i = 0; i < ncolliding; i++)
-	{
-		bool		isnull;
-
-		colliding[i] = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[i],
-												   SPI_tuptable->tupdesc,
-												   1, &isnull));
-	}
-	SPI_freetuptable(SPI_tuptable);
-
-	for (uint64 i = 0; i < ncolliding; i++)
-		promote_collision(colliding[i]);
-
-	return removed;
-}
-
-/*
- * Returns the number of keys stored, all consumers together, without
- * reading a row: the live rows the cumulative statistics keep for each
- * table (counted up and down by every committed insert and delete, set
- * exactly by VACUUM and ANALYZE).  A table the statistics do not know
- * (after a crash, say) is estimated from its pages instead, at the
- * density its last VACUUM or ANALYZE counted, or at rows of average width
- * if never counted.
- */
-double
-keystore_keys_estimate(void)
-{
-	const StorageInfo *si = storage_ready();
-	Oid			relids[2];
-	double		total = 0;
-
-	relids[0] = si->keys_relid;
-	relids[1] = get_relname_relid("key_collisions", get_rel_namespace(si->keys_relid));
-	for (int i = 0; i < lengthof(relids); i++)
-	{
-		PgStat_StatTabEntry *tabentry;
-		Relation	rel;
-		BlockNumber pages;
-
-		if (!OidIsValid(relids[i]))
-			continue;
-		tabentry = pgstat_fetch_stat_tabentry(relids[i]);
-		if (tabentry != NULL)
-		{
-			total += Max(compat_live_tuples(tabentry), 0);
-			continue;
-		}
-
-		rel = table_open(relids[i], AccessShareLock);
-		pages = RelationGetNumberOfBlocks(rel);
-		if (pages == 0)
-			;
-		else if (rel->rd_rel->reltuples >= 0 && rel->rd_rel->relpages > 0)
-			total += rint(rel->rd_rel->reltuples / rel->rd_rel->relpages * pages);
-		else
-		{
-			int32		width = get_rel_data_width(rel, NULL) +
-				MAXALIGN(SizeofHeapTupleHeader) + sizeof(ItemIdData);
-
-			total += floor((double) (BLCKSZ - SizeOfPageHeaderData) / width) * pages;
-		}
-		table_close(rel, AccessShareLock);
-	}
-	return total;
+	keystore_execute(KS_DEAD_LETTER_IDS_PAST_ROWS, NULL, NULL, 0);
 }

@@ -5,18 +5,23 @@
  *	  index of processed_keys and inserting a new key without the executor.
  *
  * It is used only when the storage is exactly as the extension creates it
- * (storage.c recognises the index; fastpath_open checks the table), and it
+ * (storage.c recognises the index; key_fastpath_open checks the table), and it
  * decides only the two plain cases: a visible row of the key itself is a
  * duplicate (no transaction id, no WAL, no waiting), and a free hash takes
  * the new key.  A new key is inserted the way INSERT ... ON CONFLICT does
- * it, with a speculative insertion: heap tuple with a speculative token,
- * index entry with a partial uniqueness check, then the tuple confirmed.
+ * it, with the speculative insertion of fastpath.c, which the fast path
+ * of external effects shares, as it shares the check of the columns.
  * Anything else (another key in the hash's place, a row not visible to the
  * snapshot, a concurrent inserter) is left to the SQL statements, which
  * wait and decide; keystore.c says why that is exact.
  *
  * This file touches processed_keys and its index only, never
  * key_collisions or the other tables.
+ *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/keystore_fastpath.c
  *
  *-------------------------------------------------------------------------
  */
@@ -29,38 +34,14 @@
 #include "access/xact.h"
 #include "catalog/index.h"
 #include "catalog/pg_class.h"
-#include "catalog/pg_collation.h"
 #include "catalog/pg_type.h"
 #include "executor/executor.h"
-#include "storage/lmgr.h"
 #include "utils/fmgroids.h"
-#include "utils/guc.h"
 #include "utils/snapmgr.h"
 
 #include "compat.h"
 #include "keystore_internal.h"
-
-/* Whether keys may be recorded and probed in C (idem_consumer.fast_path). */
-bool		idem_fast_path = true;
-
-/*
- * Defines idem_consumer.fast_path; called once from _PG_init.
- */
-void
-fastpath_init(void)
-{
-	DefineCustomBoolVariable("idem_consumer.fast_path",
-							 "Records and looks up keys in C when the storage allows it.",
-							 "Off runs every statement on the storage as SQL, the reference path: "
-							 "for tests and for comparing the two.",
-							 &idem_fast_path,
-							 true,
-							 PGC_SUSET,
-							 0,
-							 NULL,
-							 NULL,
-							 NULL);
-}
+#include "fastpath.h"
 
 /*
  * Tells whether processed_keys has exactly the columns the extension
@@ -72,26 +53,20 @@ fastpath_init(void)
  * default.
  */
 static bool
-fastpath_columns_match(TupleDesc tupdesc)
+key_columns_match(TupleDesc tupdesc)
 {
-	static const Oid column_types[] = {INT4OID, INT4OID, TEXTOID, INT4OID};
-	int			ncolumns = tupdesc->natts;
+	static const FastPathColumn key_columns[] = {
+		{NULL, INT4OID, true, false},	/* consumer_id */
+		{NULL, INT4OID, true, false},	/* processed_at */
+		{NULL, TEXTOID, true, true},	/* key */
+		{"fingerprint", INT4OID, false, false},
+	};
 
-	if ((ncolumns != 3 && ncolumns != 4) ||
+	if ((tupdesc->natts != 3 && tupdesc->natts != 4) ||
 		(tupdesc->constr != NULL &&
 		 (tupdesc->constr->has_generated_stored || tupdesc->constr->num_defval > 0)))
 		return false;
-	for (int i = 0; i < ncolumns; i++)
-	{
-		Form_pg_attribute att = TupleDescAttr(tupdesc, i);
-
-		if (att->attisdropped || att->atttypid != column_types[i] ||
-			att->attnotnull != (i < 3) ||
-			(att->atttypid == TEXTOID && att->attcollation != C_COLLATION_OID))
-			return false;
-	}
-	return ncolumns == 3 ||
-		strcmp(NameStr(TupleDescAttr(tupdesc, 3)->attname), "fingerprint") == 0;
+	return fastpath_columns_match(tupdesc, key_columns, tupdesc->natts);
 }
 
 /*
@@ -104,14 +79,14 @@ fastpath_columns_match(TupleDesc tupdesc)
  * then raises the usual error).
  */
 bool
-fastpath_open(FastPath *fp, bool write)
+key_fastpath_open(KeyFastPath *fp, bool write)
 {
 	LOCKMODE	lockmode = write ? RowExclusiveLock : AccessShareLock;
-	const StorageInfo *si = storage_ready();
+	const StorageInfo *si = storage_locate();
 	List	   *indexes;
 	bool		usable;
 
-	if (!idem_fast_path || !OidIsValid(si->hash_index) ||
+	if (!fastpath_enabled() || !OidIsValid(si->hash_index) ||
 		(write && (XactReadOnly || IsInParallelMode())))
 		return false;
 
@@ -119,7 +94,7 @@ fastpath_open(FastPath *fp, bool write)
 	indexes = RelationGetIndexList(fp->keys);
 	usable = fp->keys->rd_rel->relkind == RELKIND_RELATION &&
 		!fp->keys->rd_rel->relispartition &&
-		fastpath_columns_match(RelationGetDescr(fp->keys)) &&
+		key_columns_match(RelationGetDescr(fp->keys)) &&
 		fp->keys->trigdesc == NULL &&
 		!fp->keys->rd_rel->relrowsecurity &&
 		(fp->keys->rd_att->constr == NULL ||
@@ -139,14 +114,7 @@ fastpath_open(FastPath *fp, bool write)
 	fp->slot = NULL;
 	fp->cxt = CurrentMemoryContext;
 
-	/*
-	 * The snapshot an SPI statement would take: it sees what this
-	 * transaction did so far, even earlier in the calling statement.
-	 */
-	CommandCounterIncrement();
-	PushActiveSnapshot(GetTransactionSnapshot());
-	UpdateActiveSnapshotCommandId();
-	fp->snapshot = GetActiveSnapshot();
+	fp->snapshot = fastpath_push_snapshot();
 	return true;
 }
 
@@ -155,7 +123,7 @@ fastpath_open(FastPath *fp, bool write)
  * as the executor keeps them.
  */
 void
-fastpath_close(FastPath *fp)
+key_fastpath_close(KeyFastPath *fp)
 {
 	if (fp->scan != NULL)
 		index_endscan(fp->scan);
@@ -193,8 +161,8 @@ recorded_from_slot(TupleTableSlot *slot, RecordedKey *recorded)
  * of a hash.
  */
 KeyProbe
-fastpath_probe(FastPath *fp, int32 hash, int32 consumer_id, text *key,
-			   RecordedKey *recorded)
+key_fastpath_probe(KeyFastPath *fp, int32 hash, int32 consumer_id, text *key,
+				   RecordedKey *recorded)
 {
 	ScanKeyData skey;
 	KeyProbe	found = PROBE_EMPTY;
@@ -246,13 +214,11 @@ fastpath_probe(FastPath *fp, int32 hash, int32 consumer_id, text *key,
  * tell a duplicate from a collision.
  */
 bool
-fastpath_insert(FastPath *fp, int32 hash, int32 consumer_id,
-				int32 processed_at, text *key, const int32 *fingerprint)
+key_fastpath_insert(KeyFastPath *fp, int32 hash, int32 consumer_id,
+					int32 processed_at, text *key, const int32 *fingerprint)
 {
 	TupleDesc	tupdesc = RelationGetDescr(fp->keys);
 	TupleTableSlot *slot;
-	TransactionId xid = GetCurrentTransactionId();
-	uint32		token;
 	Datum		index_value = Int32GetDatum(hash);
 	bool		index_isnull = false;
 	bool		inserted;
@@ -277,15 +243,9 @@ fastpath_insert(FastPath *fp, int32 hash, int32 consumer_id,
 		MemoryContextSwitchTo(oldcxt);
 	}
 
-	/* as ExecInsert does for INSERT ... ON CONFLICT */
-	token = SpeculativeInsertionLockAcquire(xid);
-	table_tuple_insert_speculative(fp->keys, slot, GetCurrentCommandId(true),
-								   0, NULL, token);
-	inserted = index_insert(fp->hash_index, &index_value, &index_isnull,
-							&slot->tts_tid, fp->keys, UNIQUE_CHECK_PARTIAL,
-							false, fp->index_info);
-	table_tuple_complete_speculative(fp->keys, slot, token, inserted);
-	SpeculativeInsertionLockRelease(xid);
+	inserted = fastpath_insert_speculative(fp->keys, slot, fp->hash_index,
+										   fp->index_info, &index_value,
+										   &index_isnull);
 
 	ExecDropSingleTupleTableSlot(slot);
 	return inserted;

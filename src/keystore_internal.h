@@ -6,6 +6,11 @@
  *	  fast path on the key index (keystore_fastpath.c), which keystore.c
  *	  puts together.  Nothing above the key store includes this file.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/keystore_internal.h
+ *
  *-------------------------------------------------------------------------
  */
 #ifndef KEYSTORE_INTERNAL_H
@@ -14,6 +19,7 @@
 #include "idem_consumer.h"
 
 #include "access/genam.h"
+#include "executor/spi.h"
 #include "executor/tuptable.h"
 #include "nodes/execnodes.h"
 #include "utils/rel.h"
@@ -37,8 +43,55 @@ typedef struct StorageInfo
 	uint64		consumers_version;	/* changes with every invalidation too */
 } StorageInfo;
 
+/*
+ * keystore_sql.c: the statements of the key store, on keys, collisions,
+ * consumers and the purge; see keystore_stmt_defs for their text and
+ * parameters.
+ */
+typedef enum KeystoreStmt
+{
+	KS_FIND_CONSUMER,
+	KS_CREATE_CONSUMER,
+	KS_FIND_OWNED_CONSUMER,
+	KS_CREATE_OWNED_CONSUMER,
+	KS_SET_CONSUMER_OWNER,
+	KS_CONSUMER_BY_ID,
+	KS_FOREIGN_CONSUMER,
+	KS_SET_CHECK_FINGERPRINT,
+	KS_INSERT_KEY_FP,
+	KS_PROBE_KEY_FP,
+	KS_INSERT_COLLISION_FP,
+	KS_DELETE_COLLISION_FP,
+	KS_INSERT_KEY,
+	KS_PROBE_KEY,
+	KS_CLAIM_OCCUPANT,
+	KS_INSERT_COLLISION,
+	KS_KEY_WRITES,
+	KS_DELETE_KEY,
+	KS_DELETE_COLLISION,
+	KS_FIND_COLLISION,
+	KS_ENTRY_STATUS,
+	KS_DELETE_RESOLVED_ENTRY,
+	KS_TABLE_SIZES,
+	KS_LATEST_COLLISIONS,
+	KS_LATEST_KEYS,
+	KS_PURGEABLE_COLLISIONS,
+	KS_PURGEABLE_KEYS,
+	KS_REMOVE_COLLISIONS,
+	KS_REMOVE_KEYS,
+	KS_COLLIDING_HASHES,
+	KS_INSERT_BATCH,
+	KS_UNRESOLVED_BATCH,
+	KS_CONSUMER_IDS_PAST_ROWS,
+	KS_DEAD_LETTER_IDS_PAST_ROWS,
+	KS_NUM_STMTS
+} KeystoreStmt;
+
+extern int	keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
+							 long tcount);
+
 /* storage.c */
-extern const StorageInfo *storage_ready(void);
+extern const StorageInfo *storage_locate(void);
 extern int32 key_hash_value(int32 consumer_id, text *key);
 
 /* keystore_fastpath.c */
@@ -52,7 +105,7 @@ typedef enum KeyProbe
 } KeyProbe;
 
 /* processed_keys and its unique index, opened for the fast path */
-typedef struct FastPath
+typedef struct KeyFastPath
 {
 	Relation	keys;
 	Relation	hash_index;
@@ -62,24 +115,30 @@ typedef struct FastPath
 	TupleTableSlot *slot;		/* the same */
 	TransactionId found_xmin;	/* xmin of the key's row a probe found */
 	MemoryContext cxt;			/* where these live */
-} FastPath;
+} KeyFastPath;
 
-extern bool fastpath_open(FastPath *fp, bool write);
-extern void fastpath_close(FastPath *fp);
-extern KeyProbe fastpath_probe(FastPath *fp, int32 hash, int32 consumer_id,
-							   text *key, RecordedKey *recorded);
-extern bool fastpath_insert(FastPath *fp, int32 hash, int32 consumer_id,
-							int32 processed_at, text *key,
-							const int32 *fingerprint);
+extern bool key_fastpath_open(KeyFastPath *fp, bool write);
+extern void key_fastpath_close(KeyFastPath *fp);
+extern KeyProbe key_fastpath_probe(KeyFastPath *fp, int32 hash,
+								   int32 consumer_id, text *key,
+								   RecordedKey *recorded);
+extern bool key_fastpath_insert(KeyFastPath *fp, int32 hash, int32 consumer_id,
+								int32 processed_at, text *key,
+								const int32 *fingerprint);
+
+/* keystore.c */
+extern int32 keystore_processed_at_now(void);
 
 /*
- * Runs one storage statement without null parameters as the owner of the
- * storage tables.
+ * Fetches a column of the first row an SPI statement returned.
  */
-static inline int
-keystore_exec(KeystoreStmt stmt, Datum *values, long tcount)
+static inline Datum
+result_column(int colno)
 {
-	return keystore_execute(stmt, values, NULL, tcount);
+	bool		isnull;
+
+	return SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
+						 colno, &isnull);
 }
 
 #endif							/* KEYSTORE_INTERNAL_H */

@@ -12,13 +12,21 @@
  * every operator spelled OPERATOR(pg_catalog.x), and their parameters are
  * values.
  *
- * What each statement means is the business of the file that runs it:
- * keystore.c (keys, collisions, consumers), retention.c (the purge's
- * reads) and dead_letter.c (the dead-letter queue).  The one condition
+ * The statements of the key store are here; what each means is the
+ * business of the file that runs it: keystore.c and keystore_remove.c
+ * (keys and collisions, the purge's reads and removals), consumers.c
+ * (consumers).  Other modules keep their statements in a StorageStmtSet
+ * of their own (dead_letter_sql.c, retention_store.c, effects_store.c)
+ * and run them through storage_stmt_run().  The one condition
  * that keeps the keys of pending dead letters out of every purge is here,
  * at AND_NO_PENDING_DEAD_LETTER.
  *
  * The caller must be connected to SPI.
+ *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/keystore_sql.c
  *
  *-------------------------------------------------------------------------
  */
@@ -30,42 +38,11 @@
 
 #include "keystore_internal.h"
 
-typedef struct KeystoreStmtDef
-{
-	const char *sql;
-	int			nargs;
-	Oid			argtypes[KS_MAX_ARGS];
-	int			cursor_options; /* as for SPI_prepare_cursor */
-} KeystoreStmtDef;
-
 #define SAME_HASH_AS_ARGS \
 	STORAGE_SCHEMA ".key_hash(consumer_id, key) OPERATOR(pg_catalog.=) " \
 	STORAGE_SCHEMA ".key_hash($1, $2)"
 #define SAME_KEY_AS_ARGS \
 	"consumer_id OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2"
-#define DEAD_LETTER_COLUMNS \
-	"dead_letter_id, consumer_id, key, sql, params, settings, status," \
-	" resolved_by, discard_reason"
-
-#define DL_INSERT_COLUMNS \
-	"consumer_id, key, sql, params, event_time, settings, sqlstate, message," \
-	" detail, hint, context, dead_lettered_by"
-#define DL_INSERT_VALUES "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12"
-#define DL_INSERT_TYPES \
-	INT4OID, TEXTOID, TEXTOID, TEXTARRAYOID, TIMESTAMPTZOID, TEXTARRAYOID, \
-	TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID
-#define DL_INSERT_CONFLICT \
-	" ON CONFLICT (consumer_id, key) DO UPDATE SET sql = excluded.sql," \
-	" params = excluded.params, event_time = excluded.event_time," \
-	" settings = excluded.settings, sqlstate = excluded.sqlstate," \
-	" message = excluded.message, detail = excluded.detail, hint = excluded.hint," \
-	" context = excluded.context, first_failed_at = pg_catalog.now()," \
-	" last_failed_at = pg_catalog.now(), attempts = 1," \
-	" dead_lettered_by = excluded.dead_lettered_by, status = 'pending'," \
-	" resolved_at = NULL, resolved_by = NULL, discard_reason = NULL"
-#define DL_INSERT_UNLESS_PENDING \
-	" WHERE dead_letters.status OPERATOR(pg_catalog.<>) 'pending'"
-
 /*
  * A resolved dead-letter entry (replayed or discarded) expires with its
  * key: the statements that remove keys by TID remove the resolved entries
@@ -192,7 +169,7 @@ typedef struct KeystoreStmtDef
  * the inserts into processed_keys and key_collisions, whose columns are in
  * table order.
  */
-static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
+static const StorageStmt keystore_stmt_defs[KS_NUM_STMTS] = {
 	[KS_FIND_CONSUMER] = {
 		"SELECT consumer_id, xmin FROM " STORAGE_SCHEMA ".consumers"
 		" WHERE name OPERATOR(pg_catalog.=) $1",
@@ -328,123 +305,21 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 	},
 
 	/*
-	 * Dead letters.  The two locking reads return DEAD_LETTER_COLUMNS, in
-	 * the order dead_letter.c reads them.
+	 * The dead-letter entry of a key, for idem_forget (keystore_remove.c):
+	 * its resolved entry goes with the key, a pending one keeps it.
 	 */
-	/*
-	 * A new entry, or a new failure in the place of a resolved entry that
-	 * outlived its key (the purge removes resolved entries with their
-	 * keys; a key removed by hand leaves its entry).  A pending entry
-	 * stays as it is, and so does an external effect's entry.  The second
-	 * form is for version 1.1 of the SQL objects, which records the
-	 * parking role.
-	 */
-	[KS_DL_INSERT] = {
-		"INSERT INTO " STORAGE_SCHEMA ".dead_letters (" DL_INSERT_COLUMNS ")"
-		" VALUES (" DL_INSERT_VALUES ")" DL_INSERT_CONFLICT DL_INSERT_UNLESS_PENDING,
-		12, {DL_INSERT_TYPES}
-	},
-	[KS_DL_INSERT_ROLE] = {
-		"INSERT INTO " STORAGE_SCHEMA ".dead_letters (" DL_INSERT_COLUMNS ", dead_lettered_role)"
-		" VALUES (" DL_INSERT_VALUES ", $13)" DL_INSERT_CONFLICT
-		", dead_lettered_role = excluded.dead_lettered_role" DL_INSERT_UNLESS_PENDING
-		" AND dead_letters.kind OPERATOR(pg_catalog.=) 'message'",
-		13, {DL_INSERT_TYPES, REGROLEOID}
-	},
-	/* what a replay needs to know whose rights the entry's SQL runs with */
-	[KS_DL_ROLE] = {
-		"SELECT d.dead_lettered_role, c.name, d.dead_lettered_by"
-		" FROM " STORAGE_SCHEMA ".dead_letters AS d"
-		" JOIN " STORAGE_SCHEMA ".consumers AS c"
-		" ON c.consumer_id OPERATOR(pg_catalog.=) d.consumer_id"
-		" WHERE d.dead_letter_id OPERATOR(pg_catalog.=) $1",
-		1, {INT8OID}
-	},
-	[KS_DL_KEY_STATUS] = {
+	[KS_ENTRY_STATUS] = {
 		"SELECT status, dead_letter_id FROM " STORAGE_SCHEMA ".dead_letters"
 		" WHERE " SAME_KEY_AS_ARGS,
 		2, {INT4OID, TEXTOID}
 	},
-	[KS_DL_LOCK] = {
-		"SELECT " DEAD_LETTER_COLUMNS " FROM " STORAGE_SCHEMA ".dead_letters"
-		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1 FOR NO KEY UPDATE",
-		1, {INT8OID}
-	},
-	/*
-	 * an entry's consumer and key, read without a lock: before the caller's
-	 * right to it is checked, and before a refusal inside business SQL, so
-	 * that neither waits for a replay that holds the entry
-	 */
-	[KS_DL_ENTRY_KEY] = {
-		"SELECT consumer_id, key FROM " STORAGE_SCHEMA ".dead_letters"
-		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1",
-		1, {INT8OID}
-	},
-	/* the oldest pending entry of a consumer after $2 that nobody is replaying */
-	[KS_DL_LOCK_NEXT_PENDING] = {
-		"SELECT " DEAD_LETTER_COLUMNS " FROM " STORAGE_SCHEMA ".dead_letters"
-		" WHERE consumer_id OPERATOR(pg_catalog.=) $1"
-		" AND status OPERATOR(pg_catalog.=) 'pending'"
-		" AND dead_letter_id OPERATOR(pg_catalog.>) $2"
-		" ORDER BY dead_letter_id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED",
-		2, {INT4OID, INT8OID}
-	},
-	[KS_DL_FAILED_AGAIN] = {
-		"UPDATE " STORAGE_SCHEMA ".dead_letters"
-		" SET attempts = attempts OPERATOR(pg_catalog.+) 1, last_failed_at = pg_catalog.now(),"
-		" sqlstate = $2, message = $3, detail = $4, hint = $5, context = $6"
-		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1",
-		6, {INT8OID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID}
-	},
-	[KS_DL_REPLAYED] = {
-		"UPDATE " STORAGE_SCHEMA ".dead_letters"
-		" SET status = 'replayed', attempts = attempts OPERATOR(pg_catalog.+) 1,"
-		" resolved_at = pg_catalog.now(), resolved_by = $2"
-		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1",
-		2, {INT8OID, TEXTOID}
-	},
-	[KS_DL_DISCARDED] = {
-		"UPDATE " STORAGE_SCHEMA ".dead_letters"
-		" SET status = 'discarded', resolved_at = pg_catalog.now(), resolved_by = $2,"
-		" discard_reason = $3"
-		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1",
-		3, {INT8OID, TEXTOID, TEXTOID}
-	},
-	[KS_DL_DELETE_RESOLVED] = {
+	[KS_DELETE_RESOLVED_ENTRY] = {
 		"DELETE FROM " STORAGE_SCHEMA ".dead_letters WHERE " SAME_KEY_AS_ARGS
 		" AND status OPERATOR(pg_catalog.<>) 'pending'",
 		2, {INT4OID, TEXTOID}
 	},
-	/* per consumer: pending entries and age of the oldest (partial index) */
-	[KS_DL_PENDING_SUMMARY] = {
-		"SELECT c.name, COALESCE(d.pending, 0),"
-		" pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) d.oldest)"
-		" FROM " STORAGE_SCHEMA ".consumers AS c LEFT JOIN"
-		" (SELECT consumer_id, pg_catalog.count(*) AS pending,"
-		"  pg_catalog.min(first_failed_at) AS oldest"
-		"  FROM " STORAGE_SCHEMA ".dead_letters"
-		"  WHERE status OPERATOR(pg_catalog.=) 'pending' GROUP BY consumer_id) AS d"
-		" ON d.consumer_id OPERATOR(pg_catalog.=) c.consumer_id"
-		" ORDER BY c.name",
-		0, {InvalidOid}
-	},
 
-	/* retention settings and the purge (retention.c) */
-	[KS_RETENTION_SETTINGS] = {
-		"SELECT consumer_id, retention FROM " STORAGE_SCHEMA ".retention_settings",
-		0, {InvalidOid}
-	},
-	[KS_SET_RETENTION] = {
-		"INSERT INTO " STORAGE_SCHEMA ".retention_settings (consumer_id, retention)"
-		" VALUES ($1, $2) ON CONFLICT (consumer_id) DO UPDATE"
-		" SET retention = excluded.retention, updated_at = pg_catalog.now()",
-		2, {INT4OID, INTERVALOID}
-	},
-	[KS_RESET_RETENTION] = {
-		"DELETE FROM " STORAGE_SCHEMA ".retention_settings"
-		" WHERE consumer_id OPERATOR(pg_catalog.=) $1",
-		1, {INT4OID}
-	},
+	/* the purge's reads and removals (retention.c) */
 	/* sizes in bytes, in the order of KeystoreTable */
 	[KS_TABLE_SIZES] = {
 		"SELECT pg_catalog.pg_relation_size('" STORAGE_SCHEMA ".key_collisions'::pg_catalog.regclass),"
@@ -566,24 +441,6 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 		3, {INT4OID, TEXTARRAYOID, TEXTARRAYOID}
 	},
 
-	/*
-	 * Dead letters of version 1.2 of the SQL objects, which keep the rows
-	 * a message demands (expect_rows.c) for its replays: KS_DL_INSERT_ROLE
-	 * with the demand, NULL for none.
-	 */
-	[KS_DL_INSERT_ROWS] = {
-		"INSERT INTO " STORAGE_SCHEMA ".dead_letters (" DL_INSERT_COLUMNS ", dead_lettered_role, expect_rows)"
-		" VALUES (" DL_INSERT_VALUES ", $13, $14)" DL_INSERT_CONFLICT
-		", dead_lettered_role = excluded.dead_lettered_role, expect_rows = excluded.expect_rows"
-		DL_INSERT_UNLESS_PENDING " AND dead_letters.kind OPERATOR(pg_catalog.=) 'message'",
-		14, {DL_INSERT_TYPES, REGROLEOID, INT8OID}
-	},
-	[KS_DL_EXPECT_ROWS] = {
-		"SELECT expect_rows FROM " STORAGE_SCHEMA ".dead_letters"
-		" WHERE dead_letter_id OPERATOR(pg_catalog.=) $1",
-		1, {INT8OID}
-	},
-
 	/* identity sequences behind replicated rows (IDS_PAST_ROWS) */
 	[KS_CONSUMER_IDS_PAST_ROWS] = {
 		IDS_PAST_ROWS("consumers", "consumer_id"),
@@ -595,9 +452,9 @@ static const KeystoreStmtDef keystore_stmt_defs[KS_NUM_STMTS] = {
 	},
 };
 
-/* Prepared plans, valid for the storage of plans_generation. */
-static SPIPlanPtr plans[KS_NUM_STMTS];
-static uint64 plans_generation;
+static SPIPlanPtr keystore_plans[KS_NUM_STMTS];
+static StorageStmtSet keystore_stmts =
+STORAGE_STMT_SET(keystore_stmt_defs, keystore_plans);
 
 /*
  * Runs a fixed statement on the storage as the owner of the storage
@@ -613,11 +470,10 @@ static uint64 plans_generation;
  * after SPI_finish, and one that switched to a context it resets per
  * row would see its allocations pile up in SPI's until SPI_finish.
  */
-int
-storage_execute(SPIPlanPtr *plan, const char *sql, int nargs, const Oid *argtypes,
-				int cursor_options, Datum *values, const char *nulls, long tcount)
+static int
+run_as_owner(const StorageInfo *si, SPIPlanPtr *plan, const StorageStmt *def,
+			 Datum *values, const char *nulls, long tcount)
 {
-	const StorageInfo *si = storage_ready();
 	MemoryContext callercxt = CurrentMemoryContext;
 	Oid			save_userid;
 	int			save_sec_context;
@@ -632,10 +488,11 @@ storage_execute(SPIPlanPtr *plan, const char *sql, int nargs, const Oid *argtype
 	{
 		SPIPlanPtr	prepared;
 
-		prepared = SPI_prepare_cursor(sql, nargs, (Oid *) argtypes, cursor_options);
+		prepared = SPI_prepare_cursor(def->sql, def->nargs, (Oid *) def->argtypes,
+									  def->cursor_options);
 		if (prepared == NULL)
 			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
-				 sql, SPI_result_code_string(SPI_result));
+				 def->sql, SPI_result_code_string(SPI_result));
 		if (SPI_keepplan(prepared) != 0)
 			elog(ERROR, "SPI_keepplan failed");
 		*plan = prepared;
@@ -644,7 +501,7 @@ storage_execute(SPIPlanPtr *plan, const char *sql, int nargs, const Oid *argtype
 	rc = SPI_execute_plan(*plan, values, nulls, false, tcount);
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_plan failed for \"%s\": %s",
-			 sql, SPI_result_code_string(rc));
+			 def->sql, SPI_result_code_string(rc));
 
 	/* errors restore the user id through transaction abort */
 	SetUserIdAndSecContext(save_userid, save_sec_context);
@@ -654,27 +511,60 @@ storage_execute(SPIPlanPtr *plan, const char *sql, int nargs, const Oid *argtype
 }
 
 /*
- * Runs one storage statement as the owner of the storage tables; nulls is
- * as for SPI_execute_plan.
+ * Forgets the plans of a set that were made for tables located before the
+ * current ones (after DROP and CREATE EXTENSION, say); returns where the
+ * storage is now.
+ */
+static const StorageInfo *
+current_storage(StorageStmtSet *set)
+{
+	const StorageInfo *si = storage_locate();
+
+	if (set->generation != si->generation)
+	{
+		for (int i = 0; i < set->nstmts; i++)
+		{
+			if (set->plans[i] != NULL)
+				SPI_freeplan(set->plans[i]);
+			set->plans[i] = NULL;
+		}
+		set->generation = si->generation;
+	}
+	return si;
+}
+
+/*
+ * Forgets the plans of a set that belong to storage located before the
+ * current one, so that set->plans holds only plans of the current tables.
+ */
+void
+storage_stmts_current(StorageStmtSet *set)
+{
+	(void) current_storage(set);
+}
+
+/*
+ * Runs statement stmt of a set as the owner of the storage tables; nulls
+ * is as for SPI_execute_plan.  Every module's fixed statements on the
+ * storage run through here.
+ */
+int
+storage_stmt_run(StorageStmtSet *set, int stmt, Datum *values,
+				 const char *nulls, long tcount)
+{
+	const StorageInfo *si = current_storage(set);
+
+	Assert(stmt >= 0 && stmt < set->nstmts);
+	return run_as_owner(si, &set->plans[stmt], &set->stmts[stmt],
+						values, nulls, tcount);
+}
+
+/*
+ * Runs one statement of the key store as the owner of the storage tables.
  */
 int
 keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
 				 long tcount)
 {
-	const StorageInfo *si = storage_ready();
-	const KeystoreStmtDef *def = &keystore_stmt_defs[stmt];
-
-	if (plans_generation != si->generation)
-	{
-		for (int i = 0; i < KS_NUM_STMTS; i++)
-		{
-			if (plans[i] != NULL)
-				SPI_freeplan(plans[i]);
-			plans[i] = NULL;
-		}
-		plans_generation = si->generation;
-	}
-
-	return storage_execute(&plans[stmt], def->sql, def->nargs, def->argtypes,
-						   def->cursor_options, values, nulls, tcount);
+	return storage_stmt_run(&keystore_stmts, stmt, values, nulls, tcount);
 }

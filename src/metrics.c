@@ -13,6 +13,11 @@
  * index): its time and memory are those of the text it returns, about
  * 4 kB per consumer, whatever the number of keys.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/metrics.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -290,7 +295,7 @@ append_dead_letter_gauges(StringInfo buf, const char *database)
 {
 	StringInfoData ages;
 
-	keystore_execute(KS_DL_PENDING_SUMMARY, NULL, NULL, 0);
+	(void) dead_letter_pending_summary();
 
 	initStringInfo(&ages);
 	append_family(buf, "idem_dlq_pending", "gauge",

@@ -14,6 +14,11 @@
  * statement infers them (parse analysis with variable parameters), then
  * fixed in the plan like PREPARE does: a later replan keeps the types.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/plan_cache.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"

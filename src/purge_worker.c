@@ -17,6 +17,11 @@
  * that once and checks again at every interval.  An error ends the worker
  * and the postmaster starts it again PURGE_WORKER_RESTART_SECS later.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/purge_worker.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"

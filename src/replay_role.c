@@ -32,6 +32,11 @@
  *	  extension; parking and discarding work as before.  The update script
  *	  fills the role of older entries in from dead_lettered_by.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/replay_role.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -48,30 +53,13 @@
 #include "idem_consumer.h"
 
 /*
- * Tells whether the dead-letter table has a column, which tells the
- * version of the SQL objects that made it.
- */
-bool
-dead_letters_has_column(const char *column)
-{
-	Oid			nspid = get_namespace_oid(STORAGE_SCHEMA, true);
-	Oid			relid;
-
-	if (!OidIsValid(nspid))
-		return false;
-	relid = get_relname_relid("dead_letters", nspid);
-	return OidIsValid(relid) &&
-		get_attnum(relid, column) != InvalidAttrNumber;
-}
-
-/*
  * Tells whether the dead-letter table has the column of version 1.1 that
  * holds the parking role.
  */
 bool
 replay_role_supported(void)
 {
-	return dead_letters_has_column("dead_lettered_role");
+	return storage_parts()->dead_letters_have_role;
 }
 
 /*

@@ -3,8 +3,7 @@
  * retention.c
  *	  Retention of processed keys: per-consumer windows, the latest activity
  *	  they are counted back from, the purge runs that remove expired keys,
- *	  and the SQL functions idem_set_retention(), idem_reset_retention()
- *	  and idem_purge().
+ *	  and idem_consumer.retention.  The SQL functions are retention_api.c's.
  *
  * The rule: a key is purgeable when it is older than its consumer's
  * window counted back from that consumer's latest activity, the newest
@@ -54,6 +53,11 @@
  *
  * The caller must be connected to SPI.
  *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/retention.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -81,9 +85,6 @@
  */
 #define CHUNK_MAX_BLOCKS		2048
 #define CHUNK_FILL				0.8
-
-/* Longest window accepted; NULL is how to keep keys forever. */
-#define MAX_RETENTION			"100 years"
 
 typedef enum PurgePhase
 {
@@ -146,11 +147,6 @@ static int	default_retention = 7 * SECS_PER_DAY;
 
 static MemoryContext step_cxt = NULL;
 static bool callbacks_registered = false;
-
-PG_FUNCTION_INFO_V1(idem_set_retention);
-PG_FUNCTION_INFO_V1(idem_reset_retention);
-PG_FUNCTION_INFO_V1(idem_purge);
-PG_FUNCTION_INFO_V1(idem_default_retention);
 
 /*
  * Forgets the run in progress.
@@ -330,7 +326,7 @@ set_windows(void)
 			w->cutoff = Min(w->latest, now_secs) - default_retention;
 	}
 
-	keystore_execute(KS_RETENTION_SETTINGS, NULL, NULL, 0);
+	retention_store_read_windows();
 	for (uint64 i = 0; i < SPI_processed; i++)
 	{
 		HeapTuple	tuple = SPI_tuptable->vals[i];
@@ -411,13 +407,10 @@ read_latest_chunk(void)
 	BlockNumber nblocks = Min(CHUNK_MAX_BLOCKS, run.end_block - run.next_block);
 	ItemPointerData lo,
 				hi;
-	Datum		args[2];
 	ChunkSummary *chunk;
 
-	args[0] = block_bound(&lo, run.next_block);
-	args[1] = block_bound(&hi, run.next_block + nblocks);
-	keystore_execute(run.table == KS_TABLE_KEYS ? KS_LATEST_KEYS : KS_LATEST_COLLISIONS,
-					 args, NULL, 0);
+	keystore_read_latest(run.table, block_bound(&lo, run.next_block),
+						 block_bound(&hi, run.next_block + nblocks));
 
 	chunk = &run.chunks[run.table][run.next_block / CHUNK_MAX_BLOCKS];
 	chunk->nconsumers = (int) SPI_processed;
@@ -478,32 +471,18 @@ tid_cmp(const void *a, const void *b)
 }
 
 /*
- * Pass 2: removes the purgeable rows of the next chunk, within each
- * consumer's remaining quota.  Sets *batch_full when a consumer used up its
- * quota.  The run moves past the chunk, or, if the quota left rows behind,
- * to the block of the first of them (a consumer whose quota is short of
- * its rows takes the first ones in TID order).
+ * Sets args[0] and args[1] to the int4 arrays of the ids and cutoffs of the
+ * consumers that may still lose keys in this call.
  */
-static uint64
-purge_chunk(bool *batch_full)
+static void
+window_arrays(Datum *args)
 {
-	BlockNumber nblocks = purge_chunk_blocks();
 	HASH_SEQ_STATUS seq;
 	ConsumerWindow *w;
-	Datum	   *ids;
-	Datum	   *cutoffs;
+	Datum	   *ids = palloc(sizeof(Datum) * hash_get_num_entries(run.windows));
+	Datum	   *cutoffs = palloc(sizeof(Datum) * hash_get_num_entries(run.windows));
 	int			nwindows = 0;
-	ItemPointerData lo,
-				hi;
-	Datum		args[4];
-	ItemPointerData *tids;
-	int			ntids = 0;
-	uint64		capacity = 0;
-	BlockNumber resume_block = InvalidBlockNumber;
-	uint64		removed;
 
-	ids = palloc(sizeof(Datum) * hash_get_num_entries(run.windows));
-	cutoffs = palloc(sizeof(Datum) * hash_get_num_entries(run.windows));
 	hash_seq_init(&seq, run.windows);
 	while ((w = hash_seq_search(&seq)) != NULL)
 	{
@@ -518,10 +497,33 @@ purge_chunk(bool *batch_full)
 											  sizeof(int32), true, TYPALIGN_INT));
 	args[1] = PointerGetDatum(construct_array(cutoffs, nwindows, INT4OID,
 											  sizeof(int32), true, TYPALIGN_INT));
-	args[2] = block_bound(&lo, run.next_block);
-	args[3] = block_bound(&hi, run.next_block + nblocks);
-	keystore_execute(run.table == KS_TABLE_KEYS ? KS_PURGEABLE_KEYS : KS_PURGEABLE_COLLISIONS,
-					 args, NULL, 0);
+}
+
+/*
+ * Pass 2: removes the purgeable rows of the next chunk, within each
+ * consumer's remaining quota.  Sets *batch_full when a consumer used up its
+ * quota.  The run moves past the chunk, or, if the quota left rows behind,
+ * to the block of the first of them (a consumer whose quota is short of
+ * its rows takes the first ones in TID order).
+ */
+static uint64
+purge_chunk(bool *batch_full)
+{
+	BlockNumber nblocks = purge_chunk_blocks();
+	ConsumerWindow *w;
+	ItemPointerData lo,
+				hi;
+	Datum		args[2];		/* the consumers' ids and cutoffs */
+	ItemPointerData *tids;
+	int			ntids = 0;
+	uint64		capacity = 0;
+	BlockNumber resume_block = InvalidBlockNumber;
+	uint64		removed;
+
+	window_arrays(args);
+	keystore_read_purgeable(run.table, args[0], args[1],
+							block_bound(&lo, run.next_block),
+							block_bound(&hi, run.next_block + nblocks));
 
 	/* one row per consumer: its id and the TIDs of its purgeable rows */
 	for (uint64 i = 0; i < SPI_processed; i++)
@@ -625,156 +627,12 @@ purge_step(uint64 *removed)
 }
 
 /*
- * Raises an error unless retention is a positive interval of at most
- * MAX_RETENTION.
+ * Returns idem_consumer.retention in seconds; -1 keeps keys forever.
  */
-static void
-check_retention_arg(Interval *retention)
+int
+retention_default_secs(void)
 {
-	Datum		max_retention;
-
-	if (retention->month < 0 || retention->day < 0 || retention->time < 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("retention must be a positive interval"),
-				 errdetail("No field of the interval may be negative, and \"%s\" has one.",
-						   DatumGetCString(DirectFunctionCall1(interval_out,
-															   IntervalPGetDatum(retention))))));
-	if (retention->month == 0 && retention->day == 0 && retention->time == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("retention must be a positive interval"),
-				 errhint("Use NULL to keep the consumer's keys forever.")));
-
-	max_retention = DirectFunctionCall3(interval_in, CStringGetDatum(MAX_RETENTION),
-										ObjectIdGetDatum(InvalidOid), Int32GetDatum(-1));
-	if (DatumGetInt32(DirectFunctionCall2(interval_cmp, IntervalPGetDatum(retention),
-										  max_retention)) > 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("retention must be at most %s", MAX_RETENTION),
-				 errhint("Use NULL to keep the consumer's keys forever.")));
-}
-
-/*
- * Returns the id of an existing consumer, or raises an error.
- */
-static int32
-existing_consumer_id(const char *consumer)
-{
-	int32		consumer_id = keystore_consumer_id(consumer, false);
-
-	if (consumer_id == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_OBJECT),
-				 errmsg("consumer \"%s\" does not exist", consumer),
-				 errhint("A consumer exists once it has recorded a key with idem_apply().")));
-	return consumer_id;
-}
-
-/*
- * idem_set_retention(consumer, retention): sets the window of a consumer's
- * keys; NULL keeps them forever.
- */
-Datum
-idem_set_retention(PG_FUNCTION_ARGS)
-{
-	char	   *consumer = get_consumer_arg(fcinfo, 0);
-	Datum		args[2];
-	char		nulls[2] = {' ', ' '};
-
-	if (PG_ARGISNULL(1))
-	{
-		args[1] = (Datum) 0;
-		nulls[1] = 'n';
-	}
-	else
-	{
-		check_retention_arg(PG_GETARG_INTERVAL_P(1));
-		args[1] = PG_GETARG_DATUM(1);
-	}
-
-	inflight_check_none("idem_set_retention");
-	SPI_connect();
-	args[0] = Int32GetDatum(existing_consumer_id(consumer));
-	keystore_execute(KS_SET_RETENTION, args, nulls, 0);
-	SPI_finish();
-
-	PG_RETURN_VOID();
-}
-
-/*
- * idem_reset_retention(consumer): makes a consumer follow
- * idem_consumer.retention again.
- */
-Datum
-idem_reset_retention(PG_FUNCTION_ARGS)
-{
-	char	   *consumer = get_consumer_arg(fcinfo, 0);
-	Datum		arg;
-
-	inflight_check_none("idem_reset_retention");
-	SPI_connect();
-	arg = Int32GetDatum(existing_consumer_id(consumer));
-	keystore_execute(KS_RESET_RETENTION, &arg, NULL, 0);
-	SPI_finish();
-
-	PG_RETURN_VOID();
-}
-
-/*
- * idem_purge(consumer, batch_size): removes expired keys of one consumer,
- * or of all when consumer is NULL, at most batch_size per consumer, and
- * returns how many it removed; 0 means the run is complete.
- */
-Datum
-idem_purge(PG_FUNCTION_ARGS)
-{
-	int32		only_consumer = 0;
-	int32		batch_size;
-	uint64		total = 0;
-
-	batch_size = get_count_arg(fcinfo, 1, "batch_size");
-	inflight_check_none("idem_purge");
-	inflight_check_not_recording("idem_purge");
-
-	SPI_connect();
-	if (!PG_ARGISNULL(0))
-		only_consumer = existing_consumer_id(get_consumer_arg(fcinfo, 0));
-	else
-		keystore_check_every_consumer("purge the keys");
-
-	purge_begin_batch(only_consumer, batch_size);
-	for (;;)
-	{
-		uint64		removed;
-		PurgeProgress progress = purge_step(&removed);
-
-		total += removed;
-		if (progress != PURGE_CONTINUES)
-			break;
-		CHECK_FOR_INTERRUPTS();
-	}
-	SPI_finish();
-
-	PG_RETURN_INT64((int64) total);
-}
-
-/*
- * idem_consumer.default_retention(): idem_consumer.retention as an
- * interval, NULL for forever; for the idem_retention view.
- */
-Datum
-idem_default_retention(PG_FUNCTION_ARGS)
-{
-	Interval   *result;
-
-	if (default_retention < 0)
-		PG_RETURN_NULL();
-	result = palloc0(sizeof(Interval));
-	result->day = default_retention / SECS_PER_DAY;
-	result->time = (int64) (default_retention % SECS_PER_DAY) * USECS_PER_SEC;
-	PG_RETURN_INTERVAL_P(result);
+	return default_retention;
 }
 
 /*

@@ -12,9 +12,18 @@
  * again give new tables, new owners and new consumer ids.  Each time the
  * tables are located anew the generation changes, and the files above
  * (keystore_sql.c's plans, keystore.c's consumer ids) drop what they
- * cached for an older one.
+ * cached for an older one.  The parts later versions of the SQL objects
+ * add (the effects table, the columns of dead_letters that tell the
+ * version) are probed here too, cached the same way, and forgotten by the
+ * same invalidations and by those of their own tables: this is the one
+ * place that looks the storage up in the catalogs.
  *
  * This file reads the catalogs only; it runs no statement.
+ *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/storage.c
  *
  *-------------------------------------------------------------------------
  */
@@ -38,13 +47,18 @@
 /*
  * Per-backend state.  "located" means the OIDs and owner belong to the
  * storage as it is now; "recheck" is set by a relcache invalidation of the
- * storage tables.
+ * storage tables.  "parts_known" means the same of the parts later versions
+ * added; every invalidation that sets "recheck" clears it, and so do those
+ * of the parts' own tables.
  */
 static struct
 {
 	bool		located;
 	bool		recheck;
 	StorageInfo info;
+	bool		parts_known;
+	Oid			dead_letters_relid; /* InvalidOid: none */
+	StorageParts parts;
 } storage;
 
 PG_FUNCTION_INFO_V1(idem_key_hash);
@@ -55,11 +69,17 @@ PG_FUNCTION_INFO_V1(idem_key_hash);
 static void
 storage_relcache_callback(Datum arg, Oid relid)
 {
-	if (storage.located &&
-		(relid == InvalidOid ||
-		 relid == storage.info.keys_relid ||
-		 relid == storage.info.consumers_relid))
+	bool		storage_table = relid == InvalidOid ||
+		relid == storage.info.keys_relid ||
+		relid == storage.info.consumers_relid;
+
+	if (storage.located && storage_table)
 		storage.recheck = true;
+	if (storage_table ||
+		(OidIsValid(relid) &&
+		 (relid == storage.dead_letters_relid ||
+		  relid == storage.parts.effects_relid)))
+		storage.parts_known = false;
 }
 
 /*
@@ -168,7 +188,7 @@ usable_hash_index(Oid nspid)
  * Finds the storage tables of this database, or raises a clear error.
  */
 static void
-storage_locate(void)
+locate_storage(void)
 {
 	Oid			nspid;
 
@@ -205,7 +225,7 @@ storage_locate(void)
  * raises an error if they are missing.
  */
 const StorageInfo *
-storage_ready(void)
+storage_locate(void)
 {
 	if (storage.located && storage.recheck)
 	{
@@ -228,8 +248,37 @@ storage_ready(void)
 		}
 	}
 	if (!storage.located)
-		storage_locate();
+		locate_storage();
 	return &storage.info;
+}
+
+/*
+ * Returns the parts of the storage that versions after 1.0 of the SQL
+ * objects add, probing them if needed.  Unlike storage_locate() it raises
+ * no error: a database at an older version, or without the extension,
+ * has none of them.
+ */
+const StorageParts *
+storage_parts(void)
+{
+	Oid			nspid;
+	Oid			dead_letters;
+
+	if (storage.parts_known)
+		return &storage.parts;
+
+	nspid = get_namespace_oid(STORAGE_SCHEMA, true);
+	dead_letters = OidIsValid(nspid) ?
+		get_relname_relid("dead_letters", nspid) : InvalidOid;
+	storage.dead_letters_relid = dead_letters;
+	storage.parts.effects_relid = OidIsValid(nspid) ?
+		get_relname_relid("effects", nspid) : InvalidOid;
+	storage.parts.dead_letters_have_role = OidIsValid(dead_letters) &&
+		get_attnum(dead_letters, "dead_lettered_role") != InvalidAttrNumber;
+	storage.parts.dead_letters_have_expect_rows = OidIsValid(dead_letters) &&
+		get_attnum(dead_letters, "expect_rows") != InvalidAttrNumber;
+	storage.parts_known = true;
+	return &storage.parts;
 }
 
 /*
@@ -239,7 +288,7 @@ storage_ready(void)
 Oid
 keystore_keys_relid(void)
 {
-	return storage_ready()->keys_relid;
+	return storage_locate()->keys_relid;
 }
 
 /*

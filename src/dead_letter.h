@@ -1,0 +1,69 @@
+/*-------------------------------------------------------------------------
+ *
+ * dead_letter.h
+ *	  What try_apply.c, dead_letter.c, dead_letter_sql.c and business_run.c
+ *	  share.
+ *
+ * Calls run downwards: try_apply.c uses dead_letter.c and business_run.c,
+ * dead_letter.c uses dead_letter_sql.c and business_run.c, which use
+ * none of the others.
+ *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/dead_letter.h
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEM_DEAD_LETTER_H
+#define IDEM_DEAD_LETTER_H
+
+#include "idem_consumer.h"
+
+/* The labels of the SQL enum type idem_outcome, in this order. */
+typedef enum Outcome
+{
+	OUTCOME_APPLIED,
+	OUTCOME_DUPLICATE,
+	OUTCOME_DEAD_LETTERED
+} Outcome;
+
+/* dead_letter_sql.c */
+typedef enum DeadLetterStmt
+{
+	DL_INSERT,
+	DL_INSERT_ROLE,
+	DL_ROLE,
+	DL_KEY_STATUS,
+	DL_LOCK,
+	DL_ENTRY_KEY,
+	DL_LOCK_NEXT_PENDING,
+	DL_FAILED_AGAIN,
+	DL_REPLAYED,
+	DL_DISCARDED,
+	DL_PENDING_SUMMARY,
+	DL_INSERT_ROWS,
+	DL_EXPECT_ROWS,
+	DL_NUM_STMTS
+} DeadLetterStmt;
+
+extern int	dead_letter_execute(DeadLetterStmt stmt, Datum *values,
+								const char *nulls, long tcount);
+
+/* dead_letter.c */
+extern Oid *dead_letter_outcome_oids(FmgrInfo *flinfo, Oid enumtypoid);
+extern Datum dead_letter_outcome_result(FunctionCallInfo fcinfo, Outcome outcome);
+extern void dead_letter_insert(int32 consumer_id, text *key, const char *sql,
+							   ArrayType *params, NullableDatum event_time,
+							   ErrorData *edata, int64 expect_rows);
+extern char *dead_letter_status(int32 consumer_id, text *key);
+
+/* business_run.c */
+extern ErrorData *business_run(int32 consumer_id, const char *consumer, text *key,
+							   const char *sql, ArrayType *params,
+							   ArrayType *settings, Oid run_as,
+							   int64 expect_rows, uint64 *rows);
+extern bool business_run_error_is_transient(int sqlerrcode);
+extern ArrayType *business_run_capture_settings(void);
+
+#endif							/* IDEM_DEAD_LETTER_H */

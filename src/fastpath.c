@@ -1,0 +1,134 @@
+/*-------------------------------------------------------------------------
+ *
+ * fastpath.c
+ *	  What the fast paths of keys and of external effects share:
+ *	  idem_consumer.fast_path, the check that a table has exactly the
+ *	  columns the install script creates, the snapshot an SPI statement
+ *	  would take, and the speculative insertion through a unique index.
+ *
+ * A fast path forms its tuples from the values it is given and runs none
+ * of the executor's checks, so it may write only to a table that is
+ * exactly as created; each fast path checks the rest of its table (its
+ * indexes, defaults, triggers) itself.  The insertion is the one ExecInsert
+ * makes for INSERT ... ON CONFLICT: a heap tuple with a speculative token,
+ * then the index entry with UNIQUE_CHECK_PARTIAL, then the token resolved,
+ * so that a tuple whose index entry conflicts is dead to everyone at once
+ * and a concurrent inserter of the same key waits for this transaction
+ * exactly as it would for the statement.
+ *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/fastpath.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "catalog/pg_collation.h"
+#include "storage/lmgr.h"
+#include "utils/guc.h"
+#include "utils/snapmgr.h"
+
+#include "idem_consumer.h"
+#include "fastpath.h"
+
+/* Whether keys and effects may be written and read in C. */
+static bool idem_fast_path = true;
+
+/*
+ * Defines idem_consumer.fast_path; called once from _PG_init.
+ */
+void
+fastpath_init(void)
+{
+	DefineCustomBoolVariable("idem_consumer.fast_path",
+							 "Records and looks up keys in C when the storage allows it.",
+							 "Off runs every statement on the storage as SQL, the reference path: "
+							 "for tests and for comparing the two.",
+							 &idem_fast_path,
+							 true,
+							 PGC_SUSET,
+							 0,
+							 NULL,
+							 NULL,
+							 NULL);
+}
+
+/*
+ * Tells whether idem_consumer.fast_path lets statements on the storage
+ * run in C.
+ */
+bool
+fastpath_enabled(void)
+{
+	return idem_fast_path;
+}
+
+/*
+ * Tells whether a table has exactly ncolumns columns, none dropped (a
+ * dropped column still takes a slot, which the fast path would fill with
+ * garbage), each with the type, NOT NULL, name and collation of columns.
+ */
+bool
+fastpath_columns_match(TupleDesc tupdesc, const FastPathColumn *columns,
+					   int ncolumns)
+{
+	if (tupdesc->natts != ncolumns)
+		return false;
+	for (int i = 0; i < ncolumns; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(tupdesc, i);
+
+		if (att->attisdropped ||
+			att->attnotnull != columns[i].not_null ||
+			(OidIsValid(columns[i].type) && att->atttypid != columns[i].type) ||
+			(columns[i].name != NULL &&
+			 strcmp(NameStr(att->attname), columns[i].name) != 0) ||
+			(columns[i].collate_c && att->attcollation != C_COLLATION_OID))
+			return false;
+	}
+	return true;
+}
+
+/*
+ * Pushes the snapshot an SPI statement would take, which sees what this
+ * transaction did so far, even earlier in the calling statement; returns
+ * it.  The caller pops it.
+ */
+Snapshot
+fastpath_push_snapshot(void)
+{
+	CommandCounterIncrement();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	UpdateActiveSnapshotCommandId();
+	return GetActiveSnapshot();
+}
+
+/*
+ * Inserts the tuple in slot into rel and its entry into the unique index,
+ * as ExecInsert does for INSERT ... ON CONFLICT; returns false, killing
+ * the speculative tuple, if the index already has an entry of the same key
+ * that may be live.
+ */
+bool
+fastpath_insert_speculative(Relation rel, TupleTableSlot *slot,
+							Relation index, IndexInfo *index_info,
+							Datum *index_values, bool *index_isnull)
+{
+	TransactionId xid = GetCurrentTransactionId();
+	uint32		token;
+	bool		inserted;
+
+	token = SpeculativeInsertionLockAcquire(xid);
+	table_tuple_insert_speculative(rel, slot, GetCurrentCommandId(true),
+								   0, NULL, token);
+	inserted = index_insert(index, index_values, index_isnull, &slot->tts_tid,
+							rel, UNIQUE_CHECK_PARTIAL, false, index_info);
+	table_tuple_complete_speculative(rel, slot, token, inserted);
+	SpeculativeInsertionLockRelease(xid);
+	return inserted;
+}
