@@ -74,7 +74,13 @@ ensure_packages() {
     local profile=${1:-all}
     # build-essential: dpkg-dev and PGXS's compiler, which Debian's
     # default install lacks
-    local pkgs="postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR build-essential make gcc perl"
+    local pkgs="build-essential make gcc perl" debian_server=
+    # an installation of one's own (PG_CONFIG outside Debian's paths, a
+    # build from source, say) brings its server; Debian's is installed
+    if [ "$PG_CONFIG" = "/usr/lib/postgresql/$PG_MAJOR/bin/pg_config" ]; then
+        debian_server=yes
+        pkgs="postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR $pkgs"
+    fi
     if [ "$profile" != build ]; then
         # node and npm run the client tests and the demo's effect consumers;
         # the machines usually have them
@@ -86,7 +92,7 @@ ensure_packages() {
         # queries file of docs/prometheus and scrapes it with curl
         pkgs="$pkgs prometheus-postgres-exporter curl"
         # PL/Proxy: test/t/020_plproxy.pl and test/bench/plproxy (docs/plproxy)
-        pkgs="$pkgs postgresql-$PG_MAJOR-plproxy"
+        [ -n "$debian_server" ] && pkgs="$pkgs postgresql-$PG_MAJOR-plproxy"
         # test/t/080_pgbouncer.pl: Debian's PgBouncer in transaction mode,
         # with psycopg 3, psycopg2 and pgjdbc clients (javac compiles the
         # latter's program)
