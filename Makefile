@@ -13,6 +13,7 @@ OBJS = \
 	src/keystore.o \
 	src/keystore_remove.o \
 	src/consumers.o \
+	src/consumers_sql.o \
 	src/consumer_names.o \
 	src/fingerprint.o \
 	src/plan_cache.o \

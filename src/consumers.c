@@ -75,6 +75,7 @@
 #include "utils/memutils.h"
 
 #include "compat.h"
+#include "consumers.h"
 #include "keystore_internal.h"
 
 /* A consumer as the storage knows it. */
@@ -321,8 +322,8 @@ lookup_consumer(const char *consumer, ConsumerIdEntry *found)
 	}
 
 	name_datum = CStringGetTextDatum(consumer);
-	keystore_execute(si->consumers_have_owners ? KS_FIND_OWNED_CONSUMER : KS_FIND_CONSUMER,
-					 &name_datum, NULL, 1);
+	consumers_execute(si->consumers_have_owners ? CS_FIND_OWNED : CS_FIND,
+					  &name_datum, NULL, 1);
 	if (SPI_processed == 0)
 		return false;
 
@@ -380,18 +381,18 @@ insert_consumer(const char *consumer, Oid owner)
 	args[1] = ObjectIdGetDatum(owner);
 	for (;;)
 	{
-		keystore_execute(si->consumers_have_owners ? KS_CREATE_OWNED_CONSUMER : KS_CREATE_CONSUMER,
-						 args, NULL, 1);
+		consumers_execute(si->consumers_have_owners ? CS_CREATE_OWNED : CS_CREATE,
+						  args, NULL, 1);
 		if (SPI_processed > 0)
 			return DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
 											   SPI_tuptable->tupdesc, 1, &isnull));
 
 		/* under READ COMMITTED, a new snapshot sees a concurrent creation */
-		keystore_execute(KS_FIND_CONSUMER, args, NULL, 1);
+		consumers_execute(CS_FIND, args, NULL, 1);
 		if (SPI_processed > 0)
 			return 0;
 
-		keystore_execute(KS_CONSUMER_IDS_PAST_ROWS, NULL, NULL, 0);
+		consumers_execute(CS_IDS_PAST_ROWS, NULL, NULL, 0);
 		CHECK_FOR_INTERRUPTS();
 	}
 }
@@ -468,7 +469,7 @@ keystore_may_act_on_consumer_id(int32 consumer_id)
 
 	if (!storage_locate()->consumers_have_owners)
 		return true;
-	keystore_execute(KS_CONSUMER_BY_ID, &arg, NULL, 1);
+	consumers_execute(CS_BY_ID, &arg, NULL, 1);
 	if (SPI_processed == 0)
 		return true;
 	owner = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
@@ -488,7 +489,7 @@ keystore_check_consumer_id(int32 consumer_id)
 
 	if (!storage_locate()->consumers_have_owners)
 		return;
-	keystore_execute(KS_CONSUMER_BY_ID, &arg, NULL, 1);
+	consumers_execute(CS_BY_ID, &arg, NULL, 1);
 	if (SPI_processed == 0)
 		return;
 	name = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
@@ -510,7 +511,7 @@ keystore_check_every_consumer(const char *what)
 
 	if (superuser() || !storage_locate()->consumers_have_owners)
 		return;
-	keystore_execute(KS_FOREIGN_CONSUMER, &arg, NULL, 1);
+	consumers_execute(CS_FOREIGN, &arg, NULL, 1);
 	if (SPI_processed == 0)
 		return;
 	name = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
@@ -617,7 +618,7 @@ idem_consumer_set_owner(PG_FUNCTION_ARGS)
 
 	args[0] = Int32GetDatum(found.consumer_id);
 	args[1] = ObjectIdGetDatum(owner);
-	keystore_execute(KS_SET_CONSUMER_OWNER, args, NULL, 0);
+	consumers_execute(CS_SET_OWNER, args, NULL, 0);
 	CacheInvalidateRelcacheByRelid(storage_locate()->consumers_relid);
 	SPI_finish();
 	PG_RETURN_VOID();
@@ -649,7 +650,7 @@ idem_set_fingerprint(PG_FUNCTION_ARGS)
 				 errmsg("consumer \"%s\" does not exist", consumer),
 				 errhint("Create it with idem_consumer_create() first.")));
 	args[1] = PG_GETARG_DATUM(1);
-	keystore_execute(KS_SET_CHECK_FINGERPRINT, args, NULL, 0);
+	consumers_execute(CS_SET_CHECK_FINGERPRINT, args, NULL, 0);
 	CacheInvalidateRelcacheByRelid(storage_locate()->consumers_relid);
 	SPI_finish();
 	PG_RETURN_VOID();
@@ -686,7 +687,7 @@ consumer_row_visible(const char *consumer, TransactionId *xmin)
 	Datum		name = CStringGetTextDatum(consumer);
 	bool		isnull;
 
-	keystore_execute(KS_FIND_CONSUMER, &name, NULL, 1);
+	consumers_execute(CS_FIND, &name, NULL, 1);
 	if (SPI_processed == 0)
 		return false;
 	if (xmin != NULL)

@@ -59,6 +59,26 @@ typedef struct StorageStmtSet
 
 #define STORAGE_STMT_SET(stmts, plans) {(stmts), lengthof(stmts), (plans), 0}
 
+/*
+ * Moves the identity sequence of a storage table's column past the largest
+ * id the table holds, if it is behind it.  Rows that logical replication
+ * applied took their ids from the publisher's sequence, and sequences are
+ * not replicated: on a subscriber that takes over, the sequence would hand
+ * out those ids again.  setval() is not undone by a rollback, and need not
+ * be: an id skipped is harmless.  Only a sequence strictly behind is set:
+ * one that stands at the largest id (every sequence in normal operation)
+ * is left alone, since a concurrent nextval() between this statement's
+ * read of the sequence and its setval() would otherwise be handed out
+ * again.
+ */
+#define IDS_PAST_ROWS(table, column) \
+	"SELECT pg_catalog.setval(s.seq, m.id)" \
+	" FROM (SELECT pg_catalog.pg_get_serial_sequence('" STORAGE_SCHEMA "." table "', '" column "')" \
+	"::pg_catalog.regclass) AS s (seq)," \
+	" (SELECT pg_catalog.max(" column ") FROM " STORAGE_SCHEMA "." table ") AS m (id)" \
+	" WHERE m.id OPERATOR(pg_catalog.>)" \
+	" COALESCE(pg_catalog.pg_sequence_last_value(s.seq), 0)"
+
 extern void storage_stmts_current(StorageStmtSet *set);
 extern int	storage_stmt_run(StorageStmtSet *set, int stmt, Datum *values,
 							 const char *nulls, long tcount);

@@ -44,20 +44,11 @@ typedef struct StorageInfo
 } StorageInfo;
 
 /*
- * keystore_sql.c: the statements of the key store, on keys, collisions,
- * consumers and the purge; see keystore_stmt_defs for their text and
- * parameters.
+ * keystore_sql.c: the statements of the key store, on keys, collisions
+ * and the purge; see keystore_stmt_defs for their text and parameters.
  */
 typedef enum KeystoreStmt
 {
-	KS_FIND_CONSUMER,
-	KS_CREATE_CONSUMER,
-	KS_FIND_OWNED_CONSUMER,
-	KS_CREATE_OWNED_CONSUMER,
-	KS_SET_CONSUMER_OWNER,
-	KS_CONSUMER_BY_ID,
-	KS_FOREIGN_CONSUMER,
-	KS_SET_CHECK_FINGERPRINT,
 	KS_INSERT_KEY_FP,
 	KS_PROBE_KEY_FP,
 	KS_INSERT_COLLISION_FP,
@@ -82,7 +73,6 @@ typedef enum KeystoreStmt
 	KS_COLLIDING_HASHES,
 	KS_INSERT_BATCH,
 	KS_UNRESOLVED_BATCH,
-	KS_CONSUMER_IDS_PAST_ROWS,
 	KS_DEAD_LETTER_IDS_PAST_ROWS,
 	KS_NUM_STMTS
 } KeystoreStmt;

@@ -14,10 +14,10 @@
  *
  * The statements of the key store are here; what each means is the
  * business of the file that runs it: keystore.c and keystore_remove.c
- * (keys and collisions, the purge's reads and removals), consumers.c
- * (consumers).  Other modules keep their statements in a StorageStmtSet
- * of their own (dead_letter_sql.c, retention_store.c, effects_store.c)
- * and run them through storage_stmt_run().  The one condition
+ * (keys and collisions, the purge's reads and removals).  Other modules
+ * keep their statements in a StorageStmtSet of their own
+ * (consumers_sql.c, dead_letter_sql.c, retention_store.c,
+ * effects_store.c) and run them through storage_stmt_run().  The one condition
  * that keeps the keys of pending dead letters out of every purge is here,
  * at AND_NO_PENDING_DEAD_LETTER.
  *
@@ -144,25 +144,6 @@
 	AND_NO_PENDING_DEAD_LETTER("k") \
 	" GROUP BY k.consumer_id"
 
-/*
- * Moves the identity sequence of a storage table's column past the largest
- * id the table holds, if it is behind it.  Rows that logical replication
- * applied took their ids from the publisher's sequence, and sequences are
- * not replicated: on a subscriber that takes over, the sequence would hand
- * out those ids again.  setval() is not undone by a rollback, and need not
- * be: an id skipped is harmless.  Only a sequence strictly behind is set:
- * one that stands at the largest id (every sequence in normal operation)
- * is left alone, since a concurrent nextval() between this statement's
- * read of the sequence and its setval() would otherwise be handed out
- * again.
- */
-#define IDS_PAST_ROWS(table, column) \
-	"SELECT pg_catalog.setval(s.seq, m.id)" \
-	" FROM (SELECT pg_catalog.pg_get_serial_sequence('" STORAGE_SCHEMA "." table "', '" column "')" \
-	"::pg_catalog.regclass) AS s (seq)," \
-	" (SELECT pg_catalog.max(" column ") FROM " STORAGE_SCHEMA "." table ") AS m (id)" \
-	" WHERE m.id OPERATOR(pg_catalog.>)" \
-	" COALESCE(pg_catalog.pg_sequence_last_value(s.seq), 0)"
 
 /*
  * In every statement on keys, $1 is a consumer id and $2 a key, but for
@@ -170,58 +151,6 @@
  * table order.
  */
 static const StorageStmt keystore_stmt_defs[KS_NUM_STMTS] = {
-	[KS_FIND_CONSUMER] = {
-		"SELECT consumer_id, xmin FROM " STORAGE_SCHEMA ".consumers"
-		" WHERE name OPERATOR(pg_catalog.=) $1",
-		1, {TEXTOID}
-	},
-	/*
-	 * Any conflict, on the name or on the id, inserts nothing:
-	 * insert_consumer() tells them apart and moves the ids on past a
-	 * replicated row's (KS_CONSUMER_IDS_PAST_ROWS).
-	 */
-	[KS_CREATE_CONSUMER] = {
-		"INSERT INTO " STORAGE_SCHEMA ".consumers (name) VALUES ($1)"
-		" ON CONFLICT DO NOTHING RETURNING consumer_id",
-		1, {TEXTOID}
-	},
-	/* from 1.1 on, consumers have owners */
-	[KS_FIND_OWNED_CONSUMER] = {
-		"SELECT consumer_id, xmin, owner, check_fingerprint FROM " STORAGE_SCHEMA ".consumers"
-		" WHERE name OPERATOR(pg_catalog.=) $1",
-		1, {TEXTOID}
-	},
-	[KS_CREATE_OWNED_CONSUMER] = {
-		"INSERT INTO " STORAGE_SCHEMA ".consumers (name, owner) VALUES ($1, $2)"
-		" ON CONFLICT DO NOTHING RETURNING consumer_id",
-		2, {TEXTOID, REGROLEOID}
-	},
-	[KS_SET_CONSUMER_OWNER] = {
-		"UPDATE " STORAGE_SCHEMA ".consumers SET owner = $2"
-		" WHERE consumer_id OPERATOR(pg_catalog.=) $1",
-		2, {INT4OID, REGROLEOID}
-	},
-	[KS_CONSUMER_BY_ID] = {
-		"SELECT name, owner FROM " STORAGE_SCHEMA ".consumers"
-		" WHERE consumer_id OPERATOR(pg_catalog.=) $1",
-		1, {INT4OID}
-	},
-	/*
-	 * a consumer the role $1 may not act on, if there is one: one whose
-	 * owner's privileges it does not have (USAGE is has_privs_of_role)
-	 */
-	[KS_FOREIGN_CONSUMER] = {
-		"SELECT name, owner FROM " STORAGE_SCHEMA ".consumers"
-		" WHERE owner IS NOT NULL"
-		" AND NOT pg_catalog.pg_has_role($1, owner, 'USAGE')"
-		" ORDER BY name LIMIT 1",
-		1, {OIDOID}
-	},
-	[KS_SET_CHECK_FINGERPRINT] = {
-		"UPDATE " STORAGE_SCHEMA ".consumers SET check_fingerprint = $2"
-		" WHERE consumer_id OPERATOR(pg_catalog.=) $1",
-		2, {INT4OID, BOOLOID}
-	},
 	/* from 1.1 on, keys keep the fingerprint of their message ($4, may be NULL) */
 	[KS_INSERT_KEY_FP] = {
 		"INSERT INTO " STORAGE_SCHEMA ".processed_keys (consumer_id, processed_at, key, fingerprint)"
@@ -441,11 +370,7 @@ static const StorageStmt keystore_stmt_defs[KS_NUM_STMTS] = {
 		3, {INT4OID, TEXTARRAYOID, TEXTARRAYOID}
 	},
 
-	/* identity sequences behind replicated rows (IDS_PAST_ROWS) */
-	[KS_CONSUMER_IDS_PAST_ROWS] = {
-		IDS_PAST_ROWS("consumers", "consumer_id"),
-		0, {InvalidOid}
-	},
+	/* the identity sequence behind replicated rows (IDS_PAST_ROWS) */
 	[KS_DEAD_LETTER_IDS_PAST_ROWS] = {
 		IDS_PAST_ROWS("dead_letters", "dead_letter_id"),
 		0, {InvalidOid}

@@ -1,0 +1,36 @@
+/*-------------------------------------------------------------------------
+ *
+ * consumers.h
+ *	  The statements of the consumers module on idem_consumer.consumers,
+ *	  shared by consumers.c and consumers_sql.c.
+ *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/consumers.h
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEM_CONSUMERS_H
+#define IDEM_CONSUMERS_H
+
+#include "idem_consumer.h"
+
+typedef enum ConsumerStmt
+{
+	CS_FIND,
+	CS_CREATE,
+	CS_FIND_OWNED,
+	CS_CREATE_OWNED,
+	CS_SET_OWNER,
+	CS_BY_ID,
+	CS_FOREIGN,
+	CS_SET_CHECK_FINGERPRINT,
+	CS_IDS_PAST_ROWS,
+	CS_NUM_STMTS
+} ConsumerStmt;
+
+extern int	consumers_execute(ConsumerStmt stmt, Datum *values,
+							  const char *nulls, long tcount);
+
+#endif							/* IDEM_CONSUMERS_H */
