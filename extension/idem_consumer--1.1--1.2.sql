@@ -59,31 +59,7 @@ CREATE OR REPLACE VIEW idem_effects WITH (security_barrier) AS
       JOIN idem_consumer.consumers AS c USING (consumer_id)
      WHERE c.owner IS NULL OR pg_catalog.pg_has_role(c.owner, 'USAGE');
 
-CREATE OR REPLACE VIEW idem_dead_letters WITH (security_barrier) AS
-    SELECT d.dead_letter_id AS id,
-           c.name AS consumer,
-           d.key,
-           d.status,
-           d.sqlstate,
-           d.message,
-           d.detail,
-           d.hint,
-           d.context,
-           d.attempts,
-           d.first_failed_at,
-           d.last_failed_at,
-           d.event_time,
-           d.sql,
-           d.params,
-           d.settings,
-           d.dead_lettered_by,
-           d.resolved_at,
-           d.resolved_by,
-           d.discard_reason,
-           d.kind
-      FROM idem_consumer.dead_letters AS d
-      JOIN idem_consumer.consumers AS c USING (consumer_id)
-     WHERE c.owner IS NULL OR pg_catalog.pg_has_role(c.owner, 'USAGE');
+-- idem_dead_letters becomes one too with the rows a message demands, below.
 
 --
 -- Function labels that say what the C code does (src/apply.c, src/stats.c).
@@ -259,6 +235,7 @@ REVOKE ALL ON FUNCTION idem_apply_rows_v(text, text, text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_try_apply_rows_v(text, text, text, bigint, "any") FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_try_apply_rows_v(text, text, text, bigint) FROM PUBLIC;
 
+-- the dead-letter view, a security barrier as above, shows the demand
 CREATE OR REPLACE VIEW idem_dead_letters WITH (security_barrier) AS
     SELECT d.dead_letter_id AS id,
            c.name AS consumer,

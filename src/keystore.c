@@ -490,7 +490,7 @@ keystore_key_exists(int32 consumer_id, text *key)
 
 /*
  * Moves the identity sequence of dead_letters past the largest id the
- * table holds, if it is behind it (IDS_PAST_ROWS in keystore_sql.c); for
+ * table holds, if it is behind it (IDS_PAST_ROWS in idem_consumer.h); for
  * the dead-letter queue and the entries of external effects, before they
  * insert.
  */
