@@ -16,6 +16,7 @@ OBJS = \
 	src/consumers_sql.o \
 	src/consumer_names.o \
 	src/fingerprint.o \
+	src/keyhash.o \
 	src/plan_cache.o \
 	src/args.o \
 	src/apply.o \
