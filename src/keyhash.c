@@ -17,11 +17,12 @@
  * finalization) is the variant its authors recommend.
  *
  * The input is the consumer's id as 4 bytes, little-endian whatever the
- * host, followed by the key's bytes: the id's fixed width and SipHash's
- * length byte in the last word make the encoding unambiguous, and the
+ * host, followed by the key's bytes.  The id's fixed width makes the
+ * encoding unambiguous without a separator (SipHash itself tells inputs
+ * of different lengths apart: its last word carries the length), and the
  * value of a key does not depend on the machine that computes it (a
  * logical replica or a restore on another architecture finds the same
- * hashes under the same seed).
+ * hashes under the same seed, read with idem_hash_seed_from_bytes()).
  *
  * This file only computes; the seed is made and kept by the key store.
  * Its test vectors are test/keyhash/; with IDEM_KEYHASH_STANDALONE it
