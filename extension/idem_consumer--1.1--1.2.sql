@@ -286,3 +286,86 @@ CREATE OR REPLACE VIEW idem_dead_letters WITH (security_barrier) AS
 -- processed_keys sets the identity of each partition.
 --
 ALTER TABLE idem_consumer.processed_keys REPLICA IDENTITY FULL;
+
+--
+-- The key store's seeded 64-bit hash (docs/keystore.md).
+--
+-- Keys recorded from 1.2 on go into a generation of tables below
+-- processed_keys and key_collisions: processed_keys_1 and key_collisions_1,
+-- unique on key_hash64(consumer_id, key), SipHash-2-4 of the pair keyed by
+-- this database's secret seed.  With 64 bits a consumer needs about 4
+-- billion live keys before two of them are expected to share a hash (the
+-- 32-bit key_hash of 1.0 gave a hundred collisions per million keys), and
+-- without the seed nobody can compute a key that takes another key's place
+-- and makes its deliveries wait on the other's transaction.
+--
+-- The seed is made here, from pg_strong_random(), and is the database's
+-- own: a dump does not carry it (a restore hashes the keys again with the
+-- new database's seed as it loads them), nor does logical replication (a
+-- subscriber hashes with its own).  It lives in a schema of its own, so
+-- that a publication FOR TABLES IN SCHEMA idem_consumer, which a
+-- subscriber of the storage uses (docs/replication.md), leaves it out: a
+-- subscriber's initial copy of it would collide with the subscriber's own
+-- seed.  Only the table's owner reads it.  Changing it turns the unique
+-- index of every generation into garbage.
+-- hash_bits keeps that many low bits of the hash: 64 always, but in the
+-- test suites, which narrow it before the first key so that collisions
+-- happen among the keys a test can make (none would in 64 bits).
+--
+CREATE SCHEMA idem_consumer_local;
+COMMENT ON SCHEMA idem_consumer_local IS
+    'what belongs to this database alone and is never published: the seed of the key hash';
+CREATE TABLE idem_consumer_local.key_seed (
+    k0 bigint NOT NULL,
+    k1 bigint NOT NULL,
+    hash_bits integer NOT NULL DEFAULT 64 CHECK (hash_bits BETWEEN 16 AND 64),
+    single boolean PRIMARY KEY DEFAULT true CHECK (single)
+);
+REVOKE ALL ON idem_consumer_local.key_seed FROM PUBLIC;
+
+CREATE FUNCTION idem_consumer.new_key_seed(OUT k0 bigint, OUT k1 bigint)
+AS 'MODULE_PATHNAME', 'idem_new_key_seed'
+LANGUAGE C VOLATILE STRICT;
+REVOKE ALL ON FUNCTION idem_consumer.new_key_seed() FROM PUBLIC;
+INSERT INTO idem_consumer_local.key_seed (k0, k1)
+SELECT k0, k1 FROM idem_consumer.new_key_seed();
+
+-- Reads the seed through its cache in each session: IMMUTABLE holds for
+-- as long as the seed does.  Not for PUBLIC: whoever could run it could
+-- search for keys that share a hash.
+CREATE FUNCTION idem_consumer.key_hash64(consumer_id integer, key text)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'idem_key_hash64_sql'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+REVOKE ALL ON FUNCTION idem_consumer.key_hash64(integer, text) FROM PUBLIC;
+
+--
+-- The first generation.  Creating a table that inherits processed_keys
+-- takes only SHARE UPDATE EXCLUSIVE on it; what makes the switch exact is
+-- a lock that conflicts with the ROW EXCLUSIVE of every transaction that
+-- has recorded a key.  The ALTER TABLE above already holds ACCESS
+-- EXCLUSIVE; the LOCK states what is needed whatever the statements
+-- before it.  It waits for those transactions and holds new ones off
+-- until this script commits, whatever the number of keys (docs/storage.md
+-- gives the time measured at 10 million): from then on no transaction
+-- inserts a key into processed_keys itself, whose rows (those of 1.0 and
+-- 1.1) stay where they are, are probed through their own index before
+-- every new key and expire under retention as before.  Nothing is copied
+-- or rewritten.
+--
+LOCK TABLE idem_consumer.processed_keys IN SHARE ROW EXCLUSIVE MODE;
+
+CREATE TABLE idem_consumer.processed_keys_1 ()
+    INHERITS (idem_consumer.processed_keys);
+CREATE UNIQUE INDEX processed_keys_1_hash
+    ON idem_consumer.processed_keys_1 (idem_consumer.key_hash64(consumer_id, key));
+ALTER TABLE idem_consumer.processed_keys_1 REPLICA IDENTITY FULL;
+
+CREATE TABLE idem_consumer.key_collisions_1 (
+    PRIMARY KEY (consumer_id, key)
+) INHERITS (idem_consumer.key_collisions);
+CREATE INDEX key_collisions_1_hash
+    ON idem_consumer.key_collisions_1 (idem_consumer.key_hash64(consumer_id, key));
+
+SELECT pg_catalog.pg_extension_config_dump('idem_consumer.processed_keys_1', '');
+SELECT pg_catalog.pg_extension_config_dump('idem_consumer.key_collisions_1', '');

@@ -46,20 +46,25 @@ COMMIT;
 -- heap insertions of the transaction show which way was taken (a recorded
 -- key inserted without a probe costs one insertion, given up at once;
 -- pending statistics stay in the backend until the transaction ends).
-SELECT count(*) AS recorded
-  FROM idem_record_batch('batch-mode', ARRAY(SELECT 'm' || g FROM generate_series(1, 20) g));
+-- The twenty keys recorded first are those of the second to the
+-- twenty-first lowest hash among 200, so that one new key comes before
+-- them in the index's order and the other new keys after them.
+SELECT idem_consumer_create('batch-mode') IS NOT NULL AS created;
 CREATE TEMP TABLE batch_mode AS
-    SELECT 'm' || g AS key, g <= 20 AS recorded,
-           idem_consumer.key_hash((SELECT consumer_id FROM idem_consumer.consumers
-                                    WHERE name = 'batch-mode'), 'm' || g) AS h
-      FROM generate_series(1, 200) g;
+    SELECT key, rank() OVER (ORDER BY h) BETWEEN 2 AND 21 AS recorded, h
+      FROM (SELECT 'm' || g AS key,
+                   idem_consumer.key_hash64((SELECT consumer_id FROM idem_consumer.consumers
+                                             WHERE name = 'batch-mode'), 'm' || g) AS h
+              FROM generate_series(1, 200) g) AS k;
+SELECT count(*) AS recorded
+  FROM idem_record_batch('batch-mode', ARRAY(SELECT key FROM batch_mode WHERE recorded));
 SELECT key AS first_new FROM batch_mode WHERE NOT recorded ORDER BY h LIMIT 1 \gset
 SELECT (SELECT h FROM batch_mode WHERE key = :'first_new') < min(h) AS first_new_is_first
   FROM batch_mode WHERE recorded;
 -- five recorded keys, the new key first in the index's order, two more new keys
 BEGIN;
 SELECT n_tup_ins AS ins0, n_tup_del AS del0
-  FROM pg_stat_xact_all_tables WHERE relid = 'idem_consumer.processed_keys'::regclass \gset
+  FROM pg_stat_xact_all_tables WHERE relid = 'idem_consumer.processed_keys_1'::regclass \gset
 SELECT count(*) AS new_keys, bool_or(k = :'first_new') AS first_new_is_new,
        bool_and(NOT m.recorded) AS none_recorded
   FROM idem_record_batch('batch-mode',
@@ -68,18 +73,18 @@ SELECT count(*) AS new_keys, bool_or(k = :'first_new') AS first_new_is_new,
            || ARRAY(SELECT key FROM batch_mode WHERE NOT recorded ORDER BY h DESC LIMIT 2)) AS k
   JOIN batch_mode m ON m.key = k;
 SELECT n_tup_ins - :ins0 AS inserted, n_tup_del - :del0 AS given_up
-  FROM pg_stat_xact_all_tables WHERE relid = 'idem_consumer.processed_keys'::regclass;
+  FROM pg_stat_xact_all_tables WHERE relid = 'idem_consumer.processed_keys_1'::regclass;
 COMMIT;
 -- all twenty recorded keys and two new ones: the first key is recorded
 BEGIN;
 SELECT n_tup_ins AS ins0, n_tup_del AS del0
-  FROM pg_stat_xact_all_tables WHERE relid = 'idem_consumer.processed_keys'::regclass \gset
+  FROM pg_stat_xact_all_tables WHERE relid = 'idem_consumer.processed_keys_1'::regclass \gset
 SELECT count(*) AS new_keys
   FROM idem_record_batch('batch-mode',
            ARRAY(SELECT key FROM batch_mode WHERE recorded)
            || ARRAY(SELECT key FROM batch_mode WHERE NOT recorded ORDER BY h DESC OFFSET 2 LIMIT 2)) AS k;
 SELECT n_tup_ins - :ins0 AS inserted, n_tup_del - :del0 AS given_up
-  FROM pg_stat_xact_all_tables WHERE relid = 'idem_consumer.processed_keys'::regclass;
+  FROM pg_stat_xact_all_tables WHERE relid = 'idem_consumer.processed_keys_1'::regclass;
 COMMIT;
 SELECT count(*) AS stored FROM idem_processed_keys WHERE consumer = 'batch-mode';
 
@@ -141,7 +146,7 @@ SELECT key FROM idem_processed_keys WHERE consumer = 'batch-payments' ORDER BY k
 SELECT count(*) FROM idem_record_batch('batch-hashing', ARRAY['seed']);
 CREATE TEMP TABLE batch_colliding AS
     WITH c AS (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'batch-hashing'),
-         k AS (SELECT 'evt-' || g AS key, idem_consumer.key_hash((SELECT consumer_id FROM c), 'evt-' || g) AS h
+         k AS (SELECT 'evt-' || g AS key, idem_consumer.key_hash64((SELECT consumer_id FROM c), 'evt-' || g) AS h
                  FROM generate_series(1, 400000) g),
          pairs AS (SELECT h FROM k GROUP BY h HAVING count(*) >= 2 ORDER BY h LIMIT 2)
     SELECT dense_rank() OVER (ORDER BY h) AS pair, row_number() OVER (PARTITION BY h ORDER BY key) AS n, key

@@ -318,6 +318,10 @@ SELECT idem_purge() >= 0;
 SELECT count(*) >= 1 FROM idem_stats;
 SELECT count(*) FROM pg_proc WHERE proname LIKE 'idem_effect%';
 ALTER EXTENSION idem_consumer UPDATE;
+-- a new seed came with the update: narrowed again for the tests after
+-- this one (see hash_width), before the first key of the new generation
+UPDATE idem_consumer_local.key_seed SET k0 = 1, k1 = 2, hash_bits = 32;
+\c
 SELECT idem_dlq_replay(id) FROM idem_dead_letters WHERE key = 'm-1';
 SELECT action, fence FROM idem_effect_begin('old', 'e-1');
 SELECT kind FROM idem_dead_letters WHERE key = 'm-1';

@@ -1,5 +1,6 @@
 --
--- The fast path (keystore.c) writes idem_consumer.processed_keys in C, so
+-- The fast path (keystore.c) writes the key table of the current
+-- generation, idem_consumer.processed_keys_1, in C, so
 -- it must step aside for any table it does not exactly recognise and leave
 -- the work to the SQL statements.  Each case below shows a behaviour only
 -- the SQL statements have.  Every change to the storage is rolled back.
@@ -49,7 +50,7 @@ BEGIN
     RETURN NEW;
 END $$;
 BEGIN;
-CREATE TRIGGER fp_seen BEFORE INSERT ON idem_consumer.processed_keys
+CREATE TRIGGER fp_seen BEFORE INSERT ON idem_consumer.processed_keys_1
     FOR EACH ROW EXECUTE FUNCTION fp_trigger();
 SELECT idem_apply('trg-1', 'fp', 'update fp set n = n + 1') AS applied;
 SELECT k FROM idem_record_batch('fp', ARRAY['trg-2']) AS k;
@@ -64,12 +65,15 @@ DROP FUNCTION fp_trigger();
 CREATE ROLE idem_fp_owner;
 BEGIN;
 GRANT USAGE ON SCHEMA idem_consumer TO idem_fp_owner;
+GRANT EXECUTE ON FUNCTION idem_consumer.key_hash64(integer, text) TO idem_fp_owner;
 ALTER TABLE idem_consumer.processed_keys OWNER TO idem_fp_owner;
 ALTER TABLE idem_consumer.key_collisions OWNER TO idem_fp_owner;
+ALTER TABLE idem_consumer.processed_keys_1 OWNER TO idem_fp_owner;
+ALTER TABLE idem_consumer.key_collisions_1 OWNER TO idem_fp_owner;
 ALTER TABLE idem_consumer.consumers OWNER TO idem_fp_owner;
-ALTER TABLE idem_consumer.processed_keys ENABLE ROW LEVEL SECURITY;
-ALTER TABLE idem_consumer.processed_keys FORCE ROW LEVEL SECURITY;
-CREATE POLICY fp_no_blocked ON idem_consumer.processed_keys
+ALTER TABLE idem_consumer.processed_keys_1 ENABLE ROW LEVEL SECURITY;
+ALTER TABLE idem_consumer.processed_keys_1 FORCE ROW LEVEL SECURITY;
+CREATE POLICY fp_no_blocked ON idem_consumer.processed_keys_1
     USING (true) WITH CHECK (key NOT LIKE 'blocked%');
 SELECT idem_apply('rls-1', 'fp', 'update fp set n = n + 1') AS applied;
 SAVEPOINT blocked;
@@ -100,7 +104,7 @@ COMMIT;
 --
 CREATE FUNCTION fp_scans() RETURNS bigint LANGUAGE sql AS $$
     SELECT idx_scan FROM pg_stat_xact_all_tables
-     WHERE relid = 'idem_consumer.processed_keys'::regclass
+     WHERE relid = 'idem_consumer.processed_keys_1'::regclass
 $$;
 BEGIN;
 SELECT idem_apply('warm', 'fp', 'update fp set n = n + 1') AS applied;

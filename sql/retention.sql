@@ -8,7 +8,7 @@
 CREATE FUNCTION store_key(consumer text, key text, age interval) RETURNS void
 LANGUAGE sql AS $$
     INSERT INTO idem_consumer.consumers (name) VALUES (consumer) ON CONFLICT DO NOTHING;
-    INSERT INTO idem_consumer.processed_keys (consumer_id, processed_at, key)
+    INSERT INTO idem_consumer.processed_keys_1 (consumer_id, processed_at, key)
     SELECT consumer_id,
            floor(extract(epoch FROM now() - age - timestamptz '2000-01-01 00:00:00+00'))::int, key
       FROM idem_consumer.consumers WHERE name = consumer;
@@ -124,7 +124,7 @@ SELECT idem_purge('rollback') AS purged, keys_of('rollback');
 SELECT idem_apply('seed', 'hashing-r', 'select 1');
 CREATE TEMP TABLE colliding AS
     WITH c AS (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'hashing-r'),
-         k AS (SELECT 'evt-' || g AS key, idem_consumer.key_hash((SELECT consumer_id FROM c), 'evt-' || g) AS h
+         k AS (SELECT 'evt-' || g AS key, idem_consumer.key_hash64((SELECT consumer_id FROM c), 'evt-' || g) AS h
                  FROM generate_series(1, 400000) g),
          pairs AS (SELECT h FROM k GROUP BY h HAVING count(*) >= 2 ORDER BY h LIMIT 3)
     SELECT dense_rank() OVER (ORDER BY h) AS pair, row_number() OVER (PARTITION BY h ORDER BY key) AS n, key
@@ -140,10 +140,10 @@ SELECT key AS c2 FROM colliding WHERE pair = 3 AND n = 2 \gset
 SELECT store_key('hashing-r', :'a1', '30 days');
 SELECT idem_apply(:'a2', 'hashing-r', 'select 1') AS a2_recorded;
 SELECT store_key('hashing-r', :'b1', '30 days');
-INSERT INTO idem_consumer.key_collisions (consumer_id, processed_at, key)
+INSERT INTO idem_consumer.key_collisions_1 (consumer_id, processed_at, key)
 SELECT consumer_id, processed_at - 10, :'b2' FROM idem_consumer.processed_keys WHERE key = :'b1';
 SELECT idem_apply(:'c1', 'hashing-r', 'select 1') AS c1_recorded;
-INSERT INTO idem_consumer.key_collisions (consumer_id, processed_at, key)
+INSERT INTO idem_consumer.key_collisions_1 (consumer_id, processed_at, key)
 SELECT consumer_id, processed_at - 30 * 86400, :'c2' FROM idem_consumer.processed_keys WHERE key = :'c1';
 SELECT count(*) AS collisions FROM idem_consumer.key_collisions
  WHERE consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'hashing-r');

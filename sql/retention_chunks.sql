@@ -15,7 +15,7 @@ INSERT INTO idem_consumer.consumers (name) VALUES ('chunks'), ('other');
 -- those whose hash another key of the consumer has taken)
 CREATE FUNCTION store_keys(consumer text, prefix text, n int, age interval) RETURNS void
 LANGUAGE sql AS $$
-    INSERT INTO idem_consumer.processed_keys (consumer_id, processed_at, key)
+    INSERT INTO idem_consumer.processed_keys_1 (consumer_id, processed_at, key)
     SELECT c.consumer_id,
            floor(extract(epoch FROM now() - age - timestamptz '2000-01-01 00:00:00+00'))::int,
            prefix || g
@@ -26,7 +26,7 @@ $$;
 -- blocks of processed_keys this transaction has read so far
 CREATE FUNCTION blocks_read() RETURNS bigint
 LANGUAGE sql AS $$
-    SELECT pg_stat_get_xact_blocks_fetched('idem_consumer.processed_keys'::regclass)
+    SELECT pg_stat_get_xact_blocks_fetched('idem_consumer.processed_keys_1'::regclass)
 $$;
 
 -- In chunk 0: expired keys of "other", then fresh keys of "chunks" that
@@ -36,12 +36,12 @@ SELECT store_keys('other', 'expired-', 1000, '30 days');
 SELECT store_keys('chunks', 'fresh-', 400000, '0');
 SELECT store_keys('chunks', 'expired-', 5, '30 days');
 SELECT store_keys('other', 'fresh-', 1, '0');
-SELECT pg_relation_size('idem_consumer.processed_keys') / 8192 AS blocks \gset
+SELECT pg_relation_size('idem_consumer.processed_keys_1') / 8192 AS blocks \gset
 SELECT :blocks > 2048 + 100 AS beyond_chunk_0,
-       (SELECT min(k.ctid) >= '(2048,0)' FROM idem_consumer.processed_keys k
+       (SELECT min(k.ctid) >= '(2048,0)' FROM idem_consumer.processed_keys_1 k
          JOIN idem_consumer.consumers c USING (consumer_id)
          WHERE c.name = 'chunks' AND k.key LIKE 'expired-%') AS expired_of_chunks_beyond_chunk_0,
-       (SELECT max(k.ctid) < '(2048,0)' FROM idem_consumer.processed_keys k
+       (SELECT max(k.ctid) < '(2048,0)' FROM idem_consumer.processed_keys_1 k
          JOIN idem_consumer.consumers c USING (consumer_id)
          WHERE c.name = 'other' AND k.key LIKE 'expired-%') AS expired_of_other_in_chunk_0;
 
@@ -60,7 +60,7 @@ COMMIT;
 SELECT idem_purge(NULL, 100000) AS purged;
 SELECT c.name, count(*) FILTER (WHERE k.key LIKE 'expired-%') AS expired_left,
        count(*) FILTER (WHERE k.key LIKE 'fresh-%') > 0 AS fresh_kept
-  FROM idem_consumer.processed_keys k JOIN idem_consumer.consumers c USING (consumer_id)
+  FROM idem_consumer.processed_keys_1 k JOIN idem_consumer.consumers c USING (consumer_id)
  GROUP BY 1 ORDER BY 1;
 
 \c :regression_db

@@ -56,7 +56,7 @@ SELECT idem_purge('dlq') AS purged, dl_keys_of('dlq');
 SELECT dl_store_key('dlq-c', 'seed', '0');
 CREATE TEMP TABLE dl_colliding AS
     WITH c AS (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'dlq-c'),
-         k AS (SELECT 'evt-' || g AS key, idem_consumer.key_hash((SELECT consumer_id FROM c), 'evt-' || g) AS h
+         k AS (SELECT 'evt-' || g AS key, idem_consumer.key_hash64((SELECT consumer_id FROM c), 'evt-' || g) AS h
                  FROM generate_series(1, 400000) g),
          pair AS (SELECT h FROM k GROUP BY h HAVING count(*) = 2 ORDER BY h LIMIT 1)
     SELECT row_number() OVER (ORDER BY key) AS n, key FROM k WHERE h = (SELECT h FROM pair);

@@ -7,9 +7,15 @@ CREATE TEMP TABLE footprint_keys AS
     SELECT 'order-paid:' || substr(md5(g::text), 1, 19) AS key
       FROM generate_series(1, 100000) g;
 SELECT min(length(key)), max(length(key)) FROM footprint_keys;
+-- every table of keys: processed_keys and key_collisions, and the
+-- generations that inherit them
 CREATE FUNCTION storage_bytes() RETURNS numeric LANGUAGE sql AS $$
-    SELECT (pg_total_relation_size('idem_consumer.processed_keys')
-            + pg_total_relation_size('idem_consumer.key_collisions'))::numeric
+    SELECT sum(pg_total_relation_size(t.rel))::numeric
+      FROM (SELECT 'idem_consumer.processed_keys'::regclass AS rel
+            UNION ALL SELECT 'idem_consumer.key_collisions'::regclass
+            UNION ALL SELECT i.inhrelid::regclass FROM pg_inherits AS i
+             WHERE i.inhparent IN ('idem_consumer.processed_keys'::regclass,
+                                   'idem_consumer.key_collisions'::regclass)) AS t
 $$;
 
 SELECT idem_consumer_create('footprint');

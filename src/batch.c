@@ -56,12 +56,13 @@ return_key(ReturnSetInfo *rsinfo, Datum key)
 }
 
 /*
- * Records a batch through keystore.c's fast path and returns the new keys;
- * returns -1, doing nothing, when the fast path cannot be used.
+ * Records a batch key by key in keystore.c and returns the new keys; with
+ * require_fastpath, returns -1, doing nothing, when the fast path cannot be
+ * used.
  */
 static int64
-record_batch_fast(ReturnSetInfo *rsinfo, int32 consumer_id,
-				  Datum *elems, int nkeys)
+record_batch_by_key(ReturnSetInfo *rsinfo, int32 consumer_id,
+					Datum *elems, int nkeys, bool require_fastpath)
 {
 	text	  **key_texts = palloc(nkeys * sizeof(text *));
 	bool	   *isnew = palloc(nkeys * sizeof(bool));
@@ -69,8 +70,8 @@ record_batch_fast(ReturnSetInfo *rsinfo, int32 consumer_id,
 
 	for (int i = 0; i < nkeys; i++)
 		key_texts[i] = DatumGetTextPP(elems[i]);
-	if (!keystore_record_keys(consumer_id, key_texts, nkeys, NULL, NULL, true,
-							  isnew, NULL))
+	if (!keystore_record_keys(consumer_id, key_texts, nkeys, NULL, NULL,
+							  require_fastpath, isnew, NULL))
 		return -1;
 
 	for (int i = 0; i < nkeys; i++)
@@ -170,8 +171,11 @@ idem_record_batch(PG_FUNCTION_ARGS)
 	inflight_check_keys(consumer_id, consumer, elems, nkeys, "record");
 	call = stats_call_begin(consumer);
 
-	nnew = record_batch_fast(rsinfo, consumer_id, elems, nkeys);
-	if (nnew < 0)
+	nnew = record_batch_by_key(rsinfo, consumer_id, elems, nkeys, true);
+	/* the set-based statements know only the generation of new keys */
+	if (nnew < 0 && keystore_old_live())
+		nnew = record_batch_by_key(rsinfo, consumer_id, elems, nkeys, false);
+	else if (nnew < 0)
 		nnew = record_batch_sql(rsinfo, consumer_id, keys, nkeys);
 
 	SPI_finish();

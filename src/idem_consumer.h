@@ -83,11 +83,17 @@ extern void storage_stmts_current(StorageStmtSet *set);
 extern int	storage_stmt_run(StorageStmtSet *set, int stmt, Datum *values,
 							 const char *nulls, long tcount);
 
-/* The tables that hold keys, in the order a purge walks them. */
+/*
+ * The tables that hold keys, in the order a purge walks them: those of the
+ * current generation, then those of the old one (keystore.c), whose tables
+ * are empty in a database that has none.
+ */
 typedef enum KeystoreTable
 {
 	KS_TABLE_COLLISIONS,
 	KS_TABLE_KEYS,
+	KS_TABLE_OLD_COLLISIONS,
+	KS_TABLE_OLD_KEYS,
 	KS_NUM_TABLES
 } KeystoreTable;
 
@@ -131,6 +137,7 @@ extern uint64 keystore_insert_batch(int32 consumer_id, ArrayType *keys);
 extern uint64 keystore_unresolved_batch(int32 consumer_id, ArrayType *keys,
 										ArrayType *inserted);
 extern Oid	keystore_keys_relid(void);
+extern bool keystore_old_live(void);
 extern void keystore_table_blocks(BlockNumber *blocks);
 extern uint64 keystore_remove_rows(KeystoreTable table, ItemPointer tids,
 								   int ntids, Datum consumer_ids, Datum cutoffs);

@@ -68,6 +68,7 @@
 #include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
+#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
 #include "compat.h"
@@ -185,7 +186,7 @@ record_key_sql(int32 consumer_id, int32 processed_at, text *key,
  * probe.  A place found taken clears *insert_first.
  */
 static bool
-fastpath_record(KeyFastPath *fp, int32 hash, int32 consumer_id,
+fastpath_record(KeyFastPath *fp, int64 hash, int32 consumer_id,
 				int32 processed_at, text *key, const int32 *fingerprint,
 				RecordedKey *recorded, bool *insert_first)
 {
@@ -218,6 +219,83 @@ fastpath_record(KeyFastPath *fp, int32 hash, int32 consumer_id,
 }
 
 /*
+ * Raises a serialization failure if the old generation holds a key that
+ * the transaction's snapshot did not show: under REPEATABLE READ and
+ * SERIALIZABLE, recording it anew would apply a message whose first
+ * application committed after the snapshot, where INSERT ... ON CONFLICT
+ * fails instead.  Only a key recorded before the upgrade by a transaction
+ * that ended after our snapshot was taken can be there.
+ */
+static void
+old_key_invisible_check(Datum *key_args)
+{
+	if (!IsolationUsesXactSnapshot())
+		return;
+	keystore_execute_snapshot(KEYGEN_OLD, KS_PROBE_KEY, key_args,
+							  GetLatestSnapshot(), 1);
+	if (SPI_processed == 1 &&
+		(DatumGetBool(result_column(1)) || DatumGetBool(result_column(2))))
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("could not serialize access due to concurrent update"),
+				 errdetail("The key was recorded by a transaction that committed after this transaction's snapshot was taken.")));
+}
+
+/*
+ * Tells whether the old generation records a key, and then fills
+ * *recorded (when not NULL).  Nothing inserts into the old generation but
+ * a collision moved into the place of its occupant, so a key absent from
+ * it is absent for good, and a new key goes into the current generation.
+ * for_recording: the key is about to be recorded if absent (see
+ * old_key_invisible_check).
+ */
+static bool
+recorded_in_old(int32 consumer_id, text *key, RecordedKey *recorded,
+				bool for_recording)
+{
+	KeyFastPath fp;
+	Datum		key_args[2];
+	bool		with_fp = storage_locate()->keys_have_fingerprints;
+	bool		found;
+
+	if (!keystore_old_live())
+		return false;
+
+	key_args[0] = Int32GetDatum(consumer_id);
+	key_args[1] = PointerGetDatum(key);
+	if (key_fastpath_open(&fp, KEYGEN_OLD, false))
+	{
+		KeyProbe	probe = key_fastpath_probe(&fp, key_hash_in(KEYGEN_OLD, consumer_id, key),
+											   consumer_id, key, recorded);
+
+		key_fastpath_close(&fp);
+		if (probe == PROBE_KEY)
+			return true;
+		if (probe == PROBE_EMPTY)
+		{
+			if (for_recording)
+				old_key_invisible_check(key_args);
+			return false;
+		}
+	}
+
+	keystore_execute_in(KEYGEN_OLD, with_fp ? KS_PROBE_KEY_FP : KS_PROBE_KEY,
+						key_args, NULL, 1);
+	found = SPI_processed == 1 &&
+		(DatumGetBool(result_column(1)) || DatumGetBool(result_column(2)));
+	if (found && recorded != NULL)
+	{
+		if (with_fp)
+			recorded_from_probe(recorded);
+		else
+			memset(recorded, 0, sizeof(RecordedKey));
+	}
+	if (!found && for_recording)
+		old_key_invisible_check(key_args);
+	return found;
+}
+
+/*
  * Records a key with the fingerprint of its message (NULL: none); returns
  * false if the key was already recorded, and then fills *recorded (when
  * not NULL) with what the storage holds of it.  In a database whose SQL is
@@ -231,11 +309,13 @@ keystore_record_key_fp(int32 consumer_id, text *key, const int32 *fingerprint,
 	bool		isnew;
 
 	inflight_note_recording();
-	if (!key_fastpath_open(&fp, true))
+	if (recorded_in_old(consumer_id, key, recorded, true))
+		return false;
+	if (!key_fastpath_open(&fp, KEYGEN_CURRENT, true))
 		return record_key_sql(consumer_id, keystore_processed_at_now(), key,
 							  fingerprint, recorded);
 
-	isnew = fastpath_record(&fp, key_hash_value(consumer_id, key),
+	isnew = fastpath_record(&fp, key_hash_in(KEYGEN_CURRENT, consumer_id, key),
 							consumer_id, keystore_processed_at_now(), key, fingerprint,
 							recorded, NULL);
 	key_fastpath_close(&fp);
@@ -255,7 +335,7 @@ keystore_record_key(int32 consumer_id, text *key)
 /* A key of a batch, sorted in the order of the unique index. */
 typedef struct BatchKey
 {
-	int32		hash;
+	int64		hash;
 	int			index;			/* position in the batch */
 	text	   *key;
 } BatchKey;
@@ -304,7 +384,7 @@ sort_batch(int32 consumer_id, text **keys, int nkeys, bool *isnew)
 
 	for (int i = 0; i < nkeys; i++)
 	{
-		sorted[i].hash = key_hash_value(consumer_id, keys[i]);
+		sorted[i].hash = key_hash_in(KEYGEN_CURRENT, consumer_id, keys[i]);
 		sorted[i].index = i;
 		sorted[i].key = keys[i];
 		isnew[i] = false;
@@ -368,7 +448,7 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 
 	inflight_note_recording();
 
-	fast = key_fastpath_open(&fp, true);
+	fast = key_fastpath_open(&fp, KEYGEN_CURRENT, true);
 	if (!fast && require_fastpath)
 		return false;
 
@@ -399,7 +479,9 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 		}
 
 		oldcxt = MemoryContextSwitchTo(keycxt);
-		if (fast)
+		if (recorded_in_old(consumer_id, sorted[i].key, found, true))
+			isnew[index] = false;
+		else if (fast)
 		{
 			isnew[index] = fastpath_record(&fp, sorted[i].hash, consumer_id,
 										   processed_at, sorted[i].key,
@@ -470,10 +552,13 @@ keystore_key_exists(int32 consumer_id, text *key)
 	Datum		key_args[2];
 	KeyFastPath fp;
 
+	if (recorded_in_old(consumer_id, key, NULL, false))
+		return true;
+
 	/* a collision is visible only with its occupant, see the invariant */
-	if (key_fastpath_open(&fp, false))
+	if (key_fastpath_open(&fp, KEYGEN_CURRENT, false))
 	{
-		KeyProbe	found = key_fastpath_probe(&fp, key_hash_value(consumer_id, key),
+		KeyProbe	found = key_fastpath_probe(&fp, key_hash_in(KEYGEN_CURRENT, consumer_id, key),
 											   consumer_id, key, NULL);
 
 		key_fastpath_close(&fp);

@@ -2,7 +2,8 @@
  *
  * keystore_fastpath.c
  *	  The fast path on the key index: probing a key's hash in the unique
- *	  index of processed_keys and inserting a new key without the executor.
+ *	  index of a generation's key table and inserting a new key there
+ *	  without the executor.
  *
  * It is used only when the storage is exactly as the extension creates it
  * (storage.c recognises the index; key_fastpath_open checks the table), and it
@@ -15,8 +16,8 @@
  * snapshot, a concurrent inserter) is left to the SQL statements, which
  * wait and decide; keystore.c says why that is exact.
  *
- * This file touches processed_keys and its index only, never
- * key_collisions or the other tables.
+ * This file touches the key tables of the generations and their indexes
+ * only, never their collisions or the other tables.
  *
  * Copyright (c) 2025-2026, idem_consumer maintainers
  *
@@ -44,7 +45,7 @@
 #include "fastpath.h"
 
 /*
- * Tells whether processed_keys has exactly the columns the extension
+ * Tells whether a key table has exactly the columns the extension
  * creates: (consumer_id int4, processed_at int4, key text COLLATE "C"),
  * all NOT NULL, and from version 1.1 on a fourth, fingerprint int4,
  * nullable, without a default; and nothing else.  The fast path forms its
@@ -70,8 +71,9 @@ key_columns_match(TupleDesc tupdesc)
 }
 
 /*
- * Opens processed_keys and its unique index for the fast path, to write
- * or only to read; returns false when the SQL statements must do the work:
+ * Opens the key table of a generation and its unique index for the fast
+ * path, to write or only to read; returns false when the SQL statements
+ * must do the work:
  * idem_consumer.fast_path is off, the table is partitioned or a partition
  * (only the executor routes rows and checks partition constraints), has
  * other columns than ours, triggers, row security, check constraints or
@@ -79,18 +81,18 @@ key_columns_match(TupleDesc tupdesc)
  * then raises the usual error).
  */
 bool
-key_fastpath_open(KeyFastPath *fp, bool write)
+key_fastpath_open(KeyFastPath *fp, KeyGenSlot slot, bool write)
 {
 	LOCKMODE	lockmode = write ? RowExclusiveLock : AccessShareLock;
-	const StorageInfo *si = storage_locate();
+	const KeyGeneration *gen = &storage_locate()->gens[slot];
 	List	   *indexes;
 	bool		usable;
 
-	if (!fastpath_enabled() || !OidIsValid(si->hash_index) ||
+	if (!fastpath_enabled() || !OidIsValid(gen->hash_index) ||
 		(write && (XactReadOnly || IsInParallelMode())))
 		return false;
 
-	fp->keys = table_open(si->keys_relid, lockmode);
+	fp->keys = table_open(gen->keys_relid, lockmode);
 	indexes = RelationGetIndexList(fp->keys);
 	usable = fp->keys->rd_rel->relkind == RELKIND_RELATION &&
 		!fp->keys->rd_rel->relispartition &&
@@ -100,7 +102,7 @@ key_fastpath_open(KeyFastPath *fp, bool write)
 		(fp->keys->rd_att->constr == NULL ||
 		 fp->keys->rd_att->constr->num_check == 0) &&
 		list_length(indexes) == 1 &&
-		linitial_oid(indexes) == si->hash_index;
+		linitial_oid(indexes) == gen->hash_index;
 	list_free(indexes);
 	if (!usable)
 	{
@@ -108,7 +110,8 @@ key_fastpath_open(KeyFastPath *fp, bool write)
 		return false;
 	}
 
-	fp->hash_index = index_open(si->hash_index, lockmode);
+	fp->hash_index = index_open(gen->hash_index, lockmode);
+	fp->hash64 = gen->hash64;
 	fp->index_info = NULL;
 	fp->scan = NULL;
 	fp->slot = NULL;
@@ -135,7 +138,7 @@ key_fastpath_close(KeyFastPath *fp)
 }
 
 /*
- * Copies what the storage holds of a key from its row in processed_keys:
+ * Copies what the storage holds of a key from its row in a key table:
  * its time, and its fingerprint where the table has one.
  */
 static void
@@ -161,7 +164,7 @@ recorded_from_slot(TupleTableSlot *slot, RecordedKey *recorded)
  * of a hash.
  */
 KeyProbe
-key_fastpath_probe(KeyFastPath *fp, int32 hash, int32 consumer_id, text *key,
+key_fastpath_probe(KeyFastPath *fp, int64 hash, int32 consumer_id, text *key,
 				   RecordedKey *recorded)
 {
 	ScanKeyData skey;
@@ -175,7 +178,11 @@ key_fastpath_probe(KeyFastPath *fp, int32 hash, int32 consumer_id, text *key,
 		fp->scan = compat_index_beginscan(fp->keys, fp->hash_index, fp->snapshot, 1, 0);
 		fp->slot = table_slot_create(fp->keys, NULL);
 	}
-	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_INT4EQ, Int32GetDatum(hash));
+	if (fp->hash64)
+		ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_INT8EQ, Int64GetDatum(hash));
+	else
+		ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_INT4EQ,
+					Int32GetDatum((int32) hash));
 	index_rescan(fp->scan, &skey, 1, NULL, 0);
 
 	if (index_getnext_slot(fp->scan, ForwardScanDirection, fp->slot))
@@ -214,12 +221,13 @@ key_fastpath_probe(KeyFastPath *fp, int32 hash, int32 consumer_id, text *key,
  * tell a duplicate from a collision.
  */
 bool
-key_fastpath_insert(KeyFastPath *fp, int32 hash, int32 consumer_id,
+key_fastpath_insert(KeyFastPath *fp, int64 hash, int32 consumer_id,
 					int32 processed_at, text *key, const int32 *fingerprint)
 {
 	TupleDesc	tupdesc = RelationGetDescr(fp->keys);
 	TupleTableSlot *slot;
-	Datum		index_value = Int32GetDatum(hash);
+	Datum		index_value = fp->hash64 ? Int64GetDatum(hash) :
+		Int32GetDatum((int32) hash);
 	bool		index_isnull = false;
 	bool		inserted;
 

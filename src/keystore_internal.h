@@ -26,19 +26,49 @@
 #include "utils/snapshot.h"
 
 /*
+ * A generation of the key store: a table of keys, the table of its hash
+ * collisions, and the unique index of the keys on their hash.  Keys of
+ * 1.0 and 1.1 are in processed_keys and key_collisions themselves, on the
+ * 32-bit key_hash; from 1.2 on new keys go into tables that inherit them,
+ * on the seeded 64-bit key_hash64 (keystore.c).
+ */
+typedef struct KeyGeneration
+{
+	Oid			keys_relid;
+	Oid			collisions_relid;
+	Oid			hash_index;		/* InvalidOid: the fast path is off */
+	bool		hash64;			/* key_hash64, or else key_hash */
+	bool		parent;			/* has generations below it: reads say ONLY */
+} KeyGeneration;
+
+/*
+ * The generations a database may have: the current one takes every new
+ * key; the old one, in a database upgraded from 1.1, holds the keys
+ * recorded before, until they expire.
+ */
+typedef enum KeyGenSlot
+{
+	KEYGEN_CURRENT,
+	KEYGEN_OLD,
+	KEYGEN_NUM
+} KeyGenSlot;
+
+/*
  * The storage tables of this database as last located.  generation changes
  * whenever they are located anew (after DROP and CREATE EXTENSION, say), so
  * that whatever a backend cached about them (plans, consumer ids) can tell
- * it belongs to tables that are gone.
+ * it belongs to tables that are gone.  keys_relid is processed_keys, the
+ * parent of every generation.
  */
 typedef struct StorageInfo
 {
 	Oid			keys_relid;
 	Oid			consumers_relid;
-	Oid			hash_index;		/* InvalidOid: the fast path is off */
 	Oid			owner;
 	bool		consumers_have_owners;	/* the SQL is 1.1 or later */
 	bool		keys_have_fingerprints; /* the same */
+	bool		has_old;		/* gens[KEYGEN_OLD] is set: 1.2 or later */
+	KeyGeneration gens[KEYGEN_NUM];
 	uint64		generation;
 	uint64		consumers_version;	/* changes with every invalidation too */
 } StorageInfo;
@@ -63,7 +93,6 @@ typedef enum KeystoreStmt
 	KS_FIND_COLLISION,
 	KS_ENTRY_STATUS,
 	KS_DELETE_RESOLVED_ENTRY,
-	KS_TABLE_SIZES,
 	KS_LATEST_COLLISIONS,
 	KS_LATEST_KEYS,
 	KS_PURGEABLE_COLLISIONS,
@@ -79,10 +108,15 @@ typedef enum KeystoreStmt
 
 extern int	keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
 							 long tcount);
+extern int	keystore_execute_in(KeyGenSlot slot, KeystoreStmt stmt, Datum *values,
+								const char *nulls, long tcount);
+extern int	keystore_execute_snapshot(KeyGenSlot slot, KeystoreStmt stmt,
+									  Datum *values, Snapshot snapshot,
+									  long tcount);
 
 /* storage.c */
 extern const StorageInfo *storage_locate(void);
-extern int32 key_hash_value(int32 consumer_id, text *key);
+extern int64 key_hash_in(KeyGenSlot slot, int32 consumer_id, text *key);
 
 /* keystore_fastpath.c */
 
@@ -99,6 +133,7 @@ typedef struct KeyFastPath
 {
 	Relation	keys;
 	Relation	hash_index;
+	bool		hash64;			/* the index is on key_hash64 */
 	IndexInfo  *index_info;		/* built by the first insert */
 	Snapshot	snapshot;
 	IndexScanDesc scan;			/* set up by the first probe */
@@ -107,12 +142,12 @@ typedef struct KeyFastPath
 	MemoryContext cxt;			/* where these live */
 } KeyFastPath;
 
-extern bool key_fastpath_open(KeyFastPath *fp, bool write);
+extern bool key_fastpath_open(KeyFastPath *fp, KeyGenSlot slot, bool write);
 extern void key_fastpath_close(KeyFastPath *fp);
-extern KeyProbe key_fastpath_probe(KeyFastPath *fp, int32 hash,
+extern KeyProbe key_fastpath_probe(KeyFastPath *fp, int64 hash,
 								   int32 consumer_id, text *key,
 								   RecordedKey *recorded);
-extern bool key_fastpath_insert(KeyFastPath *fp, int32 hash, int32 consumer_id,
+extern bool key_fastpath_insert(KeyFastPath *fp, int64 hash, int32 consumer_id,
 								int32 processed_at, text *key,
 								const int32 *fingerprint);
 

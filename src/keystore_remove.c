@@ -41,14 +41,14 @@
 #include "keystore_internal.h"
 
 /*
- * Moves a collision of a deleted occupant into its place in processed_keys,
- * so that every collision keeps an occupant.  hash is the deleted
- * occupant's.
+ * Moves a collision of a deleted occupant into its place in the key table
+ * of its generation, so that every collision keeps an occupant.  hash is
+ * the deleted occupant's.
  */
 static void
-promote_collision(int32 hash)
+promote_collision(KeyGenSlot slot, int64 hash)
 {
-	Datum		hash_arg = Int32GetDatum(hash);
+	Datum		hash_arg = Int64GetDatum(hash);
 	bool		with_fp = storage_locate()->keys_have_fingerprints;
 
 	for (;;)
@@ -59,14 +59,14 @@ promote_collision(int32 hash)
 
 		CHECK_FOR_INTERRUPTS();
 
-		keystore_execute(KS_FIND_COLLISION, &hash_arg, NULL, 1);
+		keystore_execute_in(slot, KS_FIND_COLLISION, &hash_arg, NULL, 1);
 		if (SPI_processed == 0)
 			return;
 		collision_args[0] = row[0] = result_column(1);
 		collision_args[1] = row[2] = PointerGetDatum(PG_DETOAST_DATUM_COPY(result_column(2)));
 
-		keystore_execute(with_fp ? KS_DELETE_COLLISION_FP : KS_DELETE_COLLISION,
-						 collision_args, NULL, 0);
+		keystore_execute_in(slot, with_fp ? KS_DELETE_COLLISION_FP : KS_DELETE_COLLISION,
+							collision_args, NULL, 0);
 		if (SPI_processed == 0)
 			continue;			/* forgotten meanwhile: look again */
 		row[1] = result_column(1);
@@ -79,9 +79,10 @@ promote_collision(int32 hash)
 			row_nulls[3] = isnull ? 'n' : ' ';
 		}
 
-		keystore_execute(with_fp ? KS_INSERT_KEY_FP : KS_INSERT_KEY, row, row_nulls, 0);
+		keystore_execute_in(slot, with_fp ? KS_INSERT_KEY_FP : KS_INSERT_KEY,
+							row, row_nulls, 0);
 		if (SPI_processed != 1)
-			elog(ERROR, "could not move a hash collision of idem_consumer into processed_keys");
+			elog(ERROR, "could not move a hash collision of idem_consumer into its key table");
 		return;
 	}
 }
@@ -130,18 +131,19 @@ recorded_here(TransactionId xmin, int32 processed_at)
 
 /*
  * Tells whether the current transaction recorded a key.  Only the key's
- * own row in processed_keys lets the fast path answer; a collision, or
- * another key in the hash's place, is the SQL path's.
+ * own row in the key table lets the fast path answer; a collision, or
+ * another key in the hash's place, is the SQL path's.  A key is recorded
+ * in the current generation only.
  */
 static bool
 key_recorded_here(int32 consumer_id, text *key, Datum *key_args)
 {
 	KeyFastPath	fp;
 
-	if (key_fastpath_open(&fp, false))
+	if (key_fastpath_open(&fp, KEYGEN_CURRENT, false))
 	{
 		RecordedKey recorded;
-		KeyProbe	found = key_fastpath_probe(&fp, key_hash_value(consumer_id, key),
+		KeyProbe	found = key_fastpath_probe(&fp, key_hash_in(KEYGEN_CURRENT, consumer_id, key),
 											   consumer_id, key, &recorded);
 
 		key_fastpath_close(&fp);
@@ -187,9 +189,38 @@ refuse_forget_recorded_here(int32 consumer_id, text *key, Datum *key_args)
 }
 
 /*
+ * Removes a key from a generation; returns whether the generation had it.
+ */
+static bool
+forget_in(KeyGenSlot slot, int32 consumer_id, text *key, Datum *key_args)
+{
+	keystore_execute_in(slot, KS_DELETE_KEY, key_args, NULL, 0);
+	if (SPI_processed == 1)
+	{
+		promote_collision(slot, key_hash_in(slot, consumer_id, key));
+		return true;
+	}
+
+	keystore_execute_in(slot, KS_DELETE_COLLISION, key_args, NULL, 0);
+	if (SPI_processed == 1)
+		return true;
+
+	/* a concurrent forget may have just moved the key out of the collisions */
+	keystore_execute_in(slot, KS_DELETE_KEY, key_args, NULL, 0);
+	if (SPI_processed == 1)
+	{
+		promote_collision(slot, key_hash_in(slot, consumer_id, key));
+		return true;
+	}
+	return false;
+}
+
+/*
  * Removes a key and its resolved dead-letter entry; returns whether the
  * key was recorded.  Refuses a key recorded by the current transaction,
- * and a key whose dead-letter entry is pending.
+ * and a key whose dead-letter entry is pending.  A key is in one
+ * generation at most: recorded before the upgrade, it is in the old one,
+ * and a delivery after that found it there.
  */
 bool
 keystore_forget_key(int32 consumer_id, text *key)
@@ -201,38 +232,57 @@ keystore_forget_key(int32 consumer_id, text *key)
 	refuse_forget_recorded_here(consumer_id, key, key_args);
 	forget_dead_letter(key_args);
 
-	keystore_execute(KS_DELETE_KEY, key_args, NULL, 0);
-	if (SPI_processed == 1)
-	{
-		promote_collision(key_hash_value(consumer_id, key));
+	if (forget_in(KEYGEN_CURRENT, consumer_id, key, key_args))
 		return true;
-	}
+	return keystore_old_live() &&
+		forget_in(KEYGEN_OLD, consumer_id, key, key_args);
+}
 
-	keystore_execute(KS_DELETE_COLLISION, key_args, NULL, 0);
-	if (SPI_processed == 1)
-		return true;
+/*
+ * The generation a table of the purge belongs to, and the table's OID.
+ */
+static KeyGenSlot
+table_generation(KeystoreTable table)
+{
+	return table == KS_TABLE_OLD_COLLISIONS || table == KS_TABLE_OLD_KEYS ?
+		KEYGEN_OLD : KEYGEN_CURRENT;
+}
 
-	/* a concurrent forget may have just moved the key out of key_collisions */
-	keystore_execute(KS_DELETE_KEY, key_args, NULL, 0);
-	if (SPI_processed == 1)
-	{
-		promote_collision(key_hash_value(consumer_id, key));
-		return true;
-	}
-	return false;
+static bool
+table_holds_keys(KeystoreTable table)
+{
+	return table == KS_TABLE_KEYS || table == KS_TABLE_OLD_KEYS;
+}
+
+static Oid
+table_relid(const StorageInfo *si, KeystoreTable table)
+{
+	const KeyGeneration *gen = &si->gens[table_generation(table)];
+
+	return table_holds_keys(table) ? gen->keys_relid : gen->collisions_relid;
 }
 
 /*
  * Fills blocks[KS_NUM_TABLES] with the number of heap blocks of each table
- * that holds keys.
+ * that holds keys; 0 for the old generation's when there is none.
  */
 void
 keystore_table_blocks(BlockNumber *blocks)
 {
-	keystore_execute(KS_TABLE_SIZES, NULL, NULL, 1);
+	const StorageInfo *si = storage_locate();
+
 	for (int i = 0; i < KS_NUM_TABLES; i++)
-		blocks[i] = (BlockNumber) (DatumGetInt64(result_column(i + 1)) / BLCKSZ);
-	SPI_freetuptable(SPI_tuptable);
+	{
+		Oid			relid = table_relid(si, (KeystoreTable) i);
+		Relation	rel;
+
+		blocks[i] = 0;
+		if (!OidIsValid(relid))
+			continue;
+		rel = table_open(relid, AccessShareLock);
+		blocks[i] = RelationGetNumberOfBlocks(rel);
+		table_close(rel, AccessShareLock);
+	}
 }
 
 /*
@@ -259,8 +309,9 @@ keystore_remove_rows(KeystoreTable table, ItemPointer tids, int ntids,
 	Datum		remove_args[3];
 	uint64		removed;
 	Datum	   *hashes;
-	int32	   *colliding;
+	int64	   *colliding;
 	uint64		ncolliding;
+	KeyGenSlot	slot = table_generation(table);
 
 	if (ntids == 0)
 		return 0;
@@ -275,13 +326,13 @@ keystore_remove_rows(KeystoreTable table, ItemPointer tids, int ntids,
 	remove_args[0] = arg;
 	remove_args[1] = consumer_ids;
 	remove_args[2] = cutoffs;
-	if (table == KS_TABLE_COLLISIONS)
+	if (!table_holds_keys(table))
 	{
-		keystore_execute(KS_REMOVE_COLLISIONS, remove_args, NULL, 0);
+		keystore_execute_in(slot, KS_REMOVE_COLLISIONS, remove_args, NULL, 0);
 		return SPI_processed;
 	}
 
-	keystore_execute(KS_REMOVE_KEYS, remove_args, NULL, 0);
+	keystore_execute_in(slot, KS_REMOVE_KEYS, remove_args, NULL, 0);
 	removed = SPI_processed;
 	if (removed == 0)
 		return 0;
@@ -295,24 +346,25 @@ keystore_remove_rows(KeystoreTable table, ItemPointer tids, int ntids,
 								  1, &isnull);
 	}
 	SPI_freetuptable(SPI_tuptable);
-	arg = PointerGetDatum(construct_array(hashes, (int) removed, INT4OID,
-										  sizeof(int32), true, TYPALIGN_INT));
+	arg = PointerGetDatum(construct_array(hashes, (int) removed, INT8OID,
+										  sizeof(int64), FLOAT8PASSBYVAL,
+										  TYPALIGN_DOUBLE));
 
-	keystore_execute(KS_COLLIDING_HASHES, &arg, NULL, 0);
+	keystore_execute_in(slot, KS_COLLIDING_HASHES, &arg, NULL, 0);
 	ncolliding = SPI_processed;
-	colliding = palloc(sizeof(int32) * Max(ncolliding, 1));
+	colliding = palloc(sizeof(int64) * Max(ncolliding, 1));
 	for (uint64 i = 0; i < ncolliding; i++)
 	{
 		bool		isnull;
 
-		colliding[i] = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[i],
+		colliding[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
 												   SPI_tuptable->tupdesc,
 												   1, &isnull));
 	}
 	SPI_freetuptable(SPI_tuptable);
 
 	for (uint64 i = 0; i < ncolliding; i++)
-		promote_collision(colliding[i]);
+		promote_collision(slot, colliding[i]);
 
 	return removed;
 }
@@ -330,11 +382,11 @@ double
 keystore_keys_estimate(void)
 {
 	const StorageInfo *si = storage_locate();
-	Oid			relids[2];
+	Oid			relids[KS_NUM_TABLES];
 	double		total = 0;
 
-	relids[0] = si->keys_relid;
-	relids[1] = get_relname_relid("key_collisions", get_rel_namespace(si->keys_relid));
+	for (int i = 0; i < KS_NUM_TABLES; i++)
+		relids[i] = table_relid(si, (KeystoreTable) i);
 	for (int i = 0; i < lengthof(relids); i++)
 	{
 		PgStat_StatTabEntry *tabentry;
@@ -378,8 +430,9 @@ keystore_read_latest(KeystoreTable table, Datum lo, Datum hi)
 {
 	Datum		args[2] = {lo, hi};
 
-	keystore_execute(table == KS_TABLE_KEYS ? KS_LATEST_KEYS : KS_LATEST_COLLISIONS,
-					 args, NULL, 0);
+	keystore_execute_in(table_generation(table),
+						table_holds_keys(table) ? KS_LATEST_KEYS : KS_LATEST_COLLISIONS,
+						args, NULL, 0);
 }
 
 /*
@@ -395,6 +448,7 @@ keystore_read_purgeable(KeystoreTable table, Datum consumer_ids, Datum cutoffs,
 {
 	Datum		args[4] = {consumer_ids, cutoffs, lo, hi};
 
-	keystore_execute(table == KS_TABLE_KEYS ? KS_PURGEABLE_KEYS : KS_PURGEABLE_COLLISIONS,
-					 args, NULL, 0);
+	keystore_execute_in(table_generation(table),
+						table_holds_keys(table) ? KS_PURGEABLE_KEYS : KS_PURGEABLE_COLLISIONS,
+						args, NULL, 0);
 }

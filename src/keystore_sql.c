@@ -34,13 +34,16 @@
 
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
+#include "lib/stringinfo.h"
 #include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
 
 #include "keystore_internal.h"
 
 #define SAME_HASH_AS_ARGS \
-	STORAGE_SCHEMA ".key_hash(consumer_id, key) OPERATOR(pg_catalog.=) " \
-	STORAGE_SCHEMA ".key_hash($1, $2)"
+	"@HASH@(consumer_id, key) OPERATOR(pg_catalog.=) @HASH@($1, $2)"
 #define SAME_KEY_AS_ARGS \
 	"consumer_id OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2"
 /*
@@ -85,7 +88,7 @@
  */
 #define LOCK_REMOVABLE(table) \
 	"WITH candidate AS MATERIALIZED (SELECT k.ctid AS tid, k.consumer_id, k.key" \
-	" FROM " STORAGE_SCHEMA "." table " AS k" \
+	" FROM " table " AS k" \
 	" JOIN ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS w (consumer_id, cutoff)" \
 	" ON k.consumer_id OPERATOR(pg_catalog.=) w.consumer_id" \
 	" WHERE k.ctid OPERATOR(pg_catalog.=) ANY ($1)" \
@@ -121,7 +124,7 @@
 #define LATEST_IN_BLOCKS(table) \
 	"SELECT consumer_id, pg_catalog.max(processed_at), pg_catalog.count(*)," \
 	" pg_catalog.min(processed_at)" \
-	" FROM " STORAGE_SCHEMA "." table \
+	" FROM " table \
 	" WHERE " IN_BLOCK_RANGE("ctid", "$1", "$2") \
 	" GROUP BY consumer_id"
 
@@ -135,7 +138,7 @@
  */
 #define PURGEABLE_IN_BLOCKS(table) \
 	"SELECT k.consumer_id, pg_catalog.array_agg(k.ctid)" \
-	" FROM " STORAGE_SCHEMA "." table " AS k" \
+	" FROM " table " AS k" \
 	" JOIN ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2))" \
 	" AS w (consumer_id, cutoff)" \
 	" ON k.consumer_id OPERATOR(pg_catalog.=) w.consumer_id" \
@@ -147,49 +150,55 @@
 
 /*
  * In every statement on keys, $1 is a consumer id and $2 a key, but for
- * the inserts into processed_keys and key_collisions, whose columns are in
- * table order.
+ * the inserts into the key and collision tables, whose columns are in
+ * table order.  Hashes are passed and returned as bigint, whichever the
+ * generation's hash.  Each statement runs on one generation
+ * (keystore_internal.h), whose tables and hash function replace the
+ * tokens: @KEYS@ and @COLLISIONS@ where rows are read, updated or
+ * deleted (ONLY the parent's own rows, for the old generation),
+ * @KEYS_INTO@ and @COLLISIONS_INTO@ where they are inserted, @HASH@ the
+ * function of the generation's unique index.
  */
 static const StorageStmt keystore_stmt_defs[KS_NUM_STMTS] = {
 	/* from 1.1 on, keys keep the fingerprint of their message ($4, may be NULL) */
 	[KS_INSERT_KEY_FP] = {
-		"INSERT INTO " STORAGE_SCHEMA ".processed_keys (consumer_id, processed_at, key, fingerprint)"
+		"INSERT INTO @KEYS_INTO@ (consumer_id, processed_at, key, fingerprint)"
 		" VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
 		4, {INT4OID, INT4OID, TEXTOID, INT4OID}
 	},
 	/* KS_PROBE_KEY, and the fingerprint and time of the key where it is */
 	[KS_PROBE_KEY_FP] = {
 		"SELECT (" SAME_KEY_AS_ARGS "),"
-		" EXISTS (SELECT FROM " STORAGE_SCHEMA ".key_collisions WHERE " SAME_KEY_AS_ARGS "),"
+		" EXISTS (SELECT FROM @COLLISIONS@ WHERE " SAME_KEY_AS_ARGS "),"
 		" CASE WHEN (" SAME_KEY_AS_ARGS ") THEN fingerprint ELSE"
-		"  (SELECT c.fingerprint FROM " STORAGE_SCHEMA ".key_collisions AS c"
+		"  (SELECT c.fingerprint FROM @COLLISIONS@ AS c"
 		"   WHERE c.consumer_id OPERATOR(pg_catalog.=) $1 AND c.key OPERATOR(pg_catalog.=) $2) END,"
 		" CASE WHEN (" SAME_KEY_AS_ARGS ") THEN processed_at ELSE"
-		"  (SELECT c.processed_at FROM " STORAGE_SCHEMA ".key_collisions AS c"
+		"  (SELECT c.processed_at FROM @COLLISIONS@ AS c"
 		"   WHERE c.consumer_id OPERATOR(pg_catalog.=) $1 AND c.key OPERATOR(pg_catalog.=) $2) END"
-		" FROM " STORAGE_SCHEMA ".processed_keys WHERE " SAME_HASH_AS_ARGS,
+		" FROM @KEYS@ WHERE " SAME_HASH_AS_ARGS,
 		2, {INT4OID, TEXTOID}
 	},
 	[KS_INSERT_COLLISION_FP] = {
-		"INSERT INTO " STORAGE_SCHEMA ".key_collisions (consumer_id, processed_at, key, fingerprint)"
+		"INSERT INTO @COLLISIONS_INTO@ (consumer_id, processed_at, key, fingerprint)"
 		" VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
 		4, {INT4OID, INT4OID, TEXTOID, INT4OID}
 	},
 	[KS_DELETE_COLLISION_FP] = {
-		"DELETE FROM " STORAGE_SCHEMA ".key_collisions WHERE " SAME_KEY_AS_ARGS
+		"DELETE FROM @COLLISIONS@ WHERE " SAME_KEY_AS_ARGS
 		" RETURNING processed_at, fingerprint",
 		2, {INT4OID, TEXTOID}
 	},
 	[KS_INSERT_KEY] = {
-		"INSERT INTO " STORAGE_SCHEMA ".processed_keys (consumer_id, processed_at, key)"
+		"INSERT INTO @KEYS_INTO@ (consumer_id, processed_at, key)"
 		" VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
 		3, {INT4OID, INT4OID, TEXTOID}
 	},
 	/* the occupant of the key's hash: is it the key, or is the key a collision */
 	[KS_PROBE_KEY] = {
 		"SELECT (" SAME_KEY_AS_ARGS "),"
-		" EXISTS (SELECT FROM " STORAGE_SCHEMA ".key_collisions WHERE " SAME_KEY_AS_ARGS ")"
-		" FROM " STORAGE_SCHEMA ".processed_keys WHERE " SAME_HASH_AS_ARGS,
+		" EXISTS (SELECT FROM @COLLISIONS@ WHERE " SAME_KEY_AS_ARGS ")"
+		" FROM @KEYS@ WHERE " SAME_HASH_AS_ARGS,
 		2, {INT4OID, TEXTOID}
 	},
 	/*
@@ -198,39 +207,39 @@ static const StorageStmt keystore_stmt_defs[KS_NUM_STMTS] = {
 	 * sees our collision when it moves one into the occupant's place.
 	 */
 	[KS_CLAIM_OCCUPANT] = {
-		"UPDATE " STORAGE_SCHEMA ".processed_keys SET processed_at = processed_at"
+		"UPDATE @KEYS@ SET processed_at = processed_at"
 		" WHERE " SAME_HASH_AS_ARGS " AND NOT (" SAME_KEY_AS_ARGS ")",
 		2, {INT4OID, TEXTOID}
 	},
 	[KS_INSERT_COLLISION] = {
-		"INSERT INTO " STORAGE_SCHEMA ".key_collisions (consumer_id, processed_at, key)"
+		"INSERT INTO @COLLISIONS_INTO@ (consumer_id, processed_at, key)"
 		" VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
 		3, {INT4OID, INT4OID, TEXTOID}
 	},
 	/* who wrote the key's row, and when it says the key was recorded */
 	[KS_KEY_WRITES] = {
-		"SELECT xmin, processed_at FROM " STORAGE_SCHEMA ".processed_keys"
+		"SELECT xmin, processed_at FROM @KEYS@"
 		" WHERE " SAME_HASH_AS_ARGS " AND " SAME_KEY_AS_ARGS
-		" UNION ALL SELECT xmin, processed_at FROM " STORAGE_SCHEMA ".key_collisions"
+		" UNION ALL SELECT xmin, processed_at FROM @COLLISIONS@"
 		" WHERE " SAME_KEY_AS_ARGS,
 		2, {INT4OID, TEXTOID}
 	},
 	[KS_DELETE_KEY] = {
-		"DELETE FROM " STORAGE_SCHEMA ".processed_keys"
+		"DELETE FROM @KEYS@"
 		" WHERE " SAME_HASH_AS_ARGS " AND " SAME_KEY_AS_ARGS,
 		2, {INT4OID, TEXTOID}
 	},
 	[KS_DELETE_COLLISION] = {
-		"DELETE FROM " STORAGE_SCHEMA ".key_collisions WHERE " SAME_KEY_AS_ARGS
+		"DELETE FROM @COLLISIONS@ WHERE " SAME_KEY_AS_ARGS
 		" RETURNING processed_at",
 		2, {INT4OID, TEXTOID}
 	},
 	/* any collision of any consumer whose hash is $1 */
 	[KS_FIND_COLLISION] = {
-		"SELECT consumer_id, key FROM " STORAGE_SCHEMA ".key_collisions"
-		" WHERE " STORAGE_SCHEMA ".key_hash(consumer_id, key) OPERATOR(pg_catalog.=) $1"
+		"SELECT consumer_id, key FROM @COLLISIONS@"
+		" WHERE @HASH@(consumer_id, key) OPERATOR(pg_catalog.=) $1"
 		" LIMIT 1",
-		1, {INT4OID}
+		1, {INT8OID}
 	},
 
 	/*
@@ -249,26 +258,20 @@ static const StorageStmt keystore_stmt_defs[KS_NUM_STMTS] = {
 	},
 
 	/* the purge's reads and removals (retention.c) */
-	/* sizes in bytes, in the order of KeystoreTable */
-	[KS_TABLE_SIZES] = {
-		"SELECT pg_catalog.pg_relation_size('" STORAGE_SCHEMA ".key_collisions'::pg_catalog.regclass),"
-		" pg_catalog.pg_relation_size('" STORAGE_SCHEMA ".processed_keys'::pg_catalog.regclass)",
-		0, {InvalidOid}
-	},
 	[KS_LATEST_COLLISIONS] = {
-		LATEST_IN_BLOCKS("key_collisions"),
+		LATEST_IN_BLOCKS("@COLLISIONS@"),
 		2, {TIDOID, TIDOID}
 	},
 	[KS_LATEST_KEYS] = {
-		LATEST_IN_BLOCKS("processed_keys"),
+		LATEST_IN_BLOCKS("@KEYS@"),
 		2, {TIDOID, TIDOID}
 	},
 	[KS_PURGEABLE_COLLISIONS] = {
-		PURGEABLE_IN_BLOCKS("key_collisions"),
+		PURGEABLE_IN_BLOCKS("@COLLISIONS@"),
 		4, {INT4ARRAYOID, INT4ARRAYOID, TIDOID, TIDOID}
 	},
 	[KS_PURGEABLE_KEYS] = {
-		PURGEABLE_IN_BLOCKS("processed_keys"),
+		PURGEABLE_IN_BLOCKS("@KEYS@"),
 		4, {INT4ARRAYOID, INT4ARRAYOID, TIDOID, TIDOID}
 	},
 	/*
@@ -281,8 +284,8 @@ static const StorageStmt keystore_stmt_defs[KS_NUM_STMTS] = {
 	 * remove only what they could lock at once (LOCK_REMOVABLE).
 	 */
 	[KS_REMOVE_COLLISIONS] = {
-		LOCK_REMOVABLE("key_collisions") ","
-		" removed AS (DELETE FROM " STORAGE_SCHEMA ".key_collisions AS k"
+		LOCK_REMOVABLE("@COLLISIONS@") ","
+		" removed AS (DELETE FROM @COLLISIONS@ AS k"
 		" WHERE k.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT c.tid FROM candidate AS c"
 		" WHERE " CANDIDATE_ENTRY_FREE "))"
 		" RETURNING k.consumer_id, k.key)"
@@ -296,26 +299,26 @@ static const StorageStmt keystore_stmt_defs[KS_NUM_STMTS] = {
 	 * moves into its place (keystore_remove_rows()).
 	 */
 	[KS_REMOVE_KEYS] = {
-		LOCK_REMOVABLE("processed_keys") ","
+		LOCK_REMOVABLE("@KEYS@") ","
 		" colliding AS MATERIALIZED (SELECT x.ctid AS tid,"
-		" " STORAGE_SCHEMA ".key_hash(x.consumer_id, x.key) AS hash"
-		" FROM " STORAGE_SCHEMA ".key_collisions AS x"
-		" WHERE " STORAGE_SCHEMA ".key_hash(x.consumer_id, x.key) OPERATOR(pg_catalog.=) ANY"
-		" (ARRAY(SELECT " STORAGE_SCHEMA ".key_hash(consumer_id, key) FROM candidate)))," 
+		" @HASH@(x.consumer_id, x.key) AS hash"
+		" FROM @COLLISIONS@ AS x"
+		" WHERE @HASH@(x.consumer_id, x.key) OPERATOR(pg_catalog.=) ANY"
+		" (ARRAY(SELECT @HASH@(consumer_id, key) FROM candidate)))," 
 		" locked_colliding AS MATERIALIZED (SELECT x.ctid AS tid"
-		" FROM " STORAGE_SCHEMA ".key_collisions AS x"
+		" FROM @COLLISIONS@ AS x"
 		" WHERE x.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT tid FROM colliding))"
 		" FOR UPDATE OF x SKIP LOCKED),"
 		" busy_hash AS (SELECT x.hash FROM colliding AS x"
 		" WHERE NOT EXISTS (SELECT FROM locked_colliding AS l WHERE l.tid OPERATOR(pg_catalog.=) x.tid)),"
-		" removed AS (DELETE FROM " STORAGE_SCHEMA ".processed_keys AS k"
+		" removed AS (DELETE FROM @KEYS@ AS k"
 		" WHERE k.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT c.tid FROM candidate AS c"
 		" WHERE " CANDIDATE_ENTRY_FREE
 		" AND NOT EXISTS (SELECT FROM busy_hash AS h WHERE h.hash OPERATOR(pg_catalog.=) "
-		STORAGE_SCHEMA ".key_hash(c.consumer_id, c.key))))"
+		"@HASH@(c.consumer_id, c.key))))"
 		" RETURNING k.consumer_id, k.key)"
 		AND_RESOLVED_ENTRIES_EXPIRE
-		" SELECT " STORAGE_SCHEMA ".key_hash(consumer_id, key) FROM removed",
+		" SELECT @HASH@(consumer_id, key)::pg_catalog.int8 FROM removed",
 		3, {TIDARRAYOID, INT4ARRAYOID, INT4ARRAYOID}, CURSOR_OPT_GENERIC_PLAN
 	},
 	/*
@@ -328,9 +331,9 @@ static const StorageStmt keystore_stmt_defs[KS_NUM_STMTS] = {
 	 */
 	[KS_COLLIDING_HASHES] = {
 		"SELECT DISTINCT h.hash FROM pg_catalog.unnest($1) AS h (hash)"
-		" WHERE EXISTS (SELECT FROM " STORAGE_SCHEMA ".key_collisions AS c"
-		" WHERE " STORAGE_SCHEMA ".key_hash(c.consumer_id, c.key) OPERATOR(pg_catalog.=) h.hash)",
-		1, {INT4ARRAYOID}, CURSOR_OPT_GENERIC_PLAN
+		" WHERE EXISTS (SELECT FROM @COLLISIONS@ AS c"
+		" WHERE @HASH@(c.consumer_id, c.key) OPERATOR(pg_catalog.=) h.hash)",
+		1, {INT8ARRAYOID}, CURSOR_OPT_GENERIC_PLAN
 	},
 
 	/*
@@ -346,9 +349,9 @@ static const StorageStmt keystore_stmt_defs[KS_NUM_STMTS] = {
 	 * copy and is returned once.
 	 */
 	[KS_INSERT_BATCH] = {
-		"INSERT INTO " STORAGE_SCHEMA ".processed_keys (consumer_id, processed_at, key)"
+		"INSERT INTO @KEYS_INTO@ (consumer_id, processed_at, key)"
 		" SELECT $1, $2, b.key FROM pg_catalog.unnest($3) AS b(key)"
-		" ORDER BY " STORAGE_SCHEMA ".key_hash($1, b.key), b.key COLLATE pg_catalog.\"C\""
+		" ORDER BY @HASH@($1, b.key), b.key COLLATE pg_catalog.\"C\""
 		" ON CONFLICT DO NOTHING RETURNING key",
 		3, {INT4OID, INT4OID, TEXTARRAYOID}
 	},
@@ -361,11 +364,11 @@ static const StorageStmt keystore_stmt_defs[KS_NUM_STMTS] = {
 	[KS_UNRESOLVED_BATCH] = {
 		"SELECT d.key FROM (SELECT b.key FROM pg_catalog.unnest($2) AS b(key)"
 		" EXCEPT SELECT i.key FROM pg_catalog.unnest($3) AS i(key)) AS d"
-		" WHERE NOT EXISTS (SELECT FROM " STORAGE_SCHEMA ".processed_keys AS p"
-		"  WHERE " STORAGE_SCHEMA ".key_hash(p.consumer_id, p.key) OPERATOR(pg_catalog.=) "
-		STORAGE_SCHEMA ".key_hash($1, d.key)"
+		" WHERE NOT EXISTS (SELECT FROM @KEYS@ AS p"
+		"  WHERE @HASH@(p.consumer_id, p.key) OPERATOR(pg_catalog.=) "
+		"@HASH@($1, d.key)"
 		"  AND p.consumer_id OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) d.key)"
-		" AND NOT EXISTS (SELECT FROM " STORAGE_SCHEMA ".key_collisions AS c"
+		" AND NOT EXISTS (SELECT FROM @COLLISIONS@ AS c"
 		"  WHERE c.consumer_id OPERATOR(pg_catalog.=) $1 AND c.key OPERATOR(pg_catalog.=) d.key)",
 		3, {INT4OID, TEXTARRAYOID, TEXTARRAYOID}
 	},
@@ -377,9 +380,95 @@ static const StorageStmt keystore_stmt_defs[KS_NUM_STMTS] = {
 	},
 };
 
-static SPIPlanPtr keystore_plans[KS_NUM_STMTS];
-static StorageStmtSet keystore_stmts =
-STORAGE_STMT_SET(keystore_stmt_defs, keystore_plans);
+/*
+ * The statements of each generation, with its names in place of the
+ * tokens, made when the storage is located anew, and their plans.
+ */
+static StorageStmt keystore_gen_stmts[KEYGEN_NUM][KS_NUM_STMTS];
+static SPIPlanPtr keystore_plans[KEYGEN_NUM][KS_NUM_STMTS];
+static StorageStmtSet keystore_stmts[KEYGEN_NUM] = {
+	STORAGE_STMT_SET(keystore_gen_stmts[KEYGEN_CURRENT], keystore_plans[KEYGEN_CURRENT]),
+	STORAGE_STMT_SET(keystore_gen_stmts[KEYGEN_OLD], keystore_plans[KEYGEN_OLD]),
+};
+static uint64 keystore_texts_generation;
+static MemoryContext keystore_texts_cxt;
+
+/*
+ * Returns text with every token replaced by its value; tokens and values
+ * are parallel arrays of ntokens.
+ */
+static char *
+replace_tokens(const char *text, const char *const *tokens,
+			   const char *const *values, int ntokens)
+{
+	StringInfoData buf;
+	const char *p = text;
+
+	initStringInfo(&buf);
+	while (*p != '\0')
+	{
+		int			t;
+
+		for (t = 0; t < ntokens; t++)
+			if (strncmp(p, tokens[t], strlen(tokens[t])) == 0)
+				break;
+		if (t < ntokens)
+		{
+			appendStringInfoString(&buf, values[t]);
+			p += strlen(tokens[t]);
+		}
+		else
+			appendStringInfoChar(&buf, *p++);
+	}
+	return buf.data;
+}
+
+/*
+ * Writes the statements of every generation of the storage as located now.
+ */
+static void
+make_generation_texts(const StorageInfo *si)
+{
+	static const char *const tokens[] = {
+		"@KEYS_INTO@", "@COLLISIONS_INTO@", "@KEYS@", "@COLLISIONS@", "@HASH@"
+	};
+
+	if (keystore_texts_cxt == NULL)
+		keystore_texts_cxt = AllocSetContextCreate(TopMemoryContext,
+												   "idem_consumer key store statements",
+												   ALLOCSET_DEFAULT_SIZES);
+	MemoryContextReset(keystore_texts_cxt);
+
+	for (int g = 0; g < KEYGEN_NUM; g++)
+	{
+		const KeyGeneration *gen = &si->gens[g];
+		MemoryContext oldcxt;
+		const char *values[lengthof(tokens)];
+		char	   *keys;
+		char	   *collisions;
+
+		if (!OidIsValid(gen->keys_relid))
+			continue;
+		oldcxt = MemoryContextSwitchTo(keystore_texts_cxt);
+		keys = quote_qualified_identifier(STORAGE_SCHEMA, get_rel_name(gen->keys_relid));
+		collisions = quote_qualified_identifier(STORAGE_SCHEMA,
+												get_rel_name(gen->collisions_relid));
+		values[0] = keys;
+		values[1] = collisions;
+		values[2] = gen->parent ? psprintf("ONLY %s", keys) : keys;
+		values[3] = gen->parent ? psprintf("ONLY %s", collisions) : collisions;
+		values[4] = gen->hash64 ? STORAGE_SCHEMA ".key_hash64" : STORAGE_SCHEMA ".key_hash";
+		for (int i = 0; i < KS_NUM_STMTS; i++)
+		{
+			keystore_gen_stmts[g][i] = keystore_stmt_defs[i];
+			keystore_gen_stmts[g][i].sql =
+				replace_tokens(keystore_stmt_defs[i].sql, tokens, values,
+							   lengthof(tokens));
+		}
+		MemoryContextSwitchTo(oldcxt);
+	}
+	keystore_texts_generation = si->generation;
+}
 
 /*
  * Runs a fixed statement on the storage as the owner of the storage
@@ -397,7 +486,7 @@ STORAGE_STMT_SET(keystore_stmt_defs, keystore_plans);
  */
 static int
 run_as_owner(const StorageInfo *si, SPIPlanPtr *plan, const StorageStmt *def,
-			 Datum *values, const char *nulls, long tcount)
+			 Datum *values, const char *nulls, Snapshot snapshot, long tcount)
 {
 	MemoryContext callercxt = CurrentMemoryContext;
 	Oid			save_userid;
@@ -423,7 +512,11 @@ run_as_owner(const StorageInfo *si, SPIPlanPtr *plan, const StorageStmt *def,
 		*plan = prepared;
 	}
 
-	rc = SPI_execute_plan(*plan, values, nulls, false, tcount);
+	if (snapshot != NULL)
+		rc = SPI_execute_snapshot(*plan, values, nulls, snapshot,
+								  InvalidSnapshot, false, false, tcount);
+	else
+		rc = SPI_execute_plan(*plan, values, nulls, false, tcount);
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_plan failed for \"%s\": %s",
 			 def->sql, SPI_result_code_string(rc));
@@ -481,15 +574,58 @@ storage_stmt_run(StorageStmtSet *set, int stmt, Datum *values,
 
 	Assert(stmt >= 0 && stmt < set->nstmts);
 	return run_as_owner(si, &set->plans[stmt], &set->stmts[stmt],
-						values, nulls, tcount);
+						values, nulls, NULL, tcount);
 }
 
 /*
- * Runs one statement of the key store as the owner of the storage tables.
+ * Runs one statement of the key store on a generation, as the owner of the
+ * storage tables, with the given snapshot (NULL: as SPI_execute_plan
+ * takes one).
+ */
+static int
+execute_on_generation(KeyGenSlot slot, KeystoreStmt stmt, Datum *values,
+					  const char *nulls, Snapshot snapshot, long tcount)
+{
+	const StorageInfo *si = storage_locate();
+	StorageStmtSet *set = &keystore_stmts[slot];
+
+	if (keystore_texts_generation != si->generation)
+		make_generation_texts(si);
+	if (!OidIsValid(si->gens[slot].keys_relid))
+		elog(ERROR, "idem_consumer has no generation %d", (int) slot);
+	si = current_storage(set);
+	return run_as_owner(si, &set->plans[stmt], &set->stmts[stmt],
+						values, nulls, snapshot, tcount);
+}
+
+/*
+ * Runs one statement of the key store on a generation.
+ */
+int
+keystore_execute_in(KeyGenSlot slot, KeystoreStmt stmt, Datum *values,
+					const char *nulls, long tcount)
+{
+	return execute_on_generation(slot, stmt, values, nulls, NULL, tcount);
+}
+
+/*
+ * Runs one statement of the key store on a generation with a snapshot of
+ * the caller's choice.
+ */
+int
+keystore_execute_snapshot(KeyGenSlot slot, KeystoreStmt stmt, Datum *values,
+						  Snapshot snapshot, long tcount)
+{
+	return execute_on_generation(slot, stmt, values, NULL, snapshot, tcount);
+}
+
+/*
+ * Runs one statement of the key store on the current generation, the one
+ * that takes new keys.
  */
 int
 keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
 				 long tcount)
 {
-	return storage_stmt_run(&keystore_stmts, stmt, values, nulls, tcount);
+	return execute_on_generation(KEYGEN_CURRENT, stmt, values, nulls, NULL, tcount);
 }

@@ -17,11 +17,12 @@
  * the current time, so that a key stamped in the future by a wrong clock
  * cannot expire the keys before it.
  *
- * A run is two passes over the tables that hold keys.  There is no index
- * on processed_at (it would add about a quarter to the bytes a key costs),
- * so a run reads the heap in chunks of blocks, by TID range:
- *	1. per consumer, the newest processed_at (key_collisions, then
- *	   processed_keys), and per chunk of this pass and consumer, the
+ * A run is two passes over the tables that hold keys, those of each
+ * generation (KeystoreTable).  There is no index on processed_at (it would
+ * add about a quarter to the bytes a key costs), so a run reads the heap
+ * in chunks of blocks, by TID range:
+ *	1. per consumer, the newest processed_at (a generation's collisions,
+ *	   then its keys), and per chunk of this pass and consumer, the
  *	   oldest;
  *	2. per chunk, the rows older than their consumer's cutoff, which
  *	   keystore_remove_rows() removes while keeping the collision invariant
@@ -225,12 +226,10 @@ enter_pass(PurgePhase phase, KeystoreTable table)
 static void
 next_pass(void)
 {
-	if (run.phase == PHASE_LATEST && run.table == KS_TABLE_COLLISIONS)
-		enter_pass(PHASE_LATEST, KS_TABLE_KEYS);
+	if (run.table + 1 < KS_NUM_TABLES)
+		enter_pass(run.phase, (KeystoreTable) (run.table + 1));
 	else if (run.phase == PHASE_LATEST)
-		enter_pass(PHASE_PURGE, KS_TABLE_COLLISIONS);
-	else if (run.phase == PHASE_PURGE && run.table == KS_TABLE_COLLISIONS)
-		enter_pass(PHASE_PURGE, KS_TABLE_KEYS);
+		enter_pass(PHASE_PURGE, (KeystoreTable) 0);
 	else
 		run.phase = PHASE_DONE;
 }
@@ -256,7 +255,7 @@ run_start(int32 only_consumer)
 	run.only_consumer = only_consumer;
 	/* completed external effects go in one statement of their own */
 	(void) effects_purge(only_consumer, default_retention);
-	enter_pass(PHASE_LATEST, KS_TABLE_COLLISIONS);
+	enter_pass(PHASE_LATEST, (KeystoreTable) 0);
 }
 
 /*

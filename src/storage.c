@@ -2,9 +2,10 @@
  *
  * storage.c
  *	  Where the extension's storage is: finds the tables of the idem_consumer
- *	  schema in this database and their owner, tells whether the key index
- *	  is exactly the one the install script creates (the condition of the
- *	  fast path), and defines the hash that index is built on.
+ *	  schema in this database, their owner and the generations of the key
+ *	  store, tells whether a generation's key index is exactly the one the
+ *	  install script creates (the condition of the fast path), and defines
+ *	  the hashes those indexes are built on, with the seed of the 64-bit one.
  *
  * What is found is cached per backend.  A relcache invalidation of a
  * storage table makes the next caller verify that the tables still exist
@@ -18,7 +19,8 @@
  * same invalidations and by those of their own tables: this is the one
  * place that looks the storage up in the catalogs.
  *
- * This file reads the catalogs only; it runs no statement.
+ * This file reads the catalogs, and the seed from its table, only; it runs
+ * no statement.
  *
  * Copyright (c) 2025-2026, idem_consumer maintainers
  *
@@ -29,19 +31,24 @@
  */
 #include "postgres.h"
 
+#include "access/genam.h"
 #include "access/htup_details.h"
+#include "access/table.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_am.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_index.h"
 #include "catalog/pg_proc.h"
 #include "common/hashfn.h"
+#include "funcapi.h"
 #include "nodes/primnodes.h"
+#include "storage/bufmgr.h"
 #include "utils/builtins.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/syscache.h"
 
+#include "keyhash.h"
 #include "keystore_internal.h"
 
 /*
@@ -59,9 +66,28 @@ static struct
 	bool		parts_known;
 	Oid			dead_letters_relid; /* InvalidOid: none */
 	StorageParts parts;
+	bool		seed_known;		/* seed is that of key_seed as it is now */
+	Oid			seed_relid;
+	IdemHashSeed seed;
+	uint64		hash_mask;		/* the bits of key_hash64 kept */
 } storage;
 
 PG_FUNCTION_INFO_V1(idem_key_hash);
+PG_FUNCTION_INFO_V1(idem_key_hash64_sql);
+PG_FUNCTION_INFO_V1(idem_new_key_seed);
+
+/*
+ * Whether relid is one of the tables of a generation of the key store.
+ */
+static bool
+generation_table(Oid relid)
+{
+	for (int i = 0; i < KEYGEN_NUM; i++)
+		if (relid == storage.info.gens[i].keys_relid ||
+			relid == storage.info.gens[i].collisions_relid)
+			return true;
+	return false;
+}
 
 /*
  * Notes that a storage table may have been dropped or changed owner.
@@ -71,7 +97,11 @@ storage_relcache_callback(Datum arg, Oid relid)
 {
 	bool		storage_table = relid == InvalidOid ||
 		relid == storage.info.keys_relid ||
-		relid == storage.info.consumers_relid;
+		relid == storage.info.consumers_relid ||
+		generation_table(relid);
+
+	if (relid == InvalidOid || relid == storage.seed_relid)
+		storage.seed_known = false;
 
 	if (storage.located && storage_table)
 		storage.recheck = true;
@@ -110,29 +140,31 @@ storage_table_owner(Oid relid)
 }
 
 /*
- * Returns the OID of processed_keys_hash if it is the index the extension
- * creates (unique, btree, immediate, valid, on key_hash(consumer_id, key)
- * and nothing else) on a plain table that is no partition, InvalidOid if
- * the fast path must not maintain it.  Only the executor routes rows of a
- * partitioned table and checks a partition's constraint.
+ * Returns the OID of the index index_name if it is the index the extension
+ * creates on table keys_relid (unique, btree, immediate, valid, on
+ * hash_func(consumer_id, key) and nothing else) and the table is a plain
+ * table that is no partition, InvalidOid if the fast path must not use it.
+ * Only the executor routes rows of a partitioned table and checks a
+ * partition's constraint.
  */
 static Oid
-usable_hash_index(Oid nspid)
+usable_hash_index(Oid nspid, Oid keys_relid, const char *index_name,
+				  const char *hash_func)
 {
-	Oid			indexoid = get_relname_relid("processed_keys_hash", nspid);
+	Oid			indexoid = get_relname_relid(index_name, nspid);
 	HeapTuple	tuple;
 	Form_pg_index index;
 	Oid			funcid = InvalidOid;
 	bool		usable;
 
-	if (!OidIsValid(indexoid))
+	if (!OidIsValid(indexoid) || !OidIsValid(keys_relid))
 		return InvalidOid;
 
 	tuple = SearchSysCache1(INDEXRELID, ObjectIdGetDatum(indexoid));
 	if (!HeapTupleIsValid(tuple))
 		return InvalidOid;
 	index = (Form_pg_index) GETSTRUCT(tuple);
-	usable = index->indrelid == storage.info.keys_relid &&
+	usable = index->indrelid == keys_relid &&
 		index->indisunique && index->indimmediate && index->indisvalid &&
 		index->indisready && index->indislive &&
 		index->indnatts == 1 && index->indkey.values[0] == 0 &&
@@ -159,12 +191,12 @@ usable_hash_index(Oid nspid)
 	if (!usable)
 		return InvalidOid;
 
-	/* the expression calls our key_hash, whose C code key_hash_value is */
+	/* the expression calls our hash function, whose C code we call too */
 	tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(funcid));
 	if (!HeapTupleIsValid(tuple))
 		return InvalidOid;
 	usable = ((Form_pg_proc) GETSTRUCT(tuple))->pronamespace == nspid &&
-		strcmp(NameStr(((Form_pg_proc) GETSTRUCT(tuple))->proname), "key_hash") == 0;
+		strcmp(NameStr(((Form_pg_proc) GETSTRUCT(tuple))->proname), hash_func) == 0;
 	ReleaseSysCache(tuple);
 
 	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(indexoid));
@@ -174,7 +206,7 @@ usable_hash_index(Oid nspid)
 		((Form_pg_class) GETSTRUCT(tuple))->relkind == RELKIND_INDEX;
 	ReleaseSysCache(tuple);
 
-	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(storage.info.keys_relid));
+	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(keys_relid));
 	if (!HeapTupleIsValid(tuple))
 		return InvalidOid;
 	usable = usable && ((Form_pg_class) GETSTRUCT(tuple))->relkind == RELKIND_RELATION &&
@@ -182,6 +214,44 @@ usable_hash_index(Oid nspid)
 	ReleaseSysCache(tuple);
 
 	return usable ? indexoid : InvalidOid;
+}
+
+/*
+ * Finds the generations of the key store.  Before 1.2 there is one, the
+ * tables processed_keys and key_collisions themselves; from 1.2 on the
+ * current one is processed_keys_1 and key_collisions_1, and the old one,
+ * the keys recorded before the upgrade, is what processed_keys and
+ * key_collisions hold themselves.
+ */
+static void
+locate_generations(Oid nspid)
+{
+	StorageInfo *si = &storage.info;
+	Oid			keys_1 = get_relname_relid("processed_keys_1", nspid);
+	Oid			collisions_1 = get_relname_relid("key_collisions_1", nspid);
+	KeyGeneration *parent;
+
+	memset(si->gens, 0, sizeof(si->gens));
+	si->has_old = OidIsValid(keys_1) && OidIsValid(collisions_1);
+	if (si->has_old)
+	{
+		KeyGeneration *current = &si->gens[KEYGEN_CURRENT];
+
+		current->keys_relid = keys_1;
+		current->collisions_relid = collisions_1;
+		current->hash64 = true;
+		current->hash_index = usable_hash_index(nspid, keys_1,
+												"processed_keys_1_hash",
+												"key_hash64");
+	}
+
+	parent = &si->gens[si->has_old ? KEYGEN_OLD : KEYGEN_CURRENT];
+	parent->keys_relid = si->keys_relid;
+	parent->collisions_relid = get_relname_relid("key_collisions", nspid);
+	parent->hash64 = false;
+	parent->parent = si->has_old;
+	parent->hash_index = usable_hash_index(nspid, si->keys_relid,
+										   "processed_keys_hash", "key_hash");
 }
 
 /*
@@ -209,7 +279,7 @@ locate_storage(void)
 				 errhint("Recreate the extension with DROP EXTENSION idem_consumer; CREATE EXTENSION idem_consumer;")));
 
 	storage.info.owner = storage_table_owner(storage.info.keys_relid);
-	storage.info.hash_index = usable_hash_index(nspid);
+	locate_generations(nspid);
 	storage.info.consumers_have_owners =
 		get_attnum(storage.info.consumers_relid, "owner") != InvalidAttrNumber;
 	storage.info.keys_have_fingerprints =
@@ -238,8 +308,7 @@ storage_locate(void)
 		else
 		{
 			storage.info.owner = owner;
-			storage.info.hash_index =
-				usable_hash_index(get_rel_namespace(storage.info.keys_relid));
+			locate_generations(get_rel_namespace(storage.info.keys_relid));
 			storage.info.consumers_have_owners =
 				get_attnum(storage.info.consumers_relid, "owner") != InvalidAttrNumber;
 			storage.info.keys_have_fingerprints =
@@ -292,11 +361,12 @@ keystore_keys_relid(void)
 }
 
 /*
- * Computes idem_consumer.key_hash(consumer_id, key).  Stored in the unique
- * index, so it must never change.
+ * Computes idem_consumer.key_hash(consumer_id, key), the 32-bit hash of
+ * the keys of 1.0 and 1.1.  Stored in the unique index, so it must never
+ * change.
  */
-int32
-key_hash_value(int32 consumer_id, text *key)
+static int32
+key_hash32_value(int32 consumer_id, text *key)
 {
 	uint32		hash;
 
@@ -306,14 +376,175 @@ key_hash_value(int32 consumer_id, text *key)
 	return (int32) hash;
 }
 
-
+/* where the seed is: never published with the storage (see the 1.2 script) */
+#define SEED_SCHEMA "idem_consumer_local"
 
 /*
- * idem_consumer.key_hash(consumer_id, key): the unique index key of
- * processed_keys.
+ * Returns this database's seed of key_hash64, reading it from key_seed on
+ * first use and after an invalidation of that table.  Read directly, as
+ * the catalogs are, since the hash is computed inside index insertions.
+ */
+static const IdemHashSeed *
+key_seed(void)
+{
+	Oid			nspid;
+	Relation	rel;
+	SysScanDesc scan;
+	HeapTuple	tuple;
+	bool		found = false;
+
+	if (storage.seed_known)
+		return &storage.seed;
+
+	nspid = get_namespace_oid(SEED_SCHEMA, true);
+	storage.seed_relid = OidIsValid(nspid) ?
+		get_relname_relid("key_seed", nspid) : InvalidOid;
+	if (!OidIsValid(storage.seed_relid))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("hash seed of extension \"idem_consumer\" is missing"),
+				 errdetail("Table %s.key_seed was not found.", SEED_SCHEMA),
+				 errhint("Update the extension with ALTER EXTENSION idem_consumer UPDATE.")));
+
+	rel = table_open(storage.seed_relid, AccessShareLock);
+	scan = systable_beginscan(rel, InvalidOid, false, NULL, 0, NULL);
+	while (HeapTupleIsValid(tuple = systable_getnext(scan)))
+	{
+		bool		isnull[3];
+		Datum		k0 = heap_getattr(tuple, 1, RelationGetDescr(rel), &isnull[0]);
+		Datum		k1 = heap_getattr(tuple, 2, RelationGetDescr(rel), &isnull[1]);
+		Datum		bits = heap_getattr(tuple, 3, RelationGetDescr(rel), &isnull[2]);
+
+		if (found || isnull[0] || isnull[1] || isnull[2] ||
+			DatumGetInt32(bits) < 16 || DatumGetInt32(bits) > 64)
+		{
+			found = false;
+			break;
+		}
+		storage.seed.k0 = (uint64) DatumGetInt64(k0);
+		storage.seed.k1 = (uint64) DatumGetInt64(k1);
+		storage.hash_mask = DatumGetInt32(bits) == 64 ? PG_UINT64_MAX :
+			(UINT64CONST(1) << DatumGetInt32(bits)) - 1;
+		found = true;
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+
+	if (!found)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("hash seed of extension \"idem_consumer\" is missing"),
+				 errdetail("Table %s.key_seed must hold exactly one row, with a width from 16 to 64 bits.", SEED_SCHEMA),
+				 errhint("Recreate the extension with DROP EXTENSION idem_consumer; CREATE EXTENSION idem_consumer;")));
+	storage.seed_known = true;
+	return &storage.seed;
+}
+
+/*
+ * Computes idem_consumer.key_hash64(consumer_id, key), the hash of the
+ * keys of 1.2 and later.
+ */
+static int64
+key_hash64_value(int32 consumer_id, text *key)
+{
+	const IdemHashSeed *seed = key_seed();
+
+	return (int64) (idem_key_hash64(seed, consumer_id, VARDATA_ANY(key),
+									VARSIZE_ANY_EXHDR(key)) & storage.hash_mask);
+}
+
+/*
+ * Computes the hash of a key in the unique index of a generation.  The
+ * 32-bit hash is widened, which keeps its order.
+ */
+int64
+key_hash_in(KeyGenSlot slot, int32 consumer_id, text *key)
+{
+	if (storage_locate()->gens[slot].hash64)
+		return key_hash64_value(consumer_id, key);
+	return key_hash32_value(consumer_id, key);
+}
+
+/*
+ * Whether relid has a heap block.
+ */
+static bool
+has_blocks(Oid relid)
+{
+	Relation	rel;
+	bool		any;
+
+	if (!OidIsValid(relid))
+		return false;
+	rel = table_open(relid, AccessShareLock);
+	any = RelationGetNumberOfBlocks(rel) > 0;
+	table_close(rel, NoLock);
+	return any;
+}
+
+/*
+ * Tells whether this database has an old generation that may hold keys:
+ * one upgraded from 1.1 whose processed_keys or key_collisions have a heap
+ * block of their own.  Nothing inserts into them any more but a collision
+ * moved into its occupant's place, so a generation once found empty stays
+ * empty (but for rows a DBA writes there, which a session finds once the
+ * storage is located anew), and a session stops probing it.
+ */
+bool
+keystore_old_live(void)
+{
+	static uint64 empty_in_generation = 0;
+	const StorageInfo *si = storage_locate();
+	const KeyGeneration *old = &si->gens[KEYGEN_OLD];
+
+	if (!si->has_old || empty_in_generation == si->generation)
+		return false;
+	if (has_blocks(old->keys_relid) || has_blocks(old->collisions_relid))
+		return true;
+	empty_in_generation = si->generation;
+	return false;
+}
+
+/*
+ * idem_consumer.key_hash(consumer_id, key): the unique index key of the
+ * keys of 1.0 and 1.1.
  */
 Datum
 idem_key_hash(PG_FUNCTION_ARGS)
 {
-	PG_RETURN_INT32(key_hash_value(PG_GETARG_INT32(0), PG_GETARG_TEXT_PP(1)));
+	PG_RETURN_INT32(key_hash32_value(PG_GETARG_INT32(0), PG_GETARG_TEXT_PP(1)));
+}
+
+/*
+ * idem_consumer.key_hash64(consumer_id, key): the unique index key of the
+ * generations of 1.2 and later.
+ */
+Datum
+idem_key_hash64_sql(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_INT64(key_hash64_value(PG_GETARG_INT32(0), PG_GETARG_TEXT_PP(1)));
+}
+
+/*
+ * idem_consumer.new_key_seed(): a seed for key_hash64 from the strong
+ * random source, for the install script.
+ */
+Datum
+idem_new_key_seed(PG_FUNCTION_ARGS)
+{
+	TupleDesc	tupdesc;
+	uint64		seed[2];
+	Datum		values[2];
+	bool		nulls[2] = {false, false};
+
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type must be a row type");
+	if (!pg_strong_random(seed, sizeof(seed)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not generate a random hash seed")));
+	values[0] = Int64GetDatum((int64) seed[0]);
+	values[1] = Int64GetDatum((int64) seed[1]);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(tupdesc),
+													  values, nulls)));
 }

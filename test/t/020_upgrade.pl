@@ -212,6 +212,8 @@ $node->safe_psql('postgres', q{
 	CREATE DATABASE upgraded_1_1;
 	CREATE DATABASE stays_1_1;
 	CREATE DATABASE tampered;
+	CREATE DATABASE busy_1_1;
+	CREATE DATABASE restored_1_1;
 });
 
 #
@@ -553,6 +555,105 @@ is($node->safe_psql('upgraded_1_1', q{
 	  FROM idem_dlq_replay('shipping') AS r JOIN idem_dead_letters AS d USING (id)}),
 	'applied ship:1,applied ship:2,applied ship:3,applied ship:4',
 	'1.1: every pending dead letter replays after the update, as the role that parked it');
+#
+# The keys of 1.1 stay where they were, in processed_keys and
+# key_collisions themselves (the old generation); new keys go into the
+# first generation, processed_keys_1.
+#
+my $old_keys_query = q{
+	SELECT (SELECT count(*) FROM ONLY idem_consumer.processed_keys)
+	       || '/' || (SELECT count(*) FROM ONLY idem_consumer.key_collisions)
+	       || '/' || (SELECT count(*) FROM idem_consumer.processed_keys_1)};
+my ($old_keys, $old_collisions, $new_keys) = split m{/}, $node->safe_psql('upgraded_1_1', $old_keys_query);
+cmp_ok($old_keys, '>=', 255, '1.1: the keys recorded before the update are still in processed_keys');
+is($node->safe_psql('upgraded_1_1', q{SELECT idem_apply('after:1', 'payments', 'select 1')}),
+	't', '1.1: a new key after the update is applied');
+is($node->safe_psql('upgraded_1_1', $old_keys_query),
+	"$old_keys/$old_collisions/" . ($new_keys + 1), '1.1: into the first generation');
+# two keys of 1.1 that share a 32-bit hash: the second is a collision in
+# the old generation
+$node->safe_psql('busy_1_1', q{
+	CREATE EXTENSION idem_consumer VERSION '1.1';
+	CREATE TABLE pair AS
+	    WITH k AS (SELECT 'evt-' || g AS key, idem_consumer.key_hash(1, 'evt-' || g) AS h
+	                 FROM generate_series(1, 400000) g),
+	         p AS (SELECT h FROM k GROUP BY h HAVING count(*) >= 2 ORDER BY h LIMIT 1)
+	    SELECT row_number() OVER (ORDER BY key) AS n, key FROM k WHERE h = (SELECT h FROM p);
+	SELECT idem_consumer_create('hashing');
+	SELECT idem_apply(key, 'hashing', 'select 1') FROM pair WHERE n <= 2 ORDER BY n;
+	SELECT count(*) FROM idem_record_batch('expiring', ARRAY(SELECT 'exp:' || g FROM generate_series(1, 30) g));
+});
+is($node->safe_psql('busy_1_1', q{SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'hashing'}),
+	'1', 'the consumer of the colliding keys has the id they were searched for');
+is($node->safe_psql('busy_1_1', q{SELECT count(*) FROM idem_consumer.key_collisions}),
+	'1', '1.1: two keys of one hash, one of them a collision');
+
+# The update waits for a transaction that has recorded a key and has not
+# ended: from then on nothing inserts into processed_keys itself.
+my $recorder = $node->background_psql('busy_1_1', on_error_stop => 1);
+$recorder->query_safe(q{BEGIN; SELECT idem_apply('inflight:1', 'hashing', 'select 1')});
+my ($lock_rc, $lock_out, $lock_err) = $node->psql('busy_1_1',
+	q{SET lock_timeout = '300ms'; ALTER EXTENSION idem_consumer UPDATE});
+like($lock_err, qr/canceling statement due to lock timeout/,
+	'the update waits for a transaction of 1.1 that recorded a key');
+$recorder->query_safe(q{SELECT idem_apply('inflight:2', 'hashing', 'select 1'); COMMIT});
+$recorder->quit;
+$node->safe_psql('busy_1_1', q{ALTER EXTENSION idem_consumer UPDATE});
+is($node->safe_psql('busy_1_1', q{
+	SELECT string_agg(key, ',' ORDER BY key) FROM ONLY idem_consumer.processed_keys WHERE key LIKE 'inflight:%'}),
+	'inflight:1,inflight:2', 'and then updates, with the keys of that transaction in the old generation');
+
+is($node->safe_psql('busy_1_1', q{
+	SELECT string_agg(idem_apply(key, 'hashing', 'select 1')::text, ',' ORDER BY n) FROM pair WHERE n <= 2}),
+	'false,false', 'both colliding keys of 1.1 are duplicates after the update');
+is($node->safe_psql('busy_1_1', q{SELECT idem_forget((SELECT key FROM pair WHERE n = 1), 'hashing')}),
+	't', 'the occupant of a hash in the old generation is forgotten');
+is($node->safe_psql('busy_1_1', q{
+	SELECT (SELECT count(*) FROM ONLY idem_consumer.key_collisions)
+	       || ' ' || (SELECT count(*) FROM ONLY idem_consumer.processed_keys WHERE key = (SELECT key FROM pair WHERE n = 2))
+	       || ' ' || idem_is_processed((SELECT key FROM pair WHERE n = 2), 'hashing')
+	       || ' ' || idem_is_processed((SELECT key FROM pair WHERE n = 1), 'hashing')}),
+	'0 1 true false',
+	'forgetting the occupant in the old generation moves its collision into its place');
+is($node->safe_psql('busy_1_1', q{
+	SELECT idem_apply((SELECT key FROM pair WHERE n = 1), 'hashing', 'select 1')
+	       || ' ' || idem_apply((SELECT key FROM pair WHERE n = 1), 'hashing', 'select 1')}),
+	'true false', 'the forgotten key is applied anew, once');
+is($node->safe_psql('busy_1_1', q{
+	SELECT count(*) FROM idem_consumer.processed_keys_1 WHERE key = (SELECT key FROM pair WHERE n = 1)}),
+	'1', 'the forgotten key is applied anew, once, into the first generation');
+
+# retention removes the expired keys of the old generation
+$node->safe_psql('busy_1_1', q{
+	UPDATE ONLY idem_consumer.processed_keys SET processed_at = processed_at - 40 * 86400
+	 WHERE consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'expiring');
+	SELECT idem_apply('exp:new', 'expiring', 'select 1');
+});
+is($node->safe_psql('busy_1_1', q{SELECT idem_purge('expiring')}),
+	'30', 'the purge removes the expired keys of the old generation');
+is($node->safe_psql('busy_1_1', q{SELECT string_agg(key, ',') FROM idem_processed_keys WHERE consumer = 'expiring'}),
+	'exp:new', 'and keeps the new one');
+is($node->safe_psql('busy_1_1', q{SELECT idem_apply('exp:1', 'expiring', 'select 1')}),
+	't', 'an expired key of the old generation is a new message again');
+
+# A dump of an updated database restores both generations; the restored
+# database hashes the keys of the first generation with a seed of its own.
+my $dump_1_1 = $node->basedir . '/busy_1_1.dump';
+$node->command_ok([ 'pg_dump', '-Fc', '-f', $dump_1_1, '-d', $node->connstr('busy_1_1') ],
+	'pg_dump of an updated database');
+$node->command_ok([ 'pg_restore', '-d', $node->connstr('restored_1_1'), $dump_1_1 ],
+	'pg_restore of it');
+is($node->safe_psql('restored_1_1', q{
+	SELECT count(*) FILTER (WHERE NOT idem_apply(key, 'hashing', 'select 1')) FROM pair WHERE n <= 2}),
+	'2', 'the restored database knows the keys of both generations');
+is($node->safe_psql('restored_1_1', q{
+	SELECT idem_apply('inflight:1', 'hashing', 'select 1') || ' ' || idem_apply('exp:1', 'expiring', 'select 1')
+	       || ' ' || idem_apply('restored:1', 'hashing', 'select 1')}),
+	'false false true', 'old keys, new keys and a new delivery after the restore');
+isnt($node->safe_psql('restored_1_1', q{SELECT k0 || ':' || k1 FROM idem_consumer_local.key_seed}),
+	$node->safe_psql('busy_1_1', q{SELECT k0 || ':' || k1 FROM idem_consumer_local.key_seed}),
+	'the restored database has a seed of its own');
+
 # the grants are the test's, not the extension's: out of the catalog comparison
 $node->safe_psql('upgraded_1_1', q{
 	REVOKE EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz),
