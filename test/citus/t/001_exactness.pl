@@ -121,14 +121,15 @@ $f$;
 SELECT create_distributed_function('pay_ii(bigint,text,bigint,bigint)', 'p_order_id',
     colocate_with => 'payments_ii', force_delegation => true);
 SQL
-# The coordinator's commits wait 3 ms before their WAL flush, as on a slow
-# disk (commit_delay, which acts only with fsync on): the window where a
-# worker has committed a transaction of the coordinator and the coordinator
-# not yet is real but short; it is widened, not made, so that a stop of the
-# coordinator finds shape (i) inside it in most runs.
-query(<<'SQL');
+# The coordinator's commits wait before their WAL flush, as on a slow disk
+# (commit_delay, microseconds, CITUS_COMMIT_DELAY; it acts only with fsync
+# on): the window where a worker has committed a transaction of the
+# coordinator and the coordinator not yet is real but short; it is widened,
+# not made, so that the stops of the coordinator find shape (i) inside it.
+my $commit_delay = $ENV{CITUS_COMMIT_DELAY} // 10000;
+query(<<"SQL");
 ALTER SYSTEM SET fsync = on;
-ALTER SYSTEM SET commit_delay = 3000;
+ALTER SYSTEM SET commit_delay = $commit_delay;
 ALTER SYSTEM SET commit_siblings = 0;
 SELECT pg_reload_conf();
 SQL
