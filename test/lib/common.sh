@@ -84,10 +84,11 @@ ensure_packages() {
     fi
     if [ "$profile" = citus ]; then
         # Citus (test/citus/build-citus, configured --without-libcurl):
-        # columnar's zstd and lz4, libpq and OpenSSL to link, and the
-        # GSSAPI headers that libpq-int.h includes when the server was
-        # built with GSSAPI (Debian's is); the driver's IPC::Run
-        pkgs="$pkgs libpq-dev libssl-dev libzstd-dev liblz4-dev libkrb5-dev libipc-run-perl"
+        # columnar's zstd and lz4, libpq and OpenSSL to link, the GSSAPI
+        # headers that libpq-int.h includes and the ICU headers that
+        # pg_locale.h includes when the server was built with them
+        # (Debian's is)
+        pkgs="$pkgs libpq-dev libssl-dev libzstd-dev liblz4-dev libkrb5-dev libicu-dev"
         # shellcheck disable=SC2086
         apt_install_missing $pkgs
         pg_paths

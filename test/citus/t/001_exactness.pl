@@ -29,8 +29,8 @@ use warnings;
 
 use File::Basename qw(dirname);
 use File::Temp qw(tempdir);
-use List::Util qw(shuffle sum);
-use POSIX qw(WNOHANG);
+use List::Util qw(shuffle);
+use POSIX ();
 use Test::More;
 use Time::HiRes qw(sleep time);
 
