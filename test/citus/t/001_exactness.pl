@@ -56,6 +56,9 @@ my $port = $ENV{SCRATCH_PORT} // 55432;
 
 sub cluster { system('bash', $cluster_cmd, @_) == 0 or die "cluster @_ failed\n"; }
 
+# a run stopped by its time bound (run-tests' timeout signals the whole
+# process group) still stops its nodes, in END
+$SIG{TERM} = $SIG{INT} = sub { exit 1; };
 cluster('start', $dir, $port);
 my $cluster_started_by = $$;
 END
@@ -181,6 +184,7 @@ sub deliver
 		my $pid = fork() // die "fork: $!";
 		if ($pid == 0)
 		{
+			$SIG{TERM} = $SIG{INT} = 'DEFAULT';
 			my %sent = (i => 0, ii => 0);
 			my $t0 = time;
 			for my $k (0 .. $#chunks)
