@@ -9,10 +9,9 @@
 # (b) the coordinator stopped immediately and started again, each three
 # times in the load (at a fifth, near half and at seven tenths of it: a
 # commit cut in two is rare), (c) a shard moved to the other worker, then
-# the rebalancer run to its end.  Then
-# every message is delivered once more.  Each application of a message
-# adds one to its row's counter, so that a message applied twice is a row
-# whose counter is above one.
+# the rebalancer run to its end.  Then every message is delivered once
+# more.  Each application of a message adds one to its row's counter, so
+# that a message applied twice is a row whose counter is above one.
 #
 # Two consumer shapes receive every fault's messages at once:
 #  (i)  idem_apply on the coordinator, its business SQL on the distributed
@@ -41,7 +40,9 @@ my $bindir =
 chomp $bindir;
 my $psql_bin = $bindir ? "$bindir/psql" : 'psql';
 
-my $n_messages = $ENV{CITUS_MESSAGES} // 3000;    # per fault and shape
+# per fault and shape; three times as many for the shard move, so that
+# the rebalance after it runs under load too
+my $n_messages = $ENV{CITUS_MESSAGES} // 1000;
 my $n_orders = 300;
 my $n_clients = 4;
 my $redelivered = 0.3;       # share of messages delivered twice in the load
@@ -136,7 +137,19 @@ ALTER SYSTEM SET commit_delay = $commit_delay;
 ALTER SYSTEM SET commit_siblings = 0;
 SELECT pg_reload_conf();
 SQL
-pass('payments distributed by order id; keys_ii and pay_ii colocated and delegated');
+is(query(q{SELECT count(DISTINCT colocationid) || ' ' || count(*) FROM pg_dist_partition
+             WHERE logicalrelid IN ('payments_i'::regclass, 'payments_ii'::regclass,
+                                    'keys_ii'::regclass) AND partmethod = 'h'}),
+	'1 3', 'payments_i, payments_ii and keys_ii are distributed by order id and colocated');
+is(query(q{SELECT force_delegation AND distribution_argument_index = 0
+             AND colocationid = (SELECT colocationid FROM pg_dist_partition
+                                 WHERE logicalrelid = 'keys_ii'::regclass)
+           FROM pg_dist_object
+           WHERE objid = 'public.pay_ii(bigint,text,bigint,bigint)'::regprocedure}),
+	't', 'pay_ii is distributed by its order id, colocated with keys_ii, delegation forced');
+like(query(q{EXPLAIN (COSTS OFF) SELECT public.pay_ii(1, 'pay:1:0', 0, 1)}),
+	qr/Citus Adaptive.*Task Count: 1\n.*Node: host=\S+ port=(?:@{[$port + 1]}|@{[$port + 2]})\b/s,
+	'a call of pay_ii on the coordinator runs whole on the worker of its shard');
 
 my $sql_i = 'INSERT INTO public.payments_i AS p (order_id, msg_id, amount) '
   . 'VALUES ($1::bigint, $2::bigint, $3::bigint) '
@@ -158,7 +171,8 @@ sub statement
 # deliver(NAME, DELIVERIES, FAULT, AT): the deliveries spread over the
 # clients in chunks, FAULT (a code ref, optional) run each time the share
 # of the chunks in the list AT is done.  Returns the deliveries sent per
-# shape (a failed chunk counts whole each time it is sent), the number of
+# shape (the statements that reached the coordinator, the one that
+# failed included), the number of
 # clients that failed, the spans of chunks during the faults, the number
 # of chunks and the first error of a fault.
 sub deliver
@@ -195,8 +209,22 @@ sub deliver
 				close $fh;
 				while (1)
 				{
-					$sent{ $_->[0] }++ for @{ $chunks[$k] };
-					last if system("@psql -o /dev/null -f '$file' 2>>'$log'") == 0;
+					my $before = -s $log // 0;
+					my $ok = system("@psql -o /dev/null -f '$file' 2>>'$log'") == 0;
+					# one statement a line: a chunk cut short at line N
+					# delivered its first N messages, one that could not
+					# connect none
+					my $n = @{ $chunks[$k] };
+					if (!$ok)
+					{
+						open(my $e, '<', $log) or die;
+						seek($e, $before, 0);
+						my $err = do { local $/; <$e> } // '';
+						close $e;
+						$n = $err =~ /^psql:[^\n]*?\.sql:(\d+): /m ? $1 : 0;
+					}
+					$sent{ $_->[0] }++ for @{ $chunks[$k] }[ 0 .. $n - 1 ];
+					last if $ok;
 					# the parent gone, or the cluster not back in time
 					POSIX::_exit(3) if time - $t0 > $deadline || getppid() != $parent;
 					sleep 0.2;
@@ -252,6 +280,8 @@ sub deliver
 
 sub worker_port { my ($w) = @_; return $port + $w; }
 
+# each fault: what it is, when in the load (shares of its chunks), what
+# it does, and how many times n_messages it takes (1 by default)
 my @faults = (
 	[
 		'worker stopped (immediate) and restarted',
@@ -273,7 +303,7 @@ my @faults = (
 	],
 	[
 		'shard moved, then rebalanced',
-		[0.3],
+		[0.2],
 		sub {
 			my ($shard, $from) = split /\|/, query(
 				q{SELECT shardid, nodeport FROM pg_dist_shard_placement
@@ -284,14 +314,16 @@ my @faults = (
 			query("SELECT citus_move_shard_placement($shard, '$dir', $from, '$dir', $to)");
 			query('SELECT citus_rebalance_start()');
 			query('SELECT citus_rebalance_wait()');
-		}
+		},
+		3
 	]);
 
 my @report;
 for my $f (0 .. $#faults)
 {
-	my ($what, $at, $fault) = @{ $faults[$f] };
-	my @msgs = map { $f * 1_000_000 + $_ } 1 .. $n_messages;
+	my ($what, $at, $fault, $times) = @{ $faults[$f] };
+	my $n = $n_messages * ($times // 1);
+	my @msgs = map { $f * 1_000_000 + $_ } 1 .. $n;
 	my @load;
 	for my $shape ('i', 'ii')
 	{
@@ -320,14 +352,14 @@ for my $f (0 .. $#faults)
 		my $deliveries = $sent->{$shape} + $sent2->{$shape};
 		push @report,
 		  sprintf("%-46s shape (%s): %d messages, %d deliveries, %d applied twice",
-			$what, $shape, $n_messages, $deliveries, $twice);
-		is($rows, $n_messages, "fault $what, shape ($shape): every message applied");
+			$what, $shape, $n, $deliveries, $twice);
+		is($rows, $n, "fault $what, shape ($shape): every message applied");
 		if ($shape eq 'ii')
 		{
 			is($twice, 0, "fault $what, shape (ii): no message applied twice");
 			is(query("SELECT count(*) FROM keys_ii WHERE key LIKE 'pay:%' AND "
 					  . "split_part(key, ':', 3)::bigint BETWEEN $msgs[0] AND $msgs[-1]"),
-				$n_messages, "fault $what, shape (ii): one key per message");
+				$n, "fault $what, shape (ii): one key per message");
 		}
 		else
 		{
