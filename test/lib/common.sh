@@ -66,8 +66,9 @@ progress() { printf '[%4ds] %s\n' "$SECONDS" "$*"; }
 # extension needs; "demo" adds Node.js for test/demo's external-call phase;
 # "server" what the server-side suites need (pg_regress, isolation, TAP:
 # the suites run on every major version); "package" adds the tools that
-# build and check the Debian package; "all" (the default) adds everything
-# the other suites run.
+# build and check the Debian package; "citus" what test/citus/build-citus
+# needs to compile Citus (a test dependency only) and its driver to run;
+# "all" (the default) adds everything the other suites run.
 # (pgbench ships in postgresql-NN itself, prove in perl; prometheus brings
 # promtool, which the TAP tests run on idem_metrics().)
 ensure_packages() {
@@ -80,6 +81,18 @@ ensure_packages() {
     if [ "$PG_CONFIG" = "/usr/lib/postgresql/$PG_MAJOR/bin/pg_config" ]; then
         debian_server=yes
         pkgs="postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR $pkgs"
+    fi
+    if [ "$profile" = citus ]; then
+        # Citus (test/citus/build-citus, configured --without-libcurl):
+        # columnar's zstd and lz4, libpq and OpenSSL to link, the GSSAPI
+        # headers that libpq-int.h includes and the ICU headers that
+        # pg_locale.h includes when the server was built with them
+        # (Debian's is)
+        pkgs="$pkgs libpq-dev libssl-dev libzstd-dev liblz4-dev libkrb5-dev libicu-dev"
+        # shellcheck disable=SC2086
+        apt_install_missing $pkgs
+        pg_paths
+        return 0
     fi
     if [ "$profile" != build ]; then
         # node and npm run the client tests and the demo's effect consumers;
