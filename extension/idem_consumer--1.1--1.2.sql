@@ -23,19 +23,7 @@
 -- member of the owner role that does not inherit its privileges (NOINHERIT,
 -- or from PostgreSQL 16 a grant WITH INHERIT FALSE) sees nothing.
 --
-CREATE OR REPLACE VIEW idem_processed_keys WITH (security_barrier) AS
-    SELECT c.name AS consumer,
-           k.key,
-           timestamptz '2000-01-01 00:00:00+00'
-               OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs => k.processed_at)
-               AS processed_at
-      FROM (SELECT consumer_id, processed_at, key
-              FROM idem_consumer.processed_keys
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.key_collisions) AS k
-      JOIN idem_consumer.consumers AS c USING (consumer_id)
-     WHERE c.owner IS NULL OR pg_catalog.pg_has_role(c.owner, 'USAGE');
+-- idem_processed_keys is defined again below, with the generations of keys.
 
 CREATE OR REPLACE VIEW idem_effects WITH (security_barrier) AS
     SELECT c.name AS consumer,
@@ -290,7 +278,7 @@ ALTER TABLE idem_consumer.processed_keys REPLICA IDENTITY FULL;
 --
 -- The key store's seeded 64-bit hash (docs/keystore.md).
 --
--- Keys recorded from 1.2 on go into a generation of tables below
+-- Keys recorded from 1.2 on go into a generation of tables beside
 -- processed_keys and key_collisions: processed_keys_1 and key_collisions_1,
 -- unique on key_hash64(consumer_id, key), SipHash-2-4 of the pair keyed by
 -- this database's secret seed.  With 64 bits a consumer needs about 4
@@ -340,32 +328,92 @@ LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 REVOKE ALL ON FUNCTION idem_consumer.key_hash64(integer, text) FROM PUBLIC;
 
 --
--- The first generation.  Creating a table that inherits processed_keys
--- takes only SHARE UPDATE EXCLUSIVE on it; what makes the switch exact is
--- a lock that conflicts with the ROW EXCLUSIVE of every transaction that
--- has recorded a key.  The ALTER TABLE above already holds ACCESS
--- EXCLUSIVE; the LOCK states what is needed whatever the statements
--- before it.  It waits for those transactions and holds new ones off
--- until this script commits, whatever the number of keys (docs/storage.md
--- gives the time measured at 10 million): from then on no transaction
--- inserts a key into processed_keys itself, whose rows (those of 1.0 and
--- 1.1) stay where they are, are probed through their own index before
--- every new key and expire under retention as before.  Nothing is copied
--- or rewritten.
+-- The first generation: tables of their own, with the columns of
+-- processed_keys and key_collisions (a table that inherits could not be
+-- distributed by Citus, nor partitioned by a DBA).  The views that show
+-- keys read every generation.  What makes the switch exact is a lock that
+-- conflicts with the ROW EXCLUSIVE of every transaction that has recorded
+-- a key.  The ALTER TABLE above already holds ACCESS EXCLUSIVE; the LOCK
+-- states what is needed whatever the statements before it.  It waits for
+-- those transactions and holds new ones off until this script commits,
+-- whatever the number of keys (24 ms at 10 million, docs/storage.md): from
+-- then on no transaction inserts a key into processed_keys, whose rows
+-- (those of 1.0 and 1.1) stay where they are, are probed through their own
+-- index before every new key and expire under retention as before.
+-- Nothing is copied or rewritten.
 --
 LOCK TABLE idem_consumer.processed_keys IN SHARE ROW EXCLUSIVE MODE;
 
-CREATE TABLE idem_consumer.processed_keys_1 ()
-    INHERITS (idem_consumer.processed_keys);
+CREATE TABLE idem_consumer.processed_keys_1
+    (LIKE idem_consumer.processed_keys INCLUDING COMMENTS);
 CREATE UNIQUE INDEX processed_keys_1_hash
     ON idem_consumer.processed_keys_1 (idem_consumer.key_hash64(consumer_id, key));
 ALTER TABLE idem_consumer.processed_keys_1 REPLICA IDENTITY FULL;
 
 CREATE TABLE idem_consumer.key_collisions_1 (
+    LIKE idem_consumer.key_collisions,
     PRIMARY KEY (consumer_id, key)
-) INHERITS (idem_consumer.key_collisions);
+);
 CREATE INDEX key_collisions_1_hash
     ON idem_consumer.key_collisions_1 (idem_consumer.key_hash64(consumer_id, key));
 
 SELECT pg_catalog.pg_extension_config_dump('idem_consumer.processed_keys_1', '');
 SELECT pg_catalog.pg_extension_config_dump('idem_consumer.key_collisions_1', '');
+
+CREATE OR REPLACE VIEW idem_processed_keys WITH (security_barrier) AS
+    SELECT c.name AS consumer,
+           k.key,
+           timestamptz '2000-01-01 00:00:00+00'
+               OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs => k.processed_at)
+               AS processed_at
+      FROM (SELECT consumer_id, processed_at, key
+              FROM idem_consumer.processed_keys
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.key_collisions
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.processed_keys_1
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.key_collisions_1) AS k
+      JOIN idem_consumer.consumers AS c USING (consumer_id)
+     WHERE c.owner IS NULL OR pg_catalog.pg_has_role(c.owner, 'USAGE');
+
+-- idem_consumers counts the keys of every generation.
+CREATE OR REPLACE VIEW idem_consumers AS
+    SELECT c.name AS consumer,
+           c.created_at,
+           keys.keys_stored,
+           keys.oldest_processed_at,
+           keys.newest_processed_at,
+           dlq.dead_letters_pending,
+           dlq.oldest_pending_age,
+           c.owner
+      FROM idem_consumer.consumers AS c
+     CROSS JOIN LATERAL (
+           SELECT pg_catalog.count(*) AS keys_stored,
+                  timestamptz '2000-01-01 00:00:00+00'
+                      OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs => pg_catalog.min(k.processed_at))
+                      AS oldest_processed_at,
+                  timestamptz '2000-01-01 00:00:00+00'
+                      OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs => pg_catalog.max(k.processed_at))
+                      AS newest_processed_at
+             FROM (SELECT processed_at FROM idem_consumer.processed_keys
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.key_collisions
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.processed_keys_1
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.key_collisions_1
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id) AS k) AS keys
+     CROSS JOIN LATERAL (
+           SELECT pg_catalog.count(*) AS dead_letters_pending,
+                  pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.min(d.first_failed_at)
+                      AS oldest_pending_age
+             FROM idem_consumer.dead_letters AS d
+            WHERE d.consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+              AND d.status OPERATOR(pg_catalog.=) 'pending') AS dlq;

@@ -160,7 +160,7 @@ SELECT key AS b2 FROM batch_colliding WHERE pair = 2 AND n = 2 \gset
 SELECT k = :'a1' AS is_a1, k = :'a2' AS is_a2
   FROM idem_record_batch('batch-hashing', ARRAY[:'a2', :'a1', 'x1', :'a2', :'a1']) AS k
  WHERE k <> 'x1' ORDER BY k = :'a2';
-SELECT count(*) AS collisions FROM idem_consumer.key_collisions
+SELECT count(*) AS collisions FROM idem_consumer.key_collisions_1
  WHERE consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'batch-hashing');
 SELECT count(*) AS nothing_new FROM idem_record_batch('batch-hashing', ARRAY[:'a1', :'a2', 'x1']);
 -- one key of a pair by idem_apply, the other by a batch, then both again
@@ -168,7 +168,7 @@ SELECT idem_apply(:'b1', 'batch-hashing', 'select 1') AS b1_applied;
 SELECT k = :'b2' AS is_b2 FROM idem_record_batch('batch-hashing', ARRAY[:'b1', :'b2']) AS k;
 SELECT count(*) AS nothing_new FROM idem_record_batch('batch-hashing', ARRAY[:'b2', :'b1']);
 SELECT idem_apply(:'b2', 'batch-hashing', 'select 1') AS b2_applied_again;
-SELECT count(*) AS collisions FROM idem_consumer.key_collisions
+SELECT count(*) AS collisions FROM idem_consumer.key_collisions_1
  WHERE consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'batch-hashing');
 -- forgetting an occupant keeps its collision recorded
 SELECT idem_forget(:'a1', 'batch-hashing');
@@ -246,13 +246,13 @@ DROP ROLE idem_batch_app;
 -- retention), the fast path steps aside and the SQL statements give the
 -- same answers, for batches and for single keys.
 --
-CREATE INDEX processed_keys_at ON idem_consumer.processed_keys (processed_at);
+CREATE INDEX processed_keys_at ON idem_consumer.processed_keys_1 (processed_at);
 SELECT k FROM idem_record_batch('batch-sql', ARRAY['s1', 's2', 's1']) AS k ORDER BY k;
 SELECT k FROM idem_record_batch('batch-sql', ARRAY['s2', 's3']) AS k ORDER BY k;
 SELECT count(*) AS nothing_new FROM idem_record_batch('batch-hashing', ARRAY[:'a2', :'a1', 'x1']);
 SELECT idem_forget(:'a2', 'batch-hashing') AS forgot_occupant;
 SELECT k = :'a2' AS is_a2 FROM idem_record_batch('batch-hashing', ARRAY[:'a1', :'a2']) AS k;
-SELECT count(*) AS collisions FROM idem_consumer.key_collisions
+SELECT count(*) AS collisions FROM idem_consumer.key_collisions_1
  WHERE consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'batch-hashing');
 SELECT idem_apply('s3', 'batch-sql', 'select 1') AS s3_again,
        idem_apply('s4', 'batch-sql', 'select 1') AS s4,

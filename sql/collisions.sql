@@ -22,16 +22,16 @@ SELECT idem_apply(:'k2', 'hashing', 'insert into collision_log values ($1)', ARR
 SELECT idem_apply(:'k1', 'hashing', 'insert into collision_log values ($1)', ARRAY[:'k1']) AS k1_again;
 SELECT idem_apply(:'k2', 'hashing', 'insert into collision_log values ($1)', ARRAY[:'k2']) AS k2_again;
 SELECT count(*) AS log_rows, count(DISTINCT key) AS distinct_keys FROM collision_log;
-SELECT (SELECT count(*) FROM idem_consumer.key_collisions k JOIN idem_consumer.consumers c USING (consumer_id) WHERE c.name = 'hashing') AS collisions,
+SELECT (SELECT count(*) FROM idem_consumer.key_collisions_1 k JOIN idem_consumer.consumers c USING (consumer_id) WHERE c.name = 'hashing') AS collisions,
        idem_is_processed(:'k1', 'hashing') AS k1, idem_is_processed(:'k2', 'hashing') AS k2;
 
 -- forgetting the occupant moves the collision into its place
 SELECT idem_forget(:'k1', 'hashing');
-SELECT (SELECT count(*) FROM idem_consumer.key_collisions k JOIN idem_consumer.consumers c USING (consumer_id) WHERE c.name = 'hashing') AS collisions,
+SELECT (SELECT count(*) FROM idem_consumer.key_collisions_1 k JOIN idem_consumer.consumers c USING (consumer_id) WHERE c.name = 'hashing') AS collisions,
        idem_is_processed(:'k1', 'hashing') AS k1, idem_is_processed(:'k2', 'hashing') AS k2;
 SELECT idem_apply(:'k2', 'hashing', 'insert into collision_log values ($1)', ARRAY[:'k2']) AS k2_still_duplicate;
 SELECT idem_apply(:'k1', 'hashing', 'insert into collision_log values ($1)', ARRAY[:'k1']) AS k1_reapplied;
-SELECT (SELECT count(*) FROM idem_consumer.key_collisions k JOIN idem_consumer.consumers c USING (consumer_id) WHERE c.name = 'hashing') AS collisions;
+SELECT (SELECT count(*) FROM idem_consumer.key_collisions_1 k JOIN idem_consumer.consumers c USING (consumer_id) WHERE c.name = 'hashing') AS collisions;
 -- forgetting the collision leaves the occupant alone
 SELECT idem_forget(:'k1', 'hashing'), idem_is_processed(:'k1', 'hashing') AS k1, idem_is_processed(:'k2', 'hashing') AS k2;
 SELECT idem_forget(:'k2', 'hashing'), idem_is_processed(:'k2', 'hashing') AS k2;

@@ -12,7 +12,7 @@ CREATE TABLE ex_stock (id int PRIMARY KEY, qty int NOT NULL CHECK (qty >= 0));
 INSERT INTO ex_stock VALUES (1, 0);
 -- ages every key of a consumer by 30 days, past the 7-day default window
 CREATE FUNCTION ex_age(consumer text) RETURNS void LANGUAGE sql AS $$
-    UPDATE idem_consumer.processed_keys SET processed_at = processed_at - 30 * 86400
+    UPDATE idem_consumer.processed_keys_1 SET processed_at = processed_at - 30 * 86400
      WHERE consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = consumer);
 $$;
 
@@ -47,7 +47,7 @@ SELECT qty FROM ex_stock;
 -- a key removed by other means than the purge (here by hand) leaves its
 -- resolved entry behind: parking the redelivery replaces that entry
 SELECT idem_dlq_discard(id, 'again') FROM idem_dead_letters WHERE key = 'ex-replayed';
-DELETE FROM idem_consumer.processed_keys WHERE key = 'ex-replayed';
+DELETE FROM idem_consumer.processed_keys_1 WHERE key = 'ex-replayed';
 SELECT idem_try_apply('ex-replayed', 'ex', 'update ex_stock set qty = qty - 1 where id = 1');
 SELECT key, status, attempts, resolved_by, discard_reason FROM idem_dead_letters WHERE key = 'ex-replayed';
 

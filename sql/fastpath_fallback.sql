@@ -16,27 +16,27 @@ SELECT idem_apply('warm', 'fp', 'update fp set n = n + 1');
 -- dereference for a text column, a wrong value for a timestamptz one).
 --
 BEGIN;
-ALTER TABLE idem_consumer.processed_keys ADD COLUMN note text DEFAULT 'by sql';
+ALTER TABLE idem_consumer.processed_keys_1 ADD COLUMN note text DEFAULT 'by sql';
 SELECT idem_apply('col-1', 'fp', 'update fp set n = n + 1') AS applied;
 SELECT idem_apply('col-1', 'fp', 'update fp set n = n + 1') AS applied_again;
 SELECT k FROM idem_record_batch('fp', ARRAY['col-2', 'col-1']) AS k;
-SELECT key, note FROM idem_consumer.processed_keys
+SELECT key, note FROM idem_consumer.processed_keys_1
  WHERE consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'fp')
  ORDER BY key;
 ROLLBACK;
 
 BEGIN;
-ALTER TABLE idem_consumer.processed_keys
+ALTER TABLE idem_consumer.processed_keys_1
   ADD COLUMN seen_at timestamptz NOT NULL DEFAULT '2026-01-01 00:00:00+00';
 SELECT idem_apply('col-3', 'fp', 'update fp set n = n + 1') AS applied;
 SELECT key, seen_at = '2026-01-01 00:00:00+00' AS default_kept
-  FROM idem_consumer.processed_keys WHERE key = 'col-3';
+  FROM idem_consumer.processed_keys_1 WHERE key = 'col-3';
 ROLLBACK;
 
 -- a dropped column still takes a slot in the table's rows
 BEGIN;
-ALTER TABLE idem_consumer.processed_keys ADD COLUMN note text;
-ALTER TABLE idem_consumer.processed_keys DROP COLUMN note;
+ALTER TABLE idem_consumer.processed_keys_1 ADD COLUMN note text;
+ALTER TABLE idem_consumer.processed_keys_1 DROP COLUMN note;
 SELECT idem_apply('col-4', 'fp', 'update fp set n = n + 1') AS applied,
        idem_is_processed('col-4', 'fp') AS processed;
 ROLLBACK;

@@ -76,7 +76,7 @@ SELECT key, reused
                          ARRAY['m1', 'other', 'm4', 'm4', 'm5', 'not-m5', NULL])
  ORDER BY key, reused;
 SELECT key, fingerprint IS NOT NULL AS has_fingerprint
-  FROM idem_consumer.processed_keys AS k JOIN idem_consumer.consumers AS c USING (consumer_id)
+  FROM idem_consumer.processed_keys_1 AS k JOIN idem_consumer.consumers AS c USING (consumer_id)
  WHERE c.name = 'reuse-batch' ORDER BY key;
 SELECT reuse_error($$SELECT * FROM idem_record_batch('reuse-batch', ARRAY['b-1', 'b-2'], ARRAY['m1'])$$);
 SELECT reuse_error($$SELECT * FROM idem_record_batch('reuse-batch', ARRAY['b-1'], ARRAY[['m1']])$$);

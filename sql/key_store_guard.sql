@@ -89,7 +89,7 @@ SELECT key AS k2 FROM ksg_colliding WHERE n = 2 \gset
 SELECT idem_apply(:'k1', 'ksg', 'select 1') AS k1_applied;
 BEGIN;
 SELECT idem_apply(:'k2', 'ksg', 'select 1') AS k2_applied;
-SELECT count(*) AS collisions FROM idem_consumer.key_collisions
+SELECT count(*) AS collisions FROM idem_consumer.key_collisions_1
  WHERE consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'ksg');
 SELECT replace(ksg_error(format('select idem_forget(%L, %L)', :'k2', 'ksg')), :'k2', 'K2');
 ROLLBACK;

@@ -1,12 +1,10 @@
 --
--- The fast path of external effects (effects_fastpath.c) writes the
--- effects table without the executor, which alone routes rows among
--- partitions and checks partition constraints.  It steps aside for a
+-- The fast paths (keystore_fastpath.c, effects_fastpath.c) write the
+-- storage tables without the executor, which alone routes rows among
+-- partitions and checks partition constraints.  They step aside for a
 -- table a DBA partitioned and for a table a DBA attached as a partition of
 -- another, and the SQL statements give the answers, with the fast path on.
--- (The key tables are the extension's own generations, which inherit
--- processed_keys; PostgreSQL refuses to make them partitions.)  In a
--- database of its own, whose storage is changed for good.
+-- In a database of its own, whose storage is changed for good.
 --
 SELECT current_database() AS regression_db \gset
 CREATE DATABASE idem_partitioned;
@@ -18,6 +16,33 @@ CREATE EXTENSION idem_consumer;
 CREATE TABLE log (key text NOT NULL);
 SELECT idem_consumer_create(name) FROM unnest(ARRAY['p1', 'p2']) AS name;
 SELECT consumer_id AS p1_id FROM idem_consumer.consumers WHERE name = 'p1' \gset
+
+--
+-- processed_keys_1, the key table of the current generation, attached as
+-- the partition of consumer p1: a key of p2
+-- breaks the partition constraint, as the INSERT statement finds (the
+-- fast path inserted it).
+--
+CREATE TABLE keys_by_consumer (LIKE idem_consumer.processed_keys_1)
+    PARTITION BY LIST (consumer_id);
+ALTER TABLE keys_by_consumer ATTACH PARTITION idem_consumer.processed_keys_1
+    FOR VALUES IN (:p1_id);
+\c
+SHOW idem_consumer.fast_path;
+SELECT idem_apply('a-1', 'p1', 'insert into log values ($1)', ARRAY['a-1']) AS applied;
+SELECT idem_apply('a-1', 'p1', 'insert into log values ($1)', ARRAY['a-1']) AS applied_again;
+SELECT idem_is_processed('a-1', 'p1') AS processed;
+SELECT k FROM idem_record_batch('p1', ARRAY['a-2', 'a-1']) AS k;
+SELECT idem_apply('a-3', 'p2', 'insert into log values ($1)', ARRAY['a-3']) AS applied;
+\echo :SQLSTATE
+SELECT k FROM idem_record_batch('p2', ARRAY['a-4']) AS k;
+\echo :SQLSTATE
+SELECT idem_try_apply('a-5', 'p2', 'insert into log values ($1)', ARRAY['a-5']) AS outcome;
+\echo :SQLSTATE
+SELECT consumer_id = :p1_id AS of_p1, key FROM keys_by_consumer ORDER BY key;
+SELECT key FROM log ORDER BY key;
+ALTER TABLE keys_by_consumer DETACH PARTITION idem_consumer.processed_keys_1;
+DROP TABLE keys_by_consumer;
 
 --
 -- effects attached as the partition of consumer p1: a new effect of p2
@@ -39,10 +64,25 @@ ALTER TABLE effects_by_consumer DETACH PARTITION idem_consumer.effects;
 DROP TABLE effects_by_consumer;
 
 --
--- effects made a partitioned table by consumer, each partition with the
--- unique index the extension's table has.  The old table stays, renamed.
+-- processed_keys_1 and effects made partitioned tables by consumer, each
+-- partition with the unique index the extension's table has.  The
+-- old tables stay, renamed, for the views that read them.
 --
 TRUNCATE log;
+ALTER EXTENSION idem_consumer DROP TABLE idem_consumer.processed_keys_1;
+ALTER TABLE idem_consumer.processed_keys_1 RENAME TO processed_keys_1_unpartitioned;
+ALTER INDEX idem_consumer.processed_keys_1_hash RENAME TO processed_keys_1_unpartitioned_hash;
+CREATE TABLE idem_consumer.processed_keys_1 (LIKE idem_consumer.processed_keys_1_unpartitioned)
+    PARTITION BY LIST (consumer_id);
+CREATE TABLE idem_consumer.processed_keys_1_p1 PARTITION OF idem_consumer.processed_keys_1
+    FOR VALUES IN (:p1_id);
+CREATE TABLE idem_consumer.processed_keys_1_rest PARTITION OF idem_consumer.processed_keys_1
+    DEFAULT;
+CREATE INDEX processed_keys_1_hash ON idem_consumer.processed_keys_1
+    (idem_consumer.key_hash64(consumer_id, key));
+CREATE UNIQUE INDEX ON idem_consumer.processed_keys_1_p1 (idem_consumer.key_hash64(consumer_id, key));
+CREATE UNIQUE INDEX ON idem_consumer.processed_keys_1_rest (idem_consumer.key_hash64(consumer_id, key));
+
 ALTER EXTENSION idem_consumer DROP TABLE idem_consumer.effects;
 ALTER TABLE idem_consumer.effects RENAME TO effects_unpartitioned;
 ALTER TABLE idem_consumer.effects_unpartitioned RENAME CONSTRAINT effects_pkey TO effects_unpartitioned_pkey;
@@ -66,6 +106,7 @@ SELECT * FROM idem_record_batch('p2', ARRAY['b-2', 'b-4'], ARRAY['fp-2', 'fp-4']
 SELECT idem_try_apply('b-5', 'p2', 'insert into log values ($1)', ARRAY['b-5']) AS outcome;
 SELECT idem_try_apply('b-5', 'p2', 'insert into log values ($1)', ARRAY['b-5']) AS outcome_again;
 SELECT idem_forget('b-1', 'p1') AS forgotten, idem_is_processed('b-1', 'p1') AS b1;
+SELECT tableoid::regclass AS partition, key FROM idem_consumer.processed_keys_1 ORDER BY key;
 SELECT key FROM log ORDER BY key;
 
 SELECT action, fence FROM idem_effect_begin('p1', 'charge-3', '{"amount": 3}', '1 minute');

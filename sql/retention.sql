@@ -141,18 +141,18 @@ SELECT store_key('hashing-r', :'a1', '30 days');
 SELECT idem_apply(:'a2', 'hashing-r', 'select 1') AS a2_recorded;
 SELECT store_key('hashing-r', :'b1', '30 days');
 INSERT INTO idem_consumer.key_collisions_1 (consumer_id, processed_at, key)
-SELECT consumer_id, processed_at - 10, :'b2' FROM idem_consumer.processed_keys WHERE key = :'b1';
+SELECT consumer_id, processed_at - 10, :'b2' FROM idem_consumer.processed_keys_1 WHERE key = :'b1';
 SELECT idem_apply(:'c1', 'hashing-r', 'select 1') AS c1_recorded;
 INSERT INTO idem_consumer.key_collisions_1 (consumer_id, processed_at, key)
-SELECT consumer_id, processed_at - 30 * 86400, :'c2' FROM idem_consumer.processed_keys WHERE key = :'c1';
-SELECT count(*) AS collisions FROM idem_consumer.key_collisions
+SELECT consumer_id, processed_at - 30 * 86400, :'c2' FROM idem_consumer.processed_keys_1 WHERE key = :'c1';
+SELECT count(*) AS collisions FROM idem_consumer.key_collisions_1
  WHERE consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'hashing-r');
 SELECT idem_purge('hashing-r') AS purged;
 -- a2 took a1's place; b1, b2 and c2 are gone; c1 stays
 SELECT k.key = :'a2' AS is_a2, k.key = :'c1' AS is_c1, k.key = 'seed' AS is_seed
-  FROM idem_consumer.processed_keys k JOIN idem_consumer.consumers c USING (consumer_id)
+  FROM idem_consumer.processed_keys_1 k JOIN idem_consumer.consumers c USING (consumer_id)
  WHERE c.name = 'hashing-r' ORDER BY k.key = 'seed', k.key = :'c1';
-SELECT count(*) AS collisions FROM idem_consumer.key_collisions
+SELECT count(*) AS collisions FROM idem_consumer.key_collisions_1
  WHERE consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'hashing-r');
 -- a2 inside the window is still a duplicate; the expired keys apply again
 SELECT idem_apply(:'a2', 'hashing-r', 'select 1') AS a2_again,

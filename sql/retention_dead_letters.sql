@@ -5,7 +5,7 @@
 --
 
 -- dl_store_key() writes a key as if it had been recorded "age" ago; into
--- key_collisions when collision is true.
+-- key_collisions_1 when collision is true (the current generation).
 CREATE FUNCTION dl_store_key(consumer text, key text, age interval, collision bool DEFAULT false)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
@@ -13,7 +13,7 @@ BEGIN
     EXECUTE format('INSERT INTO idem_consumer.%I (consumer_id, processed_at, key)
                     SELECT consumer_id, floor(extract(epoch FROM now() - $1 - timestamptz %L))::int, $2
                       FROM idem_consumer.consumers WHERE name = $3',
-                   CASE WHEN collision THEN 'key_collisions' ELSE 'processed_keys' END,
+                   CASE WHEN collision THEN 'key_collisions_1' ELSE 'processed_keys_1' END,
                    '2000-01-01 00:00:00+00')
         USING age, key, consumer;
 END
@@ -66,11 +66,11 @@ SELECT dl_store_key('dlq-c', :'occupant', '0'),
        dl_store_key('dlq-c', :'collision', '30 days', true);
 SELECT park('dlq-c', :'collision', 'pending');
 SELECT idem_purge('dlq-c') AS purged;
-SELECT count(*) AS collisions FROM idem_consumer.key_collisions WHERE key = :'collision'
+SELECT count(*) AS collisions FROM idem_consumer.key_collisions_1 WHERE key = :'collision'
    AND consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'dlq-c');
 UPDATE idem_consumer.dead_letters
    SET status = 'discarded', resolved_at = now(), resolved_by = current_user, discard_reason = 'test'
  WHERE key = :'collision';
 SELECT idem_purge('dlq-c') AS purged;
-SELECT count(*) AS collisions FROM idem_consumer.key_collisions WHERE key = :'collision'
+SELECT count(*) AS collisions FROM idem_consumer.key_collisions_1 WHERE key = :'collision'
    AND consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'dlq-c');

@@ -28,9 +28,9 @@
 /*
  * A generation of the key store: a table of keys, the table of its hash
  * collisions, and the unique index of the keys on their hash.  Keys of
- * 1.0 and 1.1 are in processed_keys and key_collisions themselves, on the
- * 32-bit key_hash; from 1.2 on new keys go into tables that inherit them,
- * on the seeded 64-bit key_hash64 (keystore.c).
+ * 1.0 and 1.1 are in processed_keys and key_collisions, on the 32-bit
+ * key_hash; from 1.2 on new keys go into processed_keys_1 and
+ * key_collisions_1, on the seeded 64-bit key_hash64 (keystore.c).
  */
 typedef struct KeyGeneration
 {
@@ -38,7 +38,6 @@ typedef struct KeyGeneration
 	Oid			collisions_relid;
 	Oid			hash_index;		/* InvalidOid: the fast path is off */
 	bool		hash64;			/* key_hash64, or else key_hash */
-	bool		parent;			/* has generations below it: reads say ONLY */
 } KeyGeneration;
 
 /*
@@ -57,8 +56,8 @@ typedef enum KeyGenSlot
  * The storage tables of this database as last located.  generation changes
  * whenever they are located anew (after DROP and CREATE EXTENSION, say), so
  * that whatever a backend cached about them (plans, consumer ids) can tell
- * it belongs to tables that are gone.  keys_relid is processed_keys, the
- * parent of every generation.
+ * it belongs to tables that are gone.  keys_relid is processed_keys, whose
+ * OID tells one installation of the extension from the next.
  */
 typedef struct StorageInfo
 {

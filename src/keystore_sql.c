@@ -154,15 +154,13 @@
  * table order.  Hashes are passed and returned as bigint, whichever the
  * generation's hash.  Each statement runs on one generation
  * (keystore_internal.h), whose tables and hash function replace the
- * tokens: @KEYS@ and @COLLISIONS@ where rows are read, updated or
- * deleted (ONLY the parent's own rows, for the old generation),
- * @KEYS_INTO@ and @COLLISIONS_INTO@ where they are inserted, @HASH@ the
- * function of the generation's unique index.
+ * tokens @KEYS@, @COLLISIONS@ and @HASH@ (the function of the
+ * generation's unique index).
  */
 static const StorageStmt keystore_stmt_defs[KS_NUM_STMTS] = {
 	/* from 1.1 on, keys keep the fingerprint of their message ($4, may be NULL) */
 	[KS_INSERT_KEY_FP] = {
-		"INSERT INTO @KEYS_INTO@ (consumer_id, processed_at, key, fingerprint)"
+		"INSERT INTO @KEYS@ (consumer_id, processed_at, key, fingerprint)"
 		" VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
 		4, {INT4OID, INT4OID, TEXTOID, INT4OID}
 	},
@@ -180,7 +178,7 @@ static const StorageStmt keystore_stmt_defs[KS_NUM_STMTS] = {
 		2, {INT4OID, TEXTOID}
 	},
 	[KS_INSERT_COLLISION_FP] = {
-		"INSERT INTO @COLLISIONS_INTO@ (consumer_id, processed_at, key, fingerprint)"
+		"INSERT INTO @COLLISIONS@ (consumer_id, processed_at, key, fingerprint)"
 		" VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
 		4, {INT4OID, INT4OID, TEXTOID, INT4OID}
 	},
@@ -190,7 +188,7 @@ static const StorageStmt keystore_stmt_defs[KS_NUM_STMTS] = {
 		2, {INT4OID, TEXTOID}
 	},
 	[KS_INSERT_KEY] = {
-		"INSERT INTO @KEYS_INTO@ (consumer_id, processed_at, key)"
+		"INSERT INTO @KEYS@ (consumer_id, processed_at, key)"
 		" VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
 		3, {INT4OID, INT4OID, TEXTOID}
 	},
@@ -212,7 +210,7 @@ static const StorageStmt keystore_stmt_defs[KS_NUM_STMTS] = {
 		2, {INT4OID, TEXTOID}
 	},
 	[KS_INSERT_COLLISION] = {
-		"INSERT INTO @COLLISIONS_INTO@ (consumer_id, processed_at, key)"
+		"INSERT INTO @COLLISIONS@ (consumer_id, processed_at, key)"
 		" VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
 		3, {INT4OID, INT4OID, TEXTOID}
 	},
@@ -349,7 +347,7 @@ static const StorageStmt keystore_stmt_defs[KS_NUM_STMTS] = {
 	 * copy and is returned once.
 	 */
 	[KS_INSERT_BATCH] = {
-		"INSERT INTO @KEYS_INTO@ (consumer_id, processed_at, key)"
+		"INSERT INTO @KEYS@ (consumer_id, processed_at, key)"
 		" SELECT $1, $2, b.key FROM pg_catalog.unnest($3) AS b(key)"
 		" ORDER BY @HASH@($1, b.key), b.key COLLATE pg_catalog.\"C\""
 		" ON CONFLICT DO NOTHING RETURNING key",
@@ -429,9 +427,7 @@ replace_tokens(const char *text, const char *const *tokens,
 static void
 make_generation_texts(const StorageInfo *si)
 {
-	static const char *const tokens[] = {
-		"@KEYS_INTO@", "@COLLISIONS_INTO@", "@KEYS@", "@COLLISIONS@", "@HASH@"
-	};
+	static const char *const tokens[] = {"@KEYS@", "@COLLISIONS@", "@HASH@"};
 
 	if (keystore_texts_cxt == NULL)
 		keystore_texts_cxt = AllocSetContextCreate(TopMemoryContext,
@@ -444,20 +440,14 @@ make_generation_texts(const StorageInfo *si)
 		const KeyGeneration *gen = &si->gens[g];
 		MemoryContext oldcxt;
 		const char *values[lengthof(tokens)];
-		char	   *keys;
-		char	   *collisions;
 
 		if (!OidIsValid(gen->keys_relid))
 			continue;
 		oldcxt = MemoryContextSwitchTo(keystore_texts_cxt);
-		keys = quote_qualified_identifier(STORAGE_SCHEMA, get_rel_name(gen->keys_relid));
-		collisions = quote_qualified_identifier(STORAGE_SCHEMA,
-												get_rel_name(gen->collisions_relid));
-		values[0] = keys;
-		values[1] = collisions;
-		values[2] = gen->parent ? psprintf("ONLY %s", keys) : keys;
-		values[3] = gen->parent ? psprintf("ONLY %s", collisions) : collisions;
-		values[4] = gen->hash64 ? STORAGE_SCHEMA ".key_hash64" : STORAGE_SCHEMA ".key_hash";
+		values[0] = quote_qualified_identifier(STORAGE_SCHEMA, get_rel_name(gen->keys_relid));
+		values[1] = quote_qualified_identifier(STORAGE_SCHEMA,
+											   get_rel_name(gen->collisions_relid));
+		values[2] = gen->hash64 ? STORAGE_SCHEMA ".key_hash64" : STORAGE_SCHEMA ".key_hash";
 		for (int i = 0; i < KS_NUM_STMTS; i++)
 		{
 			keystore_gen_stmts[g][i] = keystore_stmt_defs[i];

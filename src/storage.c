@@ -220,8 +220,8 @@ usable_hash_index(Oid nspid, Oid keys_relid, const char *index_name,
  * Finds the generations of the key store.  Before 1.2 there is one, the
  * tables processed_keys and key_collisions themselves; from 1.2 on the
  * current one is processed_keys_1 and key_collisions_1, and the old one,
- * the keys recorded before the upgrade, is what processed_keys and
- * key_collisions hold themselves.
+ * the keys recorded before the upgrade, is processed_keys and
+ * key_collisions.
  */
 static void
 locate_generations(Oid nspid)
@@ -229,7 +229,7 @@ locate_generations(Oid nspid)
 	StorageInfo *si = &storage.info;
 	Oid			keys_1 = get_relname_relid("processed_keys_1", nspid);
 	Oid			collisions_1 = get_relname_relid("key_collisions_1", nspid);
-	KeyGeneration *parent;
+	KeyGeneration *first;
 
 	memset(si->gens, 0, sizeof(si->gens));
 	si->has_old = OidIsValid(keys_1) && OidIsValid(collisions_1);
@@ -245,13 +245,12 @@ locate_generations(Oid nspid)
 												"key_hash64");
 	}
 
-	parent = &si->gens[si->has_old ? KEYGEN_OLD : KEYGEN_CURRENT];
-	parent->keys_relid = si->keys_relid;
-	parent->collisions_relid = get_relname_relid("key_collisions", nspid);
-	parent->hash64 = false;
-	parent->parent = si->has_old;
-	parent->hash_index = usable_hash_index(nspid, si->keys_relid,
-										   "processed_keys_hash", "key_hash");
+	first = &si->gens[si->has_old ? KEYGEN_OLD : KEYGEN_CURRENT];
+	first->keys_relid = si->keys_relid;
+	first->collisions_relid = get_relname_relid("key_collisions", nspid);
+	first->hash64 = false;
+	first->hash_index = usable_hash_index(nspid, si->keys_relid,
+										  "processed_keys_hash", "key_hash");
 }
 
 /*
@@ -307,8 +306,14 @@ storage_locate(void)
 			storage.located = false;
 		else
 		{
+			KeyGeneration before[KEYGEN_NUM];
+
 			storage.info.owner = owner;
+			memcpy(before, storage.info.gens, sizeof(before));
 			locate_generations(get_rel_namespace(storage.info.keys_relid));
+			/* a generation added (the update to 1.2): statements anew */
+			if (memcmp(before, storage.info.gens, sizeof(before)) != 0)
+				storage.info.generation++;
 			storage.info.consumers_have_owners =
 				get_attnum(storage.info.consumers_relid, "owner") != InvalidAttrNumber;
 			storage.info.keys_have_fingerprints =
@@ -485,7 +490,7 @@ has_blocks(Oid relid)
 /*
  * Tells whether this database has an old generation that may hold keys:
  * one upgraded from 1.1 whose processed_keys or key_collisions have a heap
- * block of their own.  Nothing inserts into them any more but a collision
+ * block.  Nothing inserts into them any more but a collision
  * moved into its occupant's place, so a generation once found empty stays
  * empty (but for rows a DBA writes there, which a session finds once the
  * storage is located anew), and a session stops probing it.

@@ -17,7 +17,7 @@ sub store_keys
 	$node->safe_psql(
 		$db, qq{
 		INSERT INTO idem_consumer.consumers (name) VALUES ('$consumer') ON CONFLICT DO NOTHING;
-		INSERT INTO idem_consumer.processed_keys (consumer_id, processed_at, key)
+		INSERT INTO idem_consumer.processed_keys_1 (consumer_id, processed_at, key)
 		SELECT c.consumer_id,
 		       floor(extract(epoch FROM now() - interval '$age' - timestamptz '2000-01-01 00:00:00+00'))::int,
 		       '$prefix-' || g

@@ -37,13 +37,13 @@ sub store_expired
 	my ($consumer, $prefix, $n) = @_;
 	$node->safe_psql(
 		'postgres', qq{
-		INSERT INTO idem_consumer.processed_keys (consumer_id, processed_at, key)
+		INSERT INTO idem_consumer.processed_keys_1 (consumer_id, processed_at, key)
 		SELECT c.consumer_id,
 		       floor(extract(epoch FROM now() - interval '30 days' - timestamptz '2000-01-01 00:00:00+00'))::int,
 		       '$prefix-' || g
 		  FROM idem_consumer.consumers c, generate_series(1, $n) g
 		 WHERE c.name = '$consumer';
-		INSERT INTO idem_consumer.processed_keys (consumer_id, processed_at, key)
+		INSERT INTO idem_consumer.processed_keys_1 (consumer_id, processed_at, key)
 		SELECT c.consumer_id,
 		       floor(extract(epoch FROM now() - timestamptz '2000-01-01 00:00:00+00'))::int,
 		       '$prefix-new'

@@ -561,8 +561,8 @@ is($node->safe_psql('upgraded_1_1', q{
 # first generation, processed_keys_1.
 #
 my $old_keys_query = q{
-	SELECT (SELECT count(*) FROM ONLY idem_consumer.processed_keys)
-	       || '/' || (SELECT count(*) FROM ONLY idem_consumer.key_collisions)
+	SELECT (SELECT count(*) FROM idem_consumer.processed_keys)
+	       || '/' || (SELECT count(*) FROM idem_consumer.key_collisions)
 	       || '/' || (SELECT count(*) FROM idem_consumer.processed_keys_1)};
 my ($old_keys, $old_collisions, $new_keys) = split m{/}, $node->safe_psql('upgraded_1_1', $old_keys_query);
 cmp_ok($old_keys, '>=', 255, '1.1: the keys recorded before the update are still in processed_keys');
@@ -589,18 +589,38 @@ is($node->safe_psql('busy_1_1', q{SELECT count(*) FROM idem_consumer.key_collisi
 	'1', '1.1: two keys of one hash, one of them a collision');
 
 # The update waits for a transaction that has recorded a key and has not
-# ended: from then on nothing inserts into processed_keys itself.
+# ended: from then on nothing inserts into processed_keys.
 my $recorder = $node->background_psql('busy_1_1', on_error_stop => 1);
+# the session meets the colliding key of 1.1 first: its statements on the
+# tables of 1.1 are prepared
+is($recorder->query_safe(q{SELECT idem_apply((SELECT key FROM pair WHERE n = 2), 'hashing', 'select 1')}),
+	'f', 'a session of 1.1 finds the collision a duplicate');
 $recorder->query_safe(q{BEGIN; SELECT idem_apply('inflight:1', 'hashing', 'select 1')});
 my ($lock_rc, $lock_out, $lock_err) = $node->psql('busy_1_1',
 	q{SET lock_timeout = '300ms'; ALTER EXTENSION idem_consumer UPDATE});
 like($lock_err, qr/canceling statement due to lock timeout/,
 	'the update waits for a transaction of 1.1 that recorded a key');
 $recorder->query_safe(q{SELECT idem_apply('inflight:2', 'hashing', 'select 1'); COMMIT});
-$recorder->quit;
 $node->safe_psql('busy_1_1', q{ALTER EXTENSION idem_consumer UPDATE});
+# The session connected before the update goes on after it: it finds the
+# collision of 1.1 in the old generation, and records a new key, through
+# the SQL statements too, in the first generation.
+is($recorder->query_safe(q{
+	SELECT idem_apply((SELECT key FROM pair WHERE n = 2), 'hashing', 'select 1')
+	       || ' ' || idem_apply('after-update:1', 'hashing', 'select 1')}),
+	'false true', 'a session connected before the update finds old keys and records new ones after it');
+is($recorder->query_safe(q{
+	SET idem_consumer.fast_path = off;
+	SELECT idem_apply((SELECT key FROM pair WHERE n = 2), 'hashing', 'select 1')
+	       || ' ' || idem_apply('after-update:2', 'hashing', 'select 1');
+	RESET idem_consumer.fast_path}),
+	'false true', 'and so on the SQL path');
+$recorder->quit;
 is($node->safe_psql('busy_1_1', q{
-	SELECT string_agg(key, ',' ORDER BY key) FROM ONLY idem_consumer.processed_keys WHERE key LIKE 'inflight:%'}),
+	SELECT string_agg(key, ',' ORDER BY key) FROM idem_consumer.processed_keys_1 WHERE key LIKE 'after-update:%'}),
+	'after-update:1,after-update:2', 'those new keys are in the first generation');
+is($node->safe_psql('busy_1_1', q{
+	SELECT string_agg(key, ',' ORDER BY key) FROM idem_consumer.processed_keys WHERE key LIKE 'inflight:%'}),
 	'inflight:1,inflight:2', 'and then updates, with the keys of that transaction in the old generation');
 
 is($node->safe_psql('busy_1_1', q{
@@ -609,8 +629,8 @@ is($node->safe_psql('busy_1_1', q{
 is($node->safe_psql('busy_1_1', q{SELECT idem_forget((SELECT key FROM pair WHERE n = 1), 'hashing')}),
 	't', 'the occupant of a hash in the old generation is forgotten');
 is($node->safe_psql('busy_1_1', q{
-	SELECT (SELECT count(*) FROM ONLY idem_consumer.key_collisions)
-	       || ' ' || (SELECT count(*) FROM ONLY idem_consumer.processed_keys WHERE key = (SELECT key FROM pair WHERE n = 2))
+	SELECT (SELECT count(*) FROM idem_consumer.key_collisions)
+	       || ' ' || (SELECT count(*) FROM idem_consumer.processed_keys WHERE key = (SELECT key FROM pair WHERE n = 2))
 	       || ' ' || idem_is_processed((SELECT key FROM pair WHERE n = 2), 'hashing')
 	       || ' ' || idem_is_processed((SELECT key FROM pair WHERE n = 1), 'hashing')}),
 	'0 1 true false',
@@ -625,7 +645,7 @@ is($node->safe_psql('busy_1_1', q{
 
 # retention removes the expired keys of the old generation
 $node->safe_psql('busy_1_1', q{
-	UPDATE ONLY idem_consumer.processed_keys SET processed_at = processed_at - 40 * 86400
+	UPDATE idem_consumer.processed_keys SET processed_at = processed_at - 40 * 86400
 	 WHERE consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'expiring');
 	SELECT idem_apply('exp:new', 'expiring', 'select 1');
 });

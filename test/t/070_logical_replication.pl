@@ -70,10 +70,10 @@ $pub->safe_psql('postgres', q{
 # The subscriber's own index for the deletes it applies (PostgreSQL 15
 # finds a row of a full replica identity by a sequential scan otherwise).
 $sub->safe_psql('postgres', q{
-	CREATE UNIQUE INDEX processed_keys_identity
-	    ON idem_consumer.processed_keys (consumer_id, key);
-	ALTER TABLE idem_consumer.processed_keys
-	    REPLICA IDENTITY USING INDEX processed_keys_identity;
+	CREATE UNIQUE INDEX processed_keys_1_identity
+	    ON idem_consumer.processed_keys_1 (consumer_id, key);
+	ALTER TABLE idem_consumer.processed_keys_1
+	    REPLICA IDENTITY USING INDEX processed_keys_1_identity;
 });
 my $pub_conn = $pub->connstr('postgres') =~ s/'/''/gr;
 $sub->safe_psql('postgres',
@@ -130,7 +130,7 @@ my ($rc, $out, $err) = $pub->psql('postgres', q{SELECT idem_forget('paid:7', 'pa
 is($out, 't', 'idem_forget works on a published key store');
 is($err, '', 'without an error');
 $pub->safe_psql('postgres', q{
-	UPDATE idem_consumer.processed_keys SET processed_at = processed_at - 30 * 86400
+	UPDATE idem_consumer.processed_keys_1 SET processed_at = processed_at - 30 * 86400
 	 WHERE key IN (SELECT 'paid:' || g FROM generate_series(101, 150) g);
 	SELECT idem_set_retention('payments', '1 day');
 });
@@ -157,8 +157,8 @@ $pub->stop;
 # The subscriber's index goes, and the full row is the identity again,
 # in that order.
 $sub->safe_psql('postgres', q{
-	ALTER TABLE idem_consumer.processed_keys REPLICA IDENTITY FULL;
-	DROP INDEX idem_consumer.processed_keys_identity;
+	ALTER TABLE idem_consumer.processed_keys_1 REPLICA IDENTITY FULL;
+	DROP INDEX idem_consumer.processed_keys_1_identity;
 });
 is($sub->safe_psql('postgres', $without_identity), '',
 	'the new server has a replica identity on every storage table');
