@@ -136,7 +136,7 @@ extern void keystore_dead_letter_ids_past_rows(void);
 extern uint64 keystore_insert_batch(int32 consumer_id, ArrayType *keys);
 extern uint64 keystore_unresolved_batch(int32 consumer_id, ArrayType *keys,
 										ArrayType *inserted);
-extern Oid	keystore_keys_relid(void);
+extern uint64 keystore_storage_version(void);
 extern bool keystore_old_live(void);
 extern void keystore_table_blocks(BlockNumber *blocks);
 extern uint64 keystore_remove_rows(KeystoreTable table, ItemPointer tids,

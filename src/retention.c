@@ -126,7 +126,7 @@ typedef struct ChunkSummary
 static struct
 {
 	bool		active;
-	Oid			keys_relid;		/* the storage the run belongs to */
+	uint64		storage_version;	/* of the storage the run belongs to */
 	int32		only_consumer;	/* 0 for every consumer */
 	int64		batch_size;		/* this call's */
 	bool		windows_set;	/* cutoffs computed for this call */
@@ -251,7 +251,7 @@ run_start(int32 only_consumer)
 	run.windows = hash_create("idem_consumer consumer windows", 64, &ctl,
 							  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	run.active = true;
-	run.keys_relid = keystore_keys_relid();
+	run.storage_version = keystore_storage_version();
 	run.only_consumer = only_consumer;
 	/* completed external effects go in one statement of their own */
 	(void) effects_purge(only_consumer, default_retention);
@@ -278,7 +278,7 @@ purge_begin_batch(int32 only_consumer, int64 batch_size)
 
 	if (!run.active ||
 		run.only_consumer != only_consumer ||
-		run.keys_relid != keystore_keys_relid())
+		run.storage_version != keystore_storage_version())
 		run_start(only_consumer);
 	run.batch_size = batch_size;
 	run.windows_set = false;

@@ -356,13 +356,15 @@ storage_parts(void)
 }
 
 /*
- * Returns the OID of processed_keys, which changes when the extension is
- * created again (and its consumer ids with it).
+ * Returns a number that changes whenever the storage is located anew: the
+ * extension created again (and its consumer ids with it), or a generation
+ * of keys added (the update to 1.2), which changes what each table of a
+ * purge is.
  */
-Oid
-keystore_keys_relid(void)
+uint64
+keystore_storage_version(void)
 {
-	return storage_locate()->keys_relid;
+	return storage_locate()->generation;
 }
 
 /*
