@@ -328,38 +328,113 @@ LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 REVOKE ALL ON FUNCTION idem_consumer.key_hash64(integer, text) FROM PUBLIC;
 
 --
--- The first generation: tables of their own, with the columns of
--- processed_keys and key_collisions (a table that inherits could not be
--- distributed by Citus, nor partitioned by a DBA).  The views that show
--- keys read every generation.  What makes the switch exact is a lock that
--- conflicts with the ROW EXCLUSIVE of every transaction that has recorded
--- a key.  The ALTER TABLE above already holds ACCESS EXCLUSIVE; the LOCK
--- states what is needed whatever the statements before it.  It waits for
--- those transactions and holds new ones off until this script commits,
--- whatever the number of keys (24 ms at 10 million, docs/storage.md): from
--- then on no transaction inserts a key into processed_keys, whose rows
--- (those of 1.0 and 1.1) stay where they are, are probed through their own
--- index before every new key and expire under retention as before.
--- Nothing is copied or rewritten.
+-- The generations: a ring of 16 pairs of tables of their own, with the
+-- columns of processed_keys and key_collisions (a table that inherits
+-- could not be distributed by Citus, nor partitioned by a DBA), each key
+-- table unique on key_hash64.  key_generations says which pair is the
+-- current generation, which take new keys, and which are sealed: read
+-- only, probed for duplicates until they expire (docs/storage.md).  They
+-- are made here once, so that what pg_dump, a publication or Citus sees
+-- never changes as generations come and go; an unused pair is empty.
+--
+-- The update makes processed_keys_1 the current generation.  What makes
+-- that switch exact is a lock that conflicts with the ROW EXCLUSIVE of
+-- every transaction that has recorded a key.  The ALTER TABLE above
+-- already holds ACCESS EXCLUSIVE; the LOCK states what is needed whatever
+-- the statements before it.  It waits for those transactions and holds new
+-- ones off until this script commits, whatever the number of keys (24 ms
+-- at 10 million, docs/storage.md): from then on no transaction inserts a
+-- key into processed_keys, whose rows (those of 1.0 and 1.1) stay where
+-- they are, are probed through their own index before every new key and
+-- expire under retention as before.  Nothing is copied or rewritten.
 --
 LOCK TABLE idem_consumer.processed_keys IN SHARE ROW EXCLUSIVE MODE;
 
-CREATE TABLE idem_consumer.processed_keys_1
-    (LIKE idem_consumer.processed_keys INCLUDING COMMENTS);
-CREATE UNIQUE INDEX processed_keys_1_hash
-    ON idem_consumer.processed_keys_1 (idem_consumer.key_hash64(consumer_id, key));
-ALTER TABLE idem_consumer.processed_keys_1 REPLICA IDENTITY FULL;
+DO $generations$
+BEGIN
+    FOR g IN 1..16 LOOP
+        EXECUTE pg_catalog.format(
+            'CREATE TABLE idem_consumer.%I (LIKE idem_consumer.processed_keys INCLUDING COMMENTS)',
+            'processed_keys_' || g);
+        EXECUTE pg_catalog.format(
+            'CREATE UNIQUE INDEX %I ON idem_consumer.%I (idem_consumer.key_hash64(consumer_id, key))',
+            'processed_keys_' || g || '_hash', 'processed_keys_' || g);
+        EXECUTE pg_catalog.format(
+            'ALTER TABLE idem_consumer.%I REPLICA IDENTITY FULL', 'processed_keys_' || g);
+        EXECUTE pg_catalog.format(
+            'CREATE TABLE idem_consumer.%I (LIKE idem_consumer.key_collisions, PRIMARY KEY (consumer_id, key))',
+            'key_collisions_' || g);
+        EXECUTE pg_catalog.format(
+            'CREATE INDEX %I ON idem_consumer.%I (idem_consumer.key_hash64(consumer_id, key))',
+            'key_collisions_' || g || '_hash', 'key_collisions_' || g);
+        PERFORM pg_catalog.pg_extension_config_dump(
+            pg_catalog.format('idem_consumer.%I', 'processed_keys_' || g)::pg_catalog.regclass, '');
+        PERFORM pg_catalog.pg_extension_config_dump(
+            pg_catalog.format('idem_consumer.%I', 'key_collisions_' || g)::pg_catalog.regclass, '');
+    END LOOP;
+END
+$generations$;
 
-CREATE TABLE idem_consumer.key_collisions_1 (
-    LIKE idem_consumer.key_collisions,
-    PRIMARY KEY (consumer_id, key)
+-- The generations opened, one row each, numbered by epoch in the order
+-- they were opened; the largest epoch is the current generation, the
+-- others are sealed, and a pair of tables without a row is free.  Until
+-- the first switch the table is empty and processed_keys_1 is the current
+-- generation, so that a restore, which loads the rows a dump holds, finds
+-- none made by CREATE EXTENSION in the way.  A generation was sealed when
+-- the next one was opened, by the transaction that inserted the next one's
+-- row (its xmin, on which src/keygen.c relies).
+CREATE TABLE idem_consumer.key_generations (
+    epoch bigint PRIMARY KEY CHECK (epoch > 0),
+    generation integer NOT NULL UNIQUE CHECK (generation BETWEEN 1 AND 16),
+    opened_at timestamptz
 );
-CREATE INDEX key_collisions_1_hash
-    ON idem_consumer.key_collisions_1 (idem_consumer.key_hash64(consumer_id, key));
+COMMENT ON COLUMN idem_consumer.key_generations.opened_at IS
+    'NULL for the first generation, opened with the extension';
+SELECT pg_catalog.pg_extension_config_dump('idem_consumer.key_generations', '');
 
-SELECT pg_catalog.pg_extension_config_dump('idem_consumer.processed_keys_1', '');
-SELECT pg_catalog.pg_extension_config_dump('idem_consumer.key_collisions_1', '');
+-- Every change of key_generations, a switch's, a restore's or a logical
+-- subscriber's, tells every session to read it again (src/keygen.c).  Row
+-- triggers, as logical replication fires no statement trigger but for
+-- TRUNCATE.
+CREATE FUNCTION idem_consumer.key_generations_changed() RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_key_generations_changed'
+LANGUAGE C;
+REVOKE ALL ON FUNCTION idem_consumer.key_generations_changed() FROM PUBLIC;
+CREATE TRIGGER key_generations_changed
+    AFTER INSERT OR UPDATE OR DELETE ON idem_consumer.key_generations
+    FOR EACH ROW EXECUTE FUNCTION idem_consumer.key_generations_changed();
+CREATE TRIGGER key_generations_truncated
+    AFTER TRUNCATE ON idem_consumer.key_generations
+    FOR EACH STATEMENT EXECUTE FUNCTION idem_consumer.key_generations_changed();
+ALTER TABLE idem_consumer.key_generations ENABLE ALWAYS TRIGGER key_generations_changed;
+ALTER TABLE idem_consumer.key_generations ENABLE ALWAYS TRIGGER key_generations_truncated;
 
+-- Seals the current generation and opens the next one of the ring
+-- (src/keygen.c); waits at most "wait" for the transactions recording
+-- keys in it.  Run it in a transaction of its own.
+CREATE FUNCTION idem_key_generation_switch(wait interval DEFAULT '10s')
+RETURNS integer
+AS 'MODULE_PATHNAME', 'idem_key_generation_switch'
+LANGUAGE C VOLATILE STRICT;
+REVOKE ALL ON FUNCTION idem_key_generation_switch(interval) FROM PUBLIC;
+
+-- The generations as operators see them.
+CREATE VIEW idem_key_generations AS
+    SELECT g.generation,
+           g.epoch,
+           CASE WHEN pg_catalog.lead(g.epoch) OVER w IS NULL THEN 'current'
+                ELSE 'sealed' END AS state,
+           g.opened_at,
+           pg_catalog.lead(g.opened_at) OVER w AS sealed_at
+      FROM (SELECT epoch, generation, opened_at FROM idem_consumer.key_generations
+            UNION ALL
+            SELECT 1, 1, NULL
+             WHERE NOT EXISTS (SELECT FROM idem_consumer.key_generations)) AS g
+    WINDOW w AS (ORDER BY g.epoch);
+REVOKE ALL ON idem_key_generations FROM PUBLIC;
+GRANT SELECT ON idem_key_generations TO pg_monitor;
+
+-- idem_processed_keys reads every generation.
 CREATE OR REPLACE VIEW idem_processed_keys WITH (security_barrier) AS
     SELECT c.name AS consumer,
            k.key,
@@ -376,7 +451,97 @@ CREATE OR REPLACE VIEW idem_processed_keys WITH (security_barrier) AS
               FROM idem_consumer.processed_keys_1
             UNION ALL
             SELECT consumer_id, processed_at, key
-              FROM idem_consumer.key_collisions_1) AS k
+              FROM idem_consumer.key_collisions_1
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.processed_keys_2
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.key_collisions_2
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.processed_keys_3
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.key_collisions_3
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.processed_keys_4
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.key_collisions_4
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.processed_keys_5
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.key_collisions_5
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.processed_keys_6
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.key_collisions_6
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.processed_keys_7
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.key_collisions_7
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.processed_keys_8
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.key_collisions_8
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.processed_keys_9
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.key_collisions_9
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.processed_keys_10
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.key_collisions_10
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.processed_keys_11
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.key_collisions_11
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.processed_keys_12
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.key_collisions_12
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.processed_keys_13
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.key_collisions_13
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.processed_keys_14
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.key_collisions_14
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.processed_keys_15
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.key_collisions_15
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.processed_keys_16
+            UNION ALL
+            SELECT consumer_id, processed_at, key
+              FROM idem_consumer.key_collisions_16) AS k
       JOIN idem_consumer.consumers AS c USING (consumer_id)
      WHERE c.owner IS NULL OR pg_catalog.pg_has_role(c.owner, 'USAGE');
 
@@ -409,6 +574,96 @@ CREATE OR REPLACE VIEW idem_consumers AS
                     WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
                    UNION ALL
                    SELECT processed_at FROM idem_consumer.key_collisions_1
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.processed_keys_2
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.key_collisions_2
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.processed_keys_3
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.key_collisions_3
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.processed_keys_4
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.key_collisions_4
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.processed_keys_5
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.key_collisions_5
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.processed_keys_6
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.key_collisions_6
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.processed_keys_7
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.key_collisions_7
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.processed_keys_8
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.key_collisions_8
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.processed_keys_9
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.key_collisions_9
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.processed_keys_10
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.key_collisions_10
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.processed_keys_11
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.key_collisions_11
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.processed_keys_12
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.key_collisions_12
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.processed_keys_13
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.key_collisions_13
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.processed_keys_14
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.key_collisions_14
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.processed_keys_15
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.key_collisions_15
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.processed_keys_16
+                    WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id
+                   UNION ALL
+                   SELECT processed_at FROM idem_consumer.key_collisions_16
                     WHERE consumer_id OPERATOR(pg_catalog.=) c.consumer_id) AS k) AS keys
      CROSS JOIN LATERAL (
            SELECT pg_catalog.count(*) AS dead_letters_pending,

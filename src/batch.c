@@ -173,7 +173,7 @@ idem_record_batch(PG_FUNCTION_ARGS)
 
 	nnew = record_batch_by_key(rsinfo, consumer_id, elems, nkeys, true);
 	/* the set-based statements know only the generation of new keys */
-	if (nnew < 0 && keystore_old_live())
+	if (nnew < 0 && keystore_sealed_live())
 		nnew = record_batch_by_key(rsinfo, consumer_id, elems, nkeys, false);
 	else if (nnew < 0)
 		nnew = record_batch_sql(rsinfo, consumer_id, keys, nkeys);

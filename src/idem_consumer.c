@@ -43,4 +43,5 @@ _PG_init(void)
 	MarkGUCPrefixReserved("idem_consumer");
 
 	storage_init();
+	keygen_init();
 }

@@ -84,18 +84,14 @@ extern int	storage_stmt_run(StorageStmtSet *set, int stmt, Datum *values,
 							 const char *nulls, long tcount);
 
 /*
- * The tables that hold keys, in the order a purge walks them: those of the
- * current generation, then those of the old one (keystore.c), whose tables
- * are empty in a database that has none.
+ * The tables that hold keys, in the order a purge walks them: the
+ * collisions, then the keys, of each generation in turn
+ * (keystore_remove.c); those of a generation the database does not have
+ * count as empty.
  */
-typedef enum KeystoreTable
-{
-	KS_TABLE_COLLISIONS,
-	KS_TABLE_KEYS,
-	KS_TABLE_OLD_COLLISIONS,
-	KS_TABLE_OLD_KEYS,
-	KS_NUM_TABLES
-} KeystoreTable;
+typedef int KeystoreTable;
+
+#define KS_NUM_TABLES (2 * 17)
 
 extern void storage_init(void);
 
@@ -137,7 +133,8 @@ extern uint64 keystore_insert_batch(int32 consumer_id, ArrayType *keys);
 extern uint64 keystore_unresolved_batch(int32 consumer_id, ArrayType *keys,
 										ArrayType *inserted);
 extern uint64 keystore_storage_version(void);
-extern bool keystore_old_live(void);
+extern bool keystore_sealed_live(void);
+extern void keygen_init(void);
 extern void keystore_table_blocks(BlockNumber *blocks);
 extern uint64 keystore_remove_rows(KeystoreTable table, ItemPointer tids,
 								   int ntids, Datum consumer_ids, Datum cutoffs);

@@ -49,6 +49,13 @@
  * place.  Hence a successful insert into processed_keys proves the key was
  * in neither table, and a key whose hash place is free is not recorded.
  *
+ * From 1.2 on the key store is a ring of generations (keygen.c), each a
+ * key table and its collisions kept as above.  A key is recorded only in
+ * the current generation, after it was probed in every sealed one, newest
+ * first, and in the legacy pair of keys recorded before the update to 1.2:
+ * a key is in one generation at most.  keygen.c says why a switch of
+ * generations between two deliveries of a key keeps that true.
+ *
  * The caller must be connected to SPI.
  *
  * Copyright (c) 2025-2026, idem_consumer maintainers
@@ -123,7 +130,7 @@ recorded_from_probe(RecordedKey *recorded)
  * NULL when the caller has none.
  */
 static bool
-record_key_sql(int32 consumer_id, int32 processed_at, text *key,
+record_key_sql(KeyGenSlot slot, int32 consumer_id, int32 processed_at, text *key,
 			   const int32 *fingerprint, RecordedKey *recorded)
 {
 	bool		with_fp = storage_locate()->keys_have_fingerprints;
@@ -141,11 +148,11 @@ record_key_sql(int32 consumer_id, int32 processed_at, text *key,
 	{
 		CHECK_FOR_INTERRUPTS();
 
-		keystore_execute(with_fp ? KS_INSERT_KEY_FP : KS_INSERT_KEY, row, row_nulls, 0);
+		keystore_execute_in(slot, with_fp ? KS_INSERT_KEY_FP : KS_INSERT_KEY, row, row_nulls, 0);
 		if (SPI_processed == 1)
 			return true;
 
-		keystore_execute(with_fp ? KS_PROBE_KEY_FP : KS_PROBE_KEY, key_args, NULL, 1);
+		keystore_execute_in(slot, with_fp ? KS_PROBE_KEY_FP : KS_PROBE_KEY, key_args, NULL, 1);
 		if (SPI_processed == 0)
 			continue;			/* the occupant was deleted meanwhile */
 		if (DatumGetBool(result_column(1)) || DatumGetBool(result_column(2)))
@@ -160,12 +167,12 @@ record_key_sql(int32 consumer_id, int32 processed_at, text *key,
 			return false;
 		}
 
-		keystore_execute(KS_CLAIM_OCCUPANT, key_args, NULL, 0);
+		keystore_execute_in(slot, KS_CLAIM_OCCUPANT, key_args, NULL, 0);
 		if (SPI_processed == 0)
 			continue;			/* the occupant was deleted or replaced */
 
-		keystore_execute(with_fp ? KS_INSERT_COLLISION_FP : KS_INSERT_COLLISION,
-						 row, row_nulls, 0);
+		keystore_execute_in(slot, with_fp ? KS_INSERT_COLLISION_FP : KS_INSERT_COLLISION,
+							row, row_nulls, 0);
 		if (SPI_processed == 1)
 			return true;
 		/* recorded meanwhile as a collision: probe again to read it */
@@ -186,7 +193,7 @@ record_key_sql(int32 consumer_id, int32 processed_at, text *key,
  * probe.  A place found taken clears *insert_first.
  */
 static bool
-fastpath_record(KeyFastPath *fp, int64 hash, int32 consumer_id,
+fastpath_record(KeyFastPath *fp, KeyGenSlot slot, int64 hash, int32 consumer_id,
 				int32 processed_at, text *key, const int32 *fingerprint,
 				RecordedKey *recorded, bool *insert_first)
 {
@@ -199,7 +206,7 @@ fastpath_record(KeyFastPath *fp, int64 hash, int32 consumer_id,
 		if (key_fastpath_probe(fp, hash, consumer_id, key, recorded) == PROBE_KEY)
 			return false;
 		/* another key, or a row the snapshot does not see: decide in SQL */
-		return record_key_sql(consumer_id, processed_at, key, fingerprint,
+		return record_key_sql(slot, consumer_id, processed_at, key, fingerprint,
 							  recorded);
 	}
 
@@ -215,23 +222,26 @@ fastpath_record(KeyFastPath *fp, int64 hash, int32 consumer_id,
 		case PROBE_OTHER:
 			break;
 	}
-	return record_key_sql(consumer_id, processed_at, key, fingerprint, recorded);
+	return record_key_sql(slot, consumer_id, processed_at, key, fingerprint,
+						  recorded);
 }
 
 /*
- * Raises a serialization failure if the old generation holds a key that
+ * Raises a serialization failure if a sealed generation holds a key that
  * the transaction's snapshot did not show: under REPEATABLE READ and
  * SERIALIZABLE, recording it anew would apply a message whose first
  * application committed after the snapshot, where INSERT ... ON CONFLICT
- * fails instead.  Only a key recorded before the upgrade by a transaction
- * that ended after our snapshot was taken can be there.
+ * fails instead.  Only a snapshot taken before the generation was sealed
+ * can miss a key there (keygen.c); the legacy generation's seal, the
+ * update to 1.2, is not known, so it is always probed again.
  */
 static void
-old_key_invisible_check(Datum *key_args)
+sealed_key_invisible_check(KeyGenSlot slot, Datum *key_args)
 {
-	if (!IsolationUsesXactSnapshot())
+	if (!IsolationUsesXactSnapshot() ||
+		keygen_seal_visible(slot, GetTransactionSnapshot()))
 		return;
-	keystore_execute_snapshot(KEYGEN_OLD, KS_PROBE_KEY, key_args,
+	keystore_execute_snapshot(slot, KS_PROBE_KEY, key_args,
 							  GetLatestSnapshot(), 1);
 	if (SPI_processed == 1 &&
 		(DatumGetBool(result_column(1)) || DatumGetBool(result_column(2))))
@@ -242,30 +252,27 @@ old_key_invisible_check(Datum *key_args)
 }
 
 /*
- * Tells whether the old generation records a key, and then fills
- * *recorded (when not NULL).  Nothing inserts into the old generation but
+ * Tells whether a sealed generation records a key, and then fills
+ * *recorded (when not NULL).  Nothing inserts into a sealed generation but
  * a collision moved into the place of its occupant, so a key absent from
  * it is absent for good, and a new key goes into the current generation.
  * for_recording: the key is about to be recorded if absent (see
- * old_key_invisible_check).
+ * sealed_key_invisible_check).
  */
 static bool
-recorded_in_old(int32 consumer_id, text *key, RecordedKey *recorded,
-				bool for_recording)
+recorded_in_sealed(KeyGenSlot slot, int32 consumer_id, text *key,
+				   RecordedKey *recorded, bool for_recording)
 {
 	KeyFastPath fp;
 	Datum		key_args[2];
 	bool		with_fp = storage_locate()->keys_have_fingerprints;
 	bool		found;
 
-	if (!keystore_old_live())
-		return false;
-
 	key_args[0] = Int32GetDatum(consumer_id);
 	key_args[1] = PointerGetDatum(key);
-	if (key_fastpath_open(&fp, KEYGEN_OLD, false))
+	if (key_fastpath_open(&fp, slot, false))
 	{
-		KeyProbe	probe = key_fastpath_probe(&fp, key_hash_in(KEYGEN_OLD, consumer_id, key),
+		KeyProbe	probe = key_fastpath_probe(&fp, key_hash_in(slot, consumer_id, key),
 											   consumer_id, key, recorded);
 
 		key_fastpath_close(&fp);
@@ -274,12 +281,12 @@ recorded_in_old(int32 consumer_id, text *key, RecordedKey *recorded,
 		if (probe == PROBE_EMPTY)
 		{
 			if (for_recording)
-				old_key_invisible_check(key_args);
+				sealed_key_invisible_check(slot, key_args);
 			return false;
 		}
 	}
 
-	keystore_execute_in(KEYGEN_OLD, with_fp ? KS_PROBE_KEY_FP : KS_PROBE_KEY,
+	keystore_execute_in(slot, with_fp ? KS_PROBE_KEY_FP : KS_PROBE_KEY,
 						key_args, NULL, 1);
 	found = SPI_processed == 1 &&
 		(DatumGetBool(result_column(1)) || DatumGetBool(result_column(2)));
@@ -291,8 +298,39 @@ recorded_in_old(int32 consumer_id, text *key, RecordedKey *recorded,
 			memset(recorded, 0, sizeof(RecordedKey));
 	}
 	if (!found && for_recording)
-		old_key_invisible_check(key_args);
+		sealed_key_invisible_check(slot, key_args);
 	return found;
+}
+
+/*
+ * Tells whether any sealed generation of st records a key, newest first,
+ * and then fills *recorded (when not NULL).  A key is in one generation at
+ * most: the generations before the current one are probed before it is
+ * recorded.
+ */
+static bool
+recorded_before(const KeyGenState *st, int32 consumer_id, text *key,
+				RecordedKey *recorded, bool for_recording)
+{
+	for (int i = 0; i < st->nsealed; i++)
+		if (recorded_in_sealed(st->sealed[i], consumer_id, key, recorded,
+							   for_recording))
+			return true;
+	return keystore_legacy_live() &&
+		recorded_in_sealed(KEYGEN_LEGACY, consumer_id, key, recorded,
+						   for_recording);
+}
+
+/*
+ * Whether this database has sealed generations that may hold keys, each
+ * probed before a key is recorded.  Locks the current generation first,
+ * so that no switch adds one before this transaction ends.
+ */
+bool
+keystore_sealed_live(void)
+{
+	(void) keygen_lock_current();
+	return keygen_state()->nsealed > 0 || keystore_legacy_live();
 }
 
 /*
@@ -306,16 +344,18 @@ keystore_record_key_fp(int32 consumer_id, text *key, const int32 *fingerprint,
 					   RecordedKey *recorded)
 {
 	KeyFastPath fp;
+	KeyGenSlot	slot;
 	bool		isnew;
 
 	inflight_note_recording();
-	if (recorded_in_old(consumer_id, key, recorded, true))
+	slot = keygen_lock_current();
+	if (recorded_before(keygen_state(), consumer_id, key, recorded, true))
 		return false;
-	if (!key_fastpath_open(&fp, KEYGEN_CURRENT, true))
-		return record_key_sql(consumer_id, keystore_processed_at_now(), key,
+	if (!key_fastpath_open(&fp, slot, true))
+		return record_key_sql(slot, consumer_id, keystore_processed_at_now(), key,
 							  fingerprint, recorded);
 
-	isnew = fastpath_record(&fp, key_hash_in(KEYGEN_CURRENT, consumer_id, key),
+	isnew = fastpath_record(&fp, slot, key_hash_in(slot, consumer_id, key),
 							consumer_id, keystore_processed_at_now(), key, fingerprint,
 							recorded, NULL);
 	key_fastpath_close(&fp);
@@ -378,13 +418,13 @@ batch_key_cmp(const void *a, const void *b)
  * hashes and places in the batch; sets every isnew to false.
  */
 static BatchKey *
-sort_batch(int32 consumer_id, text **keys, int nkeys, bool *isnew)
+sort_batch(KeyGenSlot slot, int32 consumer_id, text **keys, int nkeys, bool *isnew)
 {
 	BatchKey   *sorted = palloc(Max(nkeys, 1) * sizeof(BatchKey));
 
 	for (int i = 0; i < nkeys; i++)
 	{
-		sorted[i].hash = key_hash_in(KEYGEN_CURRENT, consumer_id, keys[i]);
+		sorted[i].hash = key_hash_in(slot, consumer_id, keys[i]);
 		sorted[i].index = i;
 		sorted[i].key = keys[i];
 		isnew[i] = false;
@@ -440,6 +480,7 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 					 bool require_fastpath, bool *isnew, RecordedKey *recorded)
 {
 	KeyFastPath fp;
+	KeyGenSlot	slot;
 	bool		fast;
 	BatchKey   *sorted;
 	int32		processed_at;
@@ -448,12 +489,13 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 
 	inflight_note_recording();
 
-	fast = key_fastpath_open(&fp, KEYGEN_CURRENT, true);
+	slot = keygen_lock_current();
+	fast = key_fastpath_open(&fp, slot, true);
 	if (!fast && require_fastpath)
 		return false;
 
 	processed_at = keystore_processed_at_now();
-	sorted = sort_batch(consumer_id, keys, nkeys, isnew);
+	sorted = sort_batch(slot, consumer_id, keys, nkeys, isnew);
 
 	keycxt = AllocSetContextCreate(CurrentMemoryContext,
 								   "idem_consumer batch key",
@@ -479,11 +521,11 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 		}
 
 		oldcxt = MemoryContextSwitchTo(keycxt);
-		if (recorded_in_old(consumer_id, sorted[i].key, found, true))
+		if (recorded_before(keygen_state(), consumer_id, sorted[i].key, found, true))
 			isnew[index] = false;
 		else if (fast)
 		{
-			isnew[index] = fastpath_record(&fp, sorted[i].hash, consumer_id,
+			isnew[index] = fastpath_record(&fp, slot, sorted[i].hash, consumer_id,
 										   processed_at, sorted[i].key,
 										   fingerprint, found, &insert_first);
 			/* the first key, never a repeat, decides for those after it */
@@ -491,7 +533,7 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 				insert_first = isnew[index];
 		}
 		else
-			isnew[index] = record_key_sql(consumer_id, processed_at,
+			isnew[index] = record_key_sql(slot, consumer_id, processed_at,
 										  sorted[i].key, fingerprint, found);
 		MemoryContextSwitchTo(oldcxt);
 		MemoryContextReset(keycxt);
@@ -518,7 +560,7 @@ keystore_insert_batch(int32 consumer_id, ArrayType *keys)
 	args[0] = Int32GetDatum(consumer_id);
 	args[1] = Int32GetDatum(keystore_processed_at_now());
 	args[2] = PointerGetDatum(keys);
-	keystore_execute(KS_INSERT_BATCH, args, NULL, 0);
+	keystore_execute_in(keygen_lock_current(), KS_INSERT_BATCH, args, NULL, 0);
 	return SPI_processed;
 }
 
@@ -539,7 +581,7 @@ keystore_unresolved_batch(int32 consumer_id, ArrayType *keys,
 	args[0] = Int32GetDatum(consumer_id);
 	args[1] = PointerGetDatum(keys);
 	args[2] = PointerGetDatum(inserted);
-	keystore_execute(KS_UNRESOLVED_BATCH, args, NULL, 0);
+	keystore_execute_in(keygen_lock_current(), KS_UNRESOLVED_BATCH, args, NULL, 0);
 	return SPI_processed;
 }
 
@@ -551,14 +593,16 @@ keystore_key_exists(int32 consumer_id, text *key)
 {
 	Datum		key_args[2];
 	KeyFastPath fp;
+	const KeyGenState *st = keygen_state_latest();
+	KeyGenSlot	slot = st->current;
 
-	if (recorded_in_old(consumer_id, key, NULL, false))
+	if (recorded_before(st, consumer_id, key, NULL, false))
 		return true;
 
 	/* a collision is visible only with its occupant, see the invariant */
-	if (key_fastpath_open(&fp, KEYGEN_CURRENT, false))
+	if (key_fastpath_open(&fp, slot, false))
 	{
-		KeyProbe	found = key_fastpath_probe(&fp, key_hash_in(KEYGEN_CURRENT, consumer_id, key),
+		KeyProbe	found = key_fastpath_probe(&fp, key_hash_in(slot, consumer_id, key),
 											   consumer_id, key, NULL);
 
 		key_fastpath_close(&fp);
@@ -568,7 +612,7 @@ keystore_key_exists(int32 consumer_id, text *key)
 
 	key_args[0] = Int32GetDatum(consumer_id);
 	key_args[1] = PointerGetDatum(key);
-	keystore_execute(KS_PROBE_KEY, key_args, NULL, 1);
+	keystore_execute_in(slot, KS_PROBE_KEY, key_args, NULL, 1);
 	return SPI_processed == 1 &&
 		(DatumGetBool(result_column(1)) || DatumGetBool(result_column(2)));
 }

@@ -29,8 +29,9 @@
  * A generation of the key store: a table of keys, the table of its hash
  * collisions, and the unique index of the keys on their hash.  Keys of
  * 1.0 and 1.1 are in processed_keys and key_collisions, on the 32-bit
- * key_hash; from 1.2 on new keys go into processed_keys_1 and
- * key_collisions_1, on the seeded 64-bit key_hash64 (keystore.c).
+ * key_hash; from 1.2 on new keys go into a ring of generations,
+ * processed_keys_N and key_collisions_N, on the seeded 64-bit key_hash64
+ * (keystore.c, keygen.c).
  */
 typedef struct KeyGeneration
 {
@@ -41,16 +42,15 @@ typedef struct KeyGeneration
 } KeyGeneration;
 
 /*
- * The generations a database may have: the current one takes every new
- * key; the old one, in a database upgraded from 1.1, holds the keys
- * recorded before, until they expire.
+ * Where a generation's tables are in StorageInfo.gens: the legacy pair,
+ * processed_keys and key_collisions, at 0; the ring of 1.2 at 1 to
+ * KEYGEN_RING, named after their place.
  */
-typedef enum KeyGenSlot
-{
-	KEYGEN_CURRENT,
-	KEYGEN_OLD,
-	KEYGEN_NUM
-} KeyGenSlot;
+typedef int KeyGenSlot;
+
+#define KEYGEN_LEGACY 0
+#define KEYGEN_RING 16
+#define KEYGEN_NUM (KEYGEN_RING + 1)
 
 /*
  * The storage tables of this database as last located.  generation changes
@@ -66,7 +66,8 @@ typedef struct StorageInfo
 	Oid			owner;
 	bool		consumers_have_owners;	/* the SQL is 1.1 or later */
 	bool		keys_have_fingerprints; /* the same */
-	bool		has_old;		/* gens[KEYGEN_OLD] is set: 1.2 or later */
+	bool		has_ring;		/* gens[1..KEYGEN_RING] are set: 1.2 or later */
+	Oid			generations_relid;	/* key_generations, with the ring */
 	KeyGeneration gens[KEYGEN_NUM];
 	uint64		generation;
 	uint64		consumers_version;	/* changes with every invalidation too */
@@ -115,6 +116,7 @@ extern int	keystore_execute_snapshot(KeyGenSlot slot, KeystoreStmt stmt,
 
 /* storage.c */
 extern const StorageInfo *storage_locate(void);
+extern bool keystore_legacy_live(void);
 extern int64 key_hash_in(KeyGenSlot slot, int32 consumer_id, text *key);
 
 /* keystore_fastpath.c */
@@ -152,6 +154,23 @@ extern bool key_fastpath_insert(KeyFastPath *fp, int64 hash, int32 consumer_id,
 
 /* keystore.c */
 extern int32 keystore_processed_at_now(void);
+
+/*
+ * keygen.c: which generation takes new keys and which are sealed, as
+ * key_generations says; before 1.2, the legacy pair is the current one.
+ */
+typedef struct KeyGenState
+{
+	KeyGenSlot	current;
+	int			nsealed;
+	KeyGenSlot	sealed[KEYGEN_RING];	/* newest first */
+	TransactionId sealed_by[KEYGEN_NUM];	/* the switch that sealed it */
+} KeyGenState;
+
+extern const KeyGenState *keygen_state(void);
+extern const KeyGenState *keygen_state_latest(void);
+extern KeyGenSlot keygen_lock_current(void);
+extern bool keygen_seal_visible(KeyGenSlot slot, Snapshot snapshot);
 
 /*
  * Fetches a column of the first row an SPI statement returned.

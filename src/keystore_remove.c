@@ -133,17 +133,19 @@ recorded_here(TransactionId xmin, int32 processed_at)
  * Tells whether the current transaction recorded a key.  Only the key's
  * own row in the key table lets the fast path answer; a collision, or
  * another key in the hash's place, is the SQL path's.  A key is recorded
- * in the current generation only.
+ * in the current generation only, which no switch seals before this
+ * transaction ends (keygen.c).
  */
 static bool
 key_recorded_here(int32 consumer_id, text *key, Datum *key_args)
 {
 	KeyFastPath	fp;
+	KeyGenSlot	slot = keygen_state()->current;
 
-	if (key_fastpath_open(&fp, KEYGEN_CURRENT, false))
+	if (key_fastpath_open(&fp, slot, false))
 	{
 		RecordedKey recorded;
-		KeyProbe	found = key_fastpath_probe(&fp, key_hash_in(KEYGEN_CURRENT, consumer_id, key),
+		KeyProbe	found = key_fastpath_probe(&fp, key_hash_in(slot, consumer_id, key),
 											   consumer_id, key, &recorded);
 
 		key_fastpath_close(&fp);
@@ -153,7 +155,7 @@ key_recorded_here(int32 consumer_id, text *key, Datum *key_args)
 			return recorded_here(fp.found_xmin, recorded.processed_at);
 	}
 
-	keystore_execute(KS_KEY_WRITES, key_args, NULL, 0);
+	keystore_execute_in(slot, KS_KEY_WRITES, key_args, NULL, 0);
 	for (uint64 i = 0; i < SPI_processed; i++)
 	{
 		HeapTuple	row = SPI_tuptable->vals[i];
@@ -219,24 +221,32 @@ forget_in(KeyGenSlot slot, int32 consumer_id, text *key, Datum *key_args)
  * Removes a key and its resolved dead-letter entry; returns whether the
  * key was recorded.  Refuses a key recorded by the current transaction,
  * and a key whose dead-letter entry is pending.  A key is in one
- * generation at most: recorded before the upgrade, it is in the old one,
- * and a delivery after that found it there.
+ * generation at most (keystore.c): the current one, a sealed one, or the
+ * legacy one of a database updated to 1.2.
  */
 bool
 keystore_forget_key(int32 consumer_id, text *key)
 {
 	Datum		key_args[2];
+	const KeyGenState *st;
 
 	key_args[0] = Int32GetDatum(consumer_id);
 	key_args[1] = PointerGetDatum(key);
 	refuse_forget_recorded_here(consumer_id, key, key_args);
 	forget_dead_letter(key_args);
 
-	if (forget_in(KEYGEN_CURRENT, consumer_id, key, key_args))
+	st = keygen_state_latest();
+	if (forget_in(st->current, consumer_id, key, key_args))
 		return true;
-	return keystore_old_live() &&
-		forget_in(KEYGEN_OLD, consumer_id, key, key_args);
+	for (int i = 0; i < st->nsealed; i++)
+		if (forget_in(st->sealed[i], consumer_id, key, key_args))
+			return true;
+	return keystore_legacy_live() &&
+		forget_in(KEYGEN_LEGACY, consumer_id, key, key_args);
 }
+
+StaticAssertDecl(KS_NUM_TABLES == 2 * KEYGEN_NUM,
+				 "a purge walks two tables per generation");
 
 /*
  * The generation a table of the purge belongs to, and the table's OID.
@@ -244,14 +254,13 @@ keystore_forget_key(int32 consumer_id, text *key)
 static KeyGenSlot
 table_generation(KeystoreTable table)
 {
-	return table == KS_TABLE_OLD_COLLISIONS || table == KS_TABLE_OLD_KEYS ?
-		KEYGEN_OLD : KEYGEN_CURRENT;
+	return table / 2;
 }
 
 static bool
 table_holds_keys(KeystoreTable table)
 {
-	return table == KS_TABLE_KEYS || table == KS_TABLE_OLD_KEYS;
+	return table % 2 == 1;
 }
 
 static Oid
@@ -264,7 +273,8 @@ table_relid(const StorageInfo *si, KeystoreTable table)
 
 /*
  * Fills blocks[KS_NUM_TABLES] with the number of heap blocks of each table
- * that holds keys; 0 for the old generation's when there is none.
+ * that holds keys; 0 for those of a generation the database does not
+ * have.
  */
 void
 keystore_table_blocks(BlockNumber *blocks)

@@ -384,10 +384,7 @@ static const StorageStmt keystore_stmt_defs[KS_NUM_STMTS] = {
  */
 static StorageStmt keystore_gen_stmts[KEYGEN_NUM][KS_NUM_STMTS];
 static SPIPlanPtr keystore_plans[KEYGEN_NUM][KS_NUM_STMTS];
-static StorageStmtSet keystore_stmts[KEYGEN_NUM] = {
-	STORAGE_STMT_SET(keystore_gen_stmts[KEYGEN_CURRENT], keystore_plans[KEYGEN_CURRENT]),
-	STORAGE_STMT_SET(keystore_gen_stmts[KEYGEN_OLD], keystore_plans[KEYGEN_OLD]),
-};
+static StorageStmtSet keystore_stmts[KEYGEN_NUM];
 static uint64 keystore_texts_generation;
 static MemoryContext keystore_texts_cxt;
 
@@ -443,6 +440,12 @@ make_generation_texts(const StorageInfo *si)
 
 		if (!OidIsValid(gen->keys_relid))
 			continue;
+		if (keystore_stmts[g].stmts == NULL)
+		{
+			keystore_stmts[g].stmts = keystore_gen_stmts[g];
+			keystore_stmts[g].nstmts = KS_NUM_STMTS;
+			keystore_stmts[g].plans = keystore_plans[g];
+		}
 		oldcxt = MemoryContextSwitchTo(keystore_texts_cxt);
 		values[0] = quote_qualified_identifier(STORAGE_SCHEMA, get_rel_name(gen->keys_relid));
 		values[1] = quote_qualified_identifier(STORAGE_SCHEMA,
@@ -617,5 +620,6 @@ int
 keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
 				 long tcount)
 {
-	return execute_on_generation(KEYGEN_CURRENT, stmt, values, nulls, NULL, tcount);
+	return execute_on_generation(keygen_state()->current, stmt, values, nulls,
+								 NULL, tcount);
 }

@@ -218,39 +218,47 @@ usable_hash_index(Oid nspid, Oid keys_relid, const char *index_name,
 
 /*
  * Finds the generations of the key store.  Before 1.2 there is one, the
- * tables processed_keys and key_collisions themselves; from 1.2 on the
- * current one is processed_keys_1 and key_collisions_1, and the old one,
- * the keys recorded before the upgrade, is processed_keys and
- * key_collisions.
+ * tables processed_keys and key_collisions themselves; from 1.2 on they
+ * are the legacy generation, the keys recorded before the upgrade, and
+ * the ring processed_keys_N and key_collisions_N takes the new ones
+ * (keygen.c).
  */
 static void
 locate_generations(Oid nspid)
 {
 	StorageInfo *si = &storage.info;
-	Oid			keys_1 = get_relname_relid("processed_keys_1", nspid);
-	Oid			collisions_1 = get_relname_relid("key_collisions_1", nspid);
-	KeyGeneration *first;
+	KeyGeneration *legacy = &si->gens[KEYGEN_LEGACY];
 
 	memset(si->gens, 0, sizeof(si->gens));
-	si->has_old = OidIsValid(keys_1) && OidIsValid(collisions_1);
-	if (si->has_old)
+	si->generations_relid = get_relname_relid("key_generations", nspid);
+	si->has_ring = OidIsValid(si->generations_relid);
+	for (int g = 1; si->has_ring && g <= KEYGEN_RING; g++)
 	{
-		KeyGeneration *current = &si->gens[KEYGEN_CURRENT];
+		KeyGeneration *gen = &si->gens[g];
+		char		name[NAMEDATALEN];
 
-		current->keys_relid = keys_1;
-		current->collisions_relid = collisions_1;
-		current->hash64 = true;
-		current->hash_index = usable_hash_index(nspid, keys_1,
-												"processed_keys_1_hash",
-												"key_hash64");
+		snprintf(name, sizeof(name), "processed_keys_%d", g);
+		gen->keys_relid = get_relname_relid(name, nspid);
+		snprintf(name, sizeof(name), "key_collisions_%d", g);
+		gen->collisions_relid = get_relname_relid(name, nspid);
+		if (!OidIsValid(gen->keys_relid) || !OidIsValid(gen->collisions_relid))
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("storage of extension \"idem_consumer\" is missing generation %d", g),
+					 errdetail("Tables %s.processed_keys_%d and %s.key_collisions_%d were not found.",
+							   STORAGE_SCHEMA, g, STORAGE_SCHEMA, g),
+					 errhint("Recreate the extension with DROP EXTENSION idem_consumer; CREATE EXTENSION idem_consumer;")));
+		gen->hash64 = true;
+		snprintf(name, sizeof(name), "processed_keys_%d_hash", g);
+		gen->hash_index = usable_hash_index(nspid, gen->keys_relid, name,
+											"key_hash64");
 	}
 
-	first = &si->gens[si->has_old ? KEYGEN_OLD : KEYGEN_CURRENT];
-	first->keys_relid = si->keys_relid;
-	first->collisions_relid = get_relname_relid("key_collisions", nspid);
-	first->hash64 = false;
-	first->hash_index = usable_hash_index(nspid, si->keys_relid,
-										  "processed_keys_hash", "key_hash");
+	legacy->keys_relid = si->keys_relid;
+	legacy->collisions_relid = get_relname_relid("key_collisions", nspid);
+	legacy->hash64 = false;
+	legacy->hash_index = usable_hash_index(nspid, si->keys_relid,
+										   "processed_keys_hash", "key_hash");
 }
 
 /*
@@ -490,23 +498,24 @@ has_blocks(Oid relid)
 }
 
 /*
- * Tells whether this database has an old generation that may hold keys:
- * one upgraded from 1.1 whose processed_keys or key_collisions have a heap
- * block.  Nothing inserts into them any more but a collision
- * moved into its occupant's place, so a generation once found empty stays
- * empty (but for rows a DBA writes there, which a session finds once the
- * storage is located anew), and a session stops probing it.
+ * Tells whether the legacy generation of a database updated to 1.2 may
+ * hold keys: whether its processed_keys or key_collisions have a heap
+ * block.  Nothing inserts into them any more but a collision moved into
+ * its occupant's place, so a generation once found empty stays empty (but
+ * for rows a DBA writes there, which a session finds once the storage is
+ * located anew), and a session stops probing it.  Before 1.2 the legacy
+ * pair is the current generation, never a sealed one.
  */
 bool
-keystore_old_live(void)
+keystore_legacy_live(void)
 {
 	static uint64 empty_in_generation = 0;
 	const StorageInfo *si = storage_locate();
-	const KeyGeneration *old = &si->gens[KEYGEN_OLD];
+	const KeyGeneration *legacy = &si->gens[KEYGEN_LEGACY];
 
-	if (!si->has_old || empty_in_generation == si->generation)
+	if (!si->has_ring || empty_in_generation == si->generation)
 		return false;
-	if (has_blocks(old->keys_relid) || has_blocks(old->collisions_relid))
+	if (has_blocks(legacy->keys_relid) || has_blocks(legacy->collisions_relid))
 		return true;
 	empty_in_generation = si->generation;
 	return false;

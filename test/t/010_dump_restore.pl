@@ -20,7 +20,14 @@ $node->safe_psql('source', q{
 	INSERT INTO orders VALUES (1);
 	SELECT idem_apply('order-paid:' || g, 'payments',
 	                  'update orders set paid = paid + $1 where id = 1', ARRAY[g::text])
-	  FROM generate_series(1, 100) g;
+	  FROM generate_series(1, 60) g;
+});
+# the keys in two generations: 1 sealed, 2 current
+$node->safe_psql('source', 'SELECT idem_key_generation_switch()');
+$node->safe_psql('source', q{
+	SELECT idem_apply('order-paid:' || g, 'payments',
+	                  'update orders set paid = paid + $1 where id = 1', ARRAY[g::text])
+	  FROM generate_series(61, 100) g;
 	SELECT idem_try_apply('order-paid:bad', 'payments', 'update orders set paid = paid / 0');
 });
 
@@ -33,8 +40,24 @@ $node->command_ok([ 'pg_restore', '-d', $node->connstr('restored'), $dump ],
 is($node->safe_psql('restored', 'SELECT count(*) FROM idem_processed_keys'), '101',
 	'processed keys are restored');
 is($node->safe_psql('restored',
-	q{SELECT idem_apply('order-paid:7', 'payments', 'update orders set paid = paid + $1 where id = 1', ARRAY['7'])}),
-	'f', 'a redelivery after the restore is a duplicate');
+	q{SELECT string_agg(generation || ':' || state, ',' ORDER BY epoch) FROM idem_key_generations}),
+	'1:sealed,2:current', 'the generations are restored');
+is($node->safe_psql('restored',
+	q{SELECT count(*) FILTER (WHERE idem_apply('order-paid:' || g, 'payments',
+	                                           'update orders set paid = paid + $1 where id = 1', ARRAY[g::text]))
+	    FROM generate_series(1, 100) g}),
+	'0', 'a redelivery after the restore is a duplicate, in either generation');
+is($node->safe_psql('restored',
+	q{SELECT (SELECT count(*) FROM idem_consumer.processed_keys_1) || '/' ||
+	         (SELECT count(*) FROM idem_consumer.processed_keys_2)}),
+	'60/41', 'each key in its generation');
+$node->safe_psql('restored', 'SELECT idem_key_generation_switch()');
+is($node->safe_psql('restored',
+	q{SELECT idem_apply('order-paid:70', 'payments', 'update orders set paid = paid + $1 where id = 1', ARRAY['70'])
+	      || '/' || idem_apply('order-paid:101', 'payments', 'select 1')}),
+	'false/true', 'the ring goes on from where it was');
+is($node->safe_psql('restored', 'SELECT key FROM idem_consumer.processed_keys_3'),
+	'order-paid:101', 'new keys going into its next generation');
 my ($reuse_rc, $reuse_out, $reuse_err) = $node->psql('restored',
 	q{SELECT idem_apply('order-paid:7', 'payments', 'update orders set paid = paid + 1000 where id = 1')});
 like($reuse_err, qr/key "order-paid:7" of consumer "payments" was recorded for another message/,

@@ -146,6 +146,25 @@ is($sub->safe_psql('postgres', q{SELECT idem_is_processed('paid:7', 'payments')}
 $pub->safe_psql('postgres', q{SELECT idem_reset_retention('payments')});
 $pub->wait_for_catchup('idem');
 
+# Generations switched on the publisher reach the subscriber, and the
+# sessions already connected there see them: one that read the generations
+# before the switch records no key in the generation sealed upstream, even
+# through a statement it prepared before, which nothing else makes it read
+# the generations again.
+$pub->safe_psql('postgres', q{SELECT idem_consumer_create('switching')});
+$pub->wait_for_catchup('idem');
+my $connected = $sub->background_psql('postgres', on_error_stop => 1);
+$connected->query_safe(q{PREPARE deliver(text) AS SELECT idem_apply($1, 'switching', 'select 1')});
+is($connected->query_safe(q{SELECT idem_is_processed('gen:1', 'switching')}),
+	'f', 'a session connected to the subscriber reads the generations');
+$pub->safe_psql('postgres', q{SELECT idem_key_generation_switch()});
+$pub->safe_psql('postgres', q{
+	SELECT idem_apply('gen:' || g, 'switching', 'select 1') FROM generate_series(1, 10) g});
+$pub->wait_for_catchup('idem');
+is($sub->safe_psql('postgres',
+		q{SELECT string_agg(generation || ':' || state, ',' ORDER BY epoch) FROM idem_key_generations}),
+	'1:sealed,2:current', 'the switch is replicated');
+
 # Take over: the subscription stops for good, the publisher is gone.
 $sub->safe_psql('postgres', q{
 	ALTER SUBSCRIPTION idem DISABLE;
@@ -153,6 +172,14 @@ $sub->safe_psql('postgres', q{
 	DROP SUBSCRIPTION idem;
 });
 $pub->stop;
+
+is(scalar(grep { $connected->query_safe("EXECUTE deliver('gen:$_')") =~ /^t\s*$/ } 1 .. 12),
+	'2', 'after the takeover, that session finds the keys of the current generation');
+is($sub->safe_psql('postgres', q{
+		SELECT count(*) FROM idem_consumer.processed_keys_2
+		 WHERE consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'switching')}),
+	'12', 'and records new ones there');
+$connected->quit;
 
 # The subscriber's index goes, and the full row is the identity again,
 # in that order.
@@ -174,7 +201,7 @@ is($err, '', 'the new server creates a consumer');
 is($out, 't', 'and one by its first use');
 is($err, '', 'without an error');
 is($sub->safe_psql('postgres', q{SELECT count(DISTINCT consumer_id) FROM idem_consumer.consumers}),
-	'3', 'each with an id of its own');
+	'4', 'each with an id of its own');
 ($rc, $out, $err) = $sub->psql(
 	'postgres',
 	q{SELECT idem_try_apply('refund:bad', 'refunds', 'select 1 / 0')},

@@ -1,0 +1,403 @@
+/*-------------------------------------------------------------------------
+ *
+ * keygen.c
+ *	  The generations of the key store from 1.2 on: which pair of the ring
+ *	  takes new keys (the current generation) and which are sealed, as
+ *	  idem_consumer.key_generations says, cached per backend; and the switch
+ *	  that seals the current generation and opens the next one
+ *	  (idem_key_generation_switch).  keystore.c probes and records keys in
+ *	  the generations this file names.
+ *
+ * What makes a switch exact is one rule and one lock:
+ *
+ *	1. A transaction records a key in a generation only while it holds ROW
+ *	   EXCLUSIVE on the generation's key table and, holding it, has found
+ *	   the generation current (keygen_lock_current).
+ *	2. The switch holds SHARE ROW EXCLUSIVE on the current generation's key
+ *	   table, which conflicts with ROW EXCLUSIVE, from before it changes
+ *	   key_generations until it commits, and its commit invalidates every
+ *	   backend's cached state (a relcache invalidation of key_generations,
+ *	   which the table's trigger registers for every change).
+ *
+ * By 2, every transaction that recorded a key in generation A had ended
+ * before the switch sealing A committed, and one that locks A's key table
+ * after that commit processes the invalidation as it is granted the lock,
+ * finds A sealed by 1, and goes on to the new current generation.  So
+ * once a switch has committed nobody records into A, and A holds every
+ * key any transaction recorded there.  A transaction that records a key in
+ * the new generation B probes A first, with a snapshot that sees the
+ * switch's commit: under READ COMMITTED every probe takes a new snapshot,
+ * later than the state it read; under REPEATABLE READ and SERIALIZABLE,
+ * whose snapshot may predate the switch, keystore.c probes A again with
+ * the latest snapshot when keygen_seal_visible() says the transaction's
+ * snapshot does not see the seal, and fails to serialize (40001) if the
+ * key is there, as a conflict in one table would.  A key delivered on both
+ * sides of a switch is therefore recorded once (the isolation spec
+ * key_generation_switch.spec runs each interleaving).
+ *
+ * The switch never queues for its lock: a queued SHARE ROW EXCLUSIVE would
+ * hold up every delivery behind it for as long as it waited.  It tries the
+ * lock without waiting, every millisecond, up to the wait it was given.
+ *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/keygen.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "commands/trigger.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "storage/lmgr.h"
+#include "utils/builtins.h"
+#include "utils/inval.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+
+#include "keystore_internal.h"
+
+/* how long the switch sleeps between two tries of its lock */
+#define SWITCH_LOCK_RETRY_US 1000
+
+static struct
+{
+	bool		known;			/* state is key_generations as it is now */
+	uint64		storage_generation; /* of the storage it was read from */
+	Oid			relid;			/* key_generations it was read from */
+	KeyGenState state;
+} cache;
+
+/*
+ * The rows a switch writes: the first generation's, which opened with the
+ * extension, on the first switch; and the next one's ($2).
+ */
+typedef enum KeyGenStmt
+{
+	KG_RECORD_FIRST,
+	KG_OPEN_NEXT,
+	KG_NUM_STMTS
+} KeyGenStmt;
+
+static const StorageStmt keygen_stmt_defs[KG_NUM_STMTS] = {
+	[KG_RECORD_FIRST] = {
+		"INSERT INTO " STORAGE_SCHEMA ".key_generations (epoch, generation, opened_at)"
+		" SELECT 1, $1, NULL WHERE NOT EXISTS"
+		" (SELECT FROM " STORAGE_SCHEMA ".key_generations)",
+		1, {INT4OID}
+	},
+	[KG_OPEN_NEXT] = {
+		"INSERT INTO " STORAGE_SCHEMA ".key_generations (epoch, generation, opened_at)"
+		" SELECT pg_catalog.max(epoch) OPERATOR(pg_catalog.+) 1, $1, pg_catalog.now()"
+		" FROM " STORAGE_SCHEMA ".key_generations",
+		1, {INT4OID}
+	},
+};
+
+static SPIPlanPtr keygen_plans[KG_NUM_STMTS];
+static StorageStmtSet keygen_stmts = STORAGE_STMT_SET(keygen_stmt_defs, keygen_plans);
+
+PG_FUNCTION_INFO_V1(idem_key_generation_switch);
+PG_FUNCTION_INFO_V1(idem_key_generations_changed);
+
+/*
+ * Forgets the cached state when key_generations is invalidated, as every
+ * switch does when it commits.
+ */
+static void
+keygen_relcache_callback(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == cache.relid)
+		cache.known = false;
+}
+
+/*
+ * Registers the invalidation callback; called once from _PG_init.
+ */
+void
+keygen_init(void)
+{
+	CacheRegisterRelcacheCallback(keygen_relcache_callback, (Datum) 0);
+}
+
+/* a generation opened: its epoch, its place, and its row's xmin */
+typedef struct OpenedGeneration
+{
+	int64		epoch;
+	KeyGenSlot	slot;
+	TransactionId xmin;
+} OpenedGeneration;
+
+/* qsort comparator: epochs, largest first */
+static int
+epoch_cmp_desc(const void *a, const void *b)
+{
+	int64		ea = ((const OpenedGeneration *) a)->epoch;
+	int64		eb = ((const OpenedGeneration *) b)->epoch;
+
+	return ea == eb ? 0 : (ea > eb ? -1 : 1);
+}
+
+/*
+ * Reads key_generations into the cache.  Opening the table processes the
+ * invalidations that arrived, and the scan takes a snapshot after that:
+ * the state read is at least as new as every invalidation processed.
+ */
+static void
+read_state(const StorageInfo *si)
+{
+	KeyGenState *st = &cache.state;
+	Relation	rel;
+	SysScanDesc scan;
+	HeapTuple	tuple;
+	OpenedGeneration opened[KEYGEN_RING];
+	int			nopened = 0;
+
+	memset(st, 0, sizeof(KeyGenState));
+	cache.relid = si->generations_relid;
+	cache.storage_generation = si->generation;
+	cache.known = true;
+	if (!si->has_ring)
+	{
+		st->current = KEYGEN_LEGACY;
+		return;
+	}
+
+	rel = table_open(si->generations_relid, AccessShareLock);
+	cache.known = true;
+	scan = systable_beginscan(rel, InvalidOid, false, NULL, 0, NULL);
+	while (HeapTupleIsValid(tuple = systable_getnext(scan)))
+	{
+		bool		isnull[2];
+		Datum		epoch = heap_getattr(tuple, 1, RelationGetDescr(rel), &isnull[0]);
+		Datum		generation = heap_getattr(tuple, 2, RelationGetDescr(rel), &isnull[1]);
+
+		if (isnull[0] || isnull[1] || nopened == KEYGEN_RING ||
+			DatumGetInt32(generation) < 1 || DatumGetInt32(generation) > KEYGEN_RING)
+			ereport(ERROR,
+					(errcode(ERRCODE_DATA_CORRUPTED),
+					 errmsg("table %s.key_generations holds a row that is not a generation",
+							STORAGE_SCHEMA)));
+		opened[nopened].epoch = DatumGetInt64(epoch);
+		opened[nopened].slot = DatumGetInt32(generation);
+		opened[nopened].xmin = HeapTupleHeaderGetXmin(tuple->t_data);
+		nopened++;
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+
+	/* before the first switch: the first generation, never sealed */
+	if (nopened == 0)
+	{
+		st->current = 1;
+		return;
+	}
+
+	/* each generation was sealed by the switch that opened the next one */
+	qsort(opened, nopened, sizeof(OpenedGeneration), epoch_cmp_desc);
+	st->current = opened[0].slot;
+	for (int i = 1; i < nopened; i++)
+	{
+		st->sealed[st->nsealed++] = opened[i].slot;
+		st->sealed_by[opened[i].slot] = opened[i - 1].xmin;
+	}
+}
+
+/*
+ * Returns the generations as this backend last read them, reading them
+ * anew after an invalidation.
+ */
+const KeyGenState *
+keygen_state(void)
+{
+	const StorageInfo *si = storage_locate();
+
+	if (!cache.known || cache.storage_generation != si->generation)
+		read_state(si);
+	return &cache.state;
+}
+
+/*
+ * Returns the generations as key_generations holds them now, for those
+ * that only read keys and take no lock that a switch waits for: the
+ * invalidation of a switch reaches other backends only after its commit.
+ */
+const KeyGenState *
+keygen_state_latest(void)
+{
+	read_state(storage_locate());
+	return &cache.state;
+}
+
+/*
+ * Returns the current generation, having locked its key table in ROW
+ * EXCLUSIVE mode and found it still current: until this transaction ends,
+ * no switch can seal it (rule 1 above).  A generation found sealed once
+ * locked stays locked, harmlessly: nothing else ever waits on it but the
+ * truncation of its slot, which retries.
+ */
+KeyGenSlot
+keygen_lock_current(void)
+{
+	for (;;)
+	{
+		KeyGenSlot	slot = keygen_state()->current;
+
+		LockRelationOid(storage_locate()->gens[slot].keys_relid, RowExclusiveLock);
+		if (keygen_state()->current == slot)
+			return slot;
+	}
+}
+
+/*
+ * Whether a snapshot sees the commit of the switch that sealed a
+ * generation, and with it every key recorded there.  The legacy generation
+ * has no such switch: never.
+ */
+bool
+keygen_seal_visible(KeyGenSlot slot, Snapshot snapshot)
+{
+	TransactionId sealed_by = cache.state.sealed_by[slot];
+
+	if (slot == KEYGEN_LEGACY || !TransactionIdIsValid(sealed_by))
+		return false;
+	return !XidInMVCCSnapshot(sealed_by, snapshot);
+}
+
+/*
+ * Takes a lock without queueing for it, trying again every millisecond
+ * until deadline; returns whether it has it.
+ */
+static bool
+lock_within(Oid relid, LOCKMODE mode, TimestampTz deadline)
+{
+	for (;;)
+	{
+		if (ConditionalLockRelationOid(relid, mode))
+			return true;
+		if (GetCurrentTimestamp() >= deadline)
+			return false;
+		CHECK_FOR_INTERRUPTS();
+		pg_usleep(SWITCH_LOCK_RETRY_US);
+	}
+}
+
+/*
+ * Seals the current generation and opens the next one of the ring, waiting
+ * at most wait_ms for the transactions recording keys in the current one;
+ * returns the generation opened.  Raises an error if the next one still
+ * holds keys, or if the wait ran out.
+ */
+static KeyGenSlot
+keygen_switch(int64 wait_ms)
+{
+	const StorageInfo *si = storage_locate();
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait_ms);
+	const KeyGenState *st;
+	KeyGenSlot	sealing;
+	KeyGenSlot	opening;
+	Datum		arg;
+
+	if (!si->has_ring)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the key store of this database has no generations"),
+				 errhint("Update the extension with ALTER EXTENSION idem_consumer UPDATE.")));
+
+	/* one switch at a time; readers of the state are not held up */
+	if (!lock_within(si->generations_relid, ExclusiveLock, deadline))
+		ereport(ERROR,
+				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+				 errmsg("could not switch key generations: another switch is running")));
+
+	st = keygen_state_latest();
+	sealing = st->current;
+	opening = sealing % KEYGEN_RING + 1;
+	for (int i = 0; i < st->nsealed; i++)
+		if (st->sealed[i] == opening)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("could not switch key generations: generation %d still holds keys",
+							opening),
+					 errdetail("The ring has %d generations, all in use.", KEYGEN_RING),
+					 errhint("Generation %d is freed once its keys have expired; switch less often than the longest retention window divided by %d.",
+							 opening, KEYGEN_RING - 2)));
+
+	if (!lock_within(si->gens[sealing].keys_relid, ShareRowExclusiveLock, deadline))
+		ereport(ERROR,
+				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+				 errmsg("could not switch key generations: transactions recording keys in generation %d did not end in time",
+						sealing),
+				 errhint("Try again, or give a longer wait.")));
+
+	arg = Int32GetDatum(sealing);
+	storage_stmt_run(&keygen_stmts, KG_RECORD_FIRST, &arg, NULL, 0);
+	arg = Int32GetDatum(opening);
+	storage_stmt_run(&keygen_stmts, KG_OPEN_NEXT, &arg, NULL, 0);
+	if (SPI_processed != 1)
+		elog(ERROR, "could not open generation %d of idem_consumer", opening);
+
+	cache.known = false;
+	return opening;
+}
+
+/*
+ * Trigger function of key_generations, after every row a statement
+ * changes and after TRUNCATE: makes every session read it again once the
+ * transaction commits.  It fires for the rows a switch inserts, and,
+ * enabled ALWAYS, for those a logical subscriber applies, so that a
+ * session connected to a subscriber that takes over records no key in a
+ * generation sealed upstream.
+ */
+Datum
+idem_key_generations_changed(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+
+	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(trigdata->tg_event))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("function %s must be fired as an AFTER trigger",
+						"idem_consumer.key_generations_changed")));
+	CacheInvalidateRelcacheByRelid(RelationGetRelid(trigdata->tg_relation));
+	return PointerGetDatum(NULL);
+}
+
+/*
+ * idem_key_generation_switch(wait interval): seals the current generation
+ * of keys and opens the next one; returns the generation opened.
+ */
+Datum
+idem_key_generation_switch(PG_FUNCTION_ARGS)
+{
+	Interval   *wait = PG_GETARG_INTERVAL_P(0);
+	int64		wait_us;
+	KeyGenSlot	opened;
+
+	wait_us = wait->time + (int64) wait->day * USECS_PER_DAY;
+	if (wait->month != 0 || wait->day < 0 || wait->day > 1 ||
+		wait_us < 0 || wait_us > USECS_PER_DAY)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("wait must be between 0 and 1 day")));
+	/* keys it recorded itself would be in a generation it sealed */
+	if (TransactionIdIsValid(GetTopTransactionIdIfAny()))
+		ereport(ERROR,
+				(errcode(ERRCODE_ACTIVE_SQL_TRANSACTION),
+				 errmsg("idem_key_generation_switch must run in a transaction of its own"),
+				 errdetail("This transaction has written already."),
+				 errhint("Call it alone, outside any explicit transaction block.")));
+
+	SPI_connect();
+	opened = keygen_switch(wait_us / 1000);
+	SPI_finish();
+	PG_RETURN_INT32(opened);
+}
