@@ -392,6 +392,24 @@ COMMENT ON COLUMN idem_consumer.key_generations.opened_at IS
     'NULL for the first generation, opened with the extension';
 SELECT pg_catalog.pg_extension_config_dump('idem_consumer.key_generations', '');
 
+-- The consumers that recorded keys in each generation opened: a row per
+-- consumer and session at its first new key there, in the transaction
+-- that records it, with that key's processed_at.  A sealed generation is
+-- dropped when every consumer here has expired its keys (src/keygen_retire.c);
+-- its newest first_at is a lower bound of the consumer's latest activity.
+-- No unique key, so that registering never waits for another session.
+CREATE TABLE idem_consumer.generation_consumers (
+    epoch bigint NOT NULL,
+    consumer_id integer NOT NULL,
+    first_at integer NOT NULL
+);
+CREATE INDEX generation_consumers_epoch
+    ON idem_consumer.generation_consumers (epoch, consumer_id);
+CREATE INDEX generation_consumers_consumer
+    ON idem_consumer.generation_consumers (consumer_id, first_at);
+ALTER TABLE idem_consumer.generation_consumers REPLICA IDENTITY FULL;
+SELECT pg_catalog.pg_extension_config_dump('idem_consumer.generation_consumers', '');
+
 -- Every change of key_generations, a switch's, a restore's or a logical
 -- subscriber's, tells every session to read it again (src/keygen.c).  Row
 -- triggers, as logical replication fires no statement trigger but for
@@ -417,6 +435,14 @@ RETURNS integer
 AS 'MODULE_PATHNAME', 'idem_key_generation_switch'
 LANGUAGE C VOLATILE STRICT;
 REVOKE ALL ON FUNCTION idem_key_generation_switch(interval) FROM PUBLIC;
+
+-- Drops the sealed generations whose keys have all expired and empties
+-- their tables (src/keygen_retire.c); returns how many it dropped.
+CREATE FUNCTION idem_key_generation_retire()
+RETURNS integer
+AS 'MODULE_PATHNAME', 'idem_key_generation_retire'
+LANGUAGE C VOLATILE STRICT;
+REVOKE ALL ON FUNCTION idem_key_generation_retire() FROM PUBLIC;
 
 -- The generations as operators see them.
 CREATE VIEW idem_key_generations AS

@@ -39,9 +39,9 @@ _PG_init(void)
 	business_run_init();
 	purge_worker_init();
 	effects_init();
+	keygen_init();
 
 	MarkGUCPrefixReserved("idem_consumer");
 
 	storage_init();
-	keygen_init();
 }

@@ -135,6 +135,9 @@ extern uint64 keystore_unresolved_batch(int32 consumer_id, ArrayType *keys,
 extern uint64 keystore_storage_version(void);
 extern bool keystore_sealed_live(void);
 extern void keygen_init(void);
+extern int	keygen_switch_if_due(int64 wait_ms);
+extern bool keygen_retention_by_generation(void);
+extern int	keygen_retire(void);
 extern void keystore_table_blocks(BlockNumber *blocks);
 extern uint64 keystore_remove_rows(KeystoreTable table, ItemPointer tids,
 								   int ntids, Datum consumer_ids, Datum cutoffs);
@@ -187,6 +190,12 @@ typedef enum PurgeProgress
 
 extern void retention_init(void);
 extern int	retention_default_secs(void);
+
+typedef struct RetentionWindows RetentionWindows;
+
+extern RetentionWindows *retention_windows_load(void);
+extern int32 retention_cutoff(RetentionWindows *windows, int32 consumer_id,
+							  int32 latest);
 
 /* retention_store.c */
 extern void retention_store_read_windows(void);

@@ -58,7 +58,11 @@
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "storage/lmgr.h"
+#include "storage/bufmgr.h"
+#include "storage/procarray.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/hsearch.h"
 #include "utils/inval.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
@@ -67,6 +71,25 @@
 
 /* how long the switch sleeps between two tries of its lock */
 #define SWITCH_LOCK_RETRY_US 1000
+
+/* idem_consumer.key_generation_interval, in seconds; 0: no switch */
+static int	key_generation_interval = 0;
+
+/* a consumer registered in a generation by this session */
+typedef struct RegisteredKey
+{
+	uint64		storage_generation; /* of the storage it belongs to */
+	int64		epoch;
+	int32		consumer_id;
+} RegisteredKey;
+
+typedef struct RegisteredConsumer
+{
+	RegisteredKey key;
+	TransactionId xid;			/* that registered it; invalid once committed */
+} RegisteredConsumer;
+
+static HTAB *registered = NULL;
 
 static struct
 {
@@ -84,6 +107,8 @@ typedef enum KeyGenStmt
 {
 	KG_RECORD_FIRST,
 	KG_OPEN_NEXT,
+	KG_SWITCH_DUE,
+	KG_REGISTER,
 	KG_NUM_STMTS
 } KeyGenStmt;
 
@@ -99,6 +124,19 @@ static const StorageStmt keygen_stmt_defs[KG_NUM_STMTS] = {
 		" SELECT pg_catalog.max(epoch) OPERATOR(pg_catalog.+) 1, $1, pg_catalog.now()"
 		" FROM " STORAGE_SCHEMA ".key_generations",
 		1, {INT4OID}
+	},
+	/* whether the current generation is $1 seconds old; the first always */
+	[KG_SWITCH_DUE] = {
+		"SELECT COALESCE((SELECT g.opened_at OPERATOR(pg_catalog.<=)"
+		" (pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.make_interval(secs => $1))"
+		" FROM " STORAGE_SCHEMA ".key_generations AS g"
+		" ORDER BY g.epoch DESC LIMIT 1), true)",
+		1, {INT4OID}
+	},
+	[KG_REGISTER] = {
+		"INSERT INTO " STORAGE_SCHEMA ".generation_consumers (epoch, consumer_id, first_at)"
+		" VALUES ($1, $2, $3)",
+		3, {INT8OID, INT4OID, INT4OID}
 	},
 };
 
@@ -126,6 +164,19 @@ void
 keygen_init(void)
 {
 	CacheRegisterRelcacheCallback(keygen_relcache_callback, (Datum) 0);
+	DefineCustomIntVariable("idem_consumer.key_generation_interval",
+							"Sets how long a generation of keys takes new keys before the purge worker switches to the next one.",
+							"Keys then expire by whole generations, which the worker drops once every key in them has expired. "
+							"0 switches never and purges expired keys one by one.",
+							&key_generation_interval,
+							0,
+							0,
+							365 * SECS_PER_DAY,
+							PGC_SUSET,
+							GUC_UNIT_S,
+							NULL,
+							NULL,
+							NULL);
 }
 
 /* a generation opened: its epoch, its place, and its row's xmin */
@@ -170,6 +221,7 @@ read_state(const StorageInfo *si)
 		st->current = KEYGEN_LEGACY;
 		return;
 	}
+	st->current_epoch = 1;
 
 	rel = table_open(si->generations_relid, AccessShareLock);
 	cache.known = true;
@@ -204,6 +256,7 @@ read_state(const StorageInfo *si)
 	/* each generation was sealed by the switch that opened the next one */
 	qsort(opened, nopened, sizeof(OpenedGeneration), epoch_cmp_desc);
 	st->current = opened[0].slot;
+	st->current_epoch = opened[0].epoch;
 	for (int i = 1; i < nopened; i++)
 	{
 		st->sealed[st->nsealed++] = opened[i].slot;
@@ -291,13 +344,35 @@ lock_within(Oid relid, LOCKMODE mode, TimestampTz deadline)
 }
 
 /*
+ * Whether both tables of a generation are empty: a dropped generation's
+ * are until they are truncated (keygen_retire.c).
+ */
+static bool
+generation_empty(const KeyGeneration *gen)
+{
+	Oid			relids[2] = {gen->keys_relid, gen->collisions_relid};
+
+	for (int i = 0; i < lengthof(relids); i++)
+	{
+		Relation	rel = table_open(relids[i], AccessShareLock);
+		bool		empty = RelationGetNumberOfBlocks(rel) == 0;
+
+		table_close(rel, AccessShareLock);
+		if (!empty)
+			return false;
+	}
+	return true;
+}
+
+/*
  * Seals the current generation and opens the next one of the ring, waiting
  * at most wait_ms for the transactions recording keys in the current one;
- * returns the generation opened.  Raises an error if the next one still
- * holds keys, or if the wait ran out.
+ * returns the generation opened.  When that cannot be done now (the wait
+ * ran out, or the next generation still holds keys) it raises an error,
+ * or with quiet returns 0.
  */
 static KeyGenSlot
-keygen_switch(int64 wait_ms)
+keygen_switch(int64 wait_ms, bool quiet)
 {
 	const StorageInfo *si = storage_locate();
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait_ms);
@@ -314,29 +389,51 @@ keygen_switch(int64 wait_ms)
 
 	/* one switch at a time; readers of the state are not held up */
 	if (!lock_within(si->generations_relid, ExclusiveLock, deadline))
+	{
+		if (quiet)
+			return 0;
 		ereport(ERROR,
 				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
-				 errmsg("could not switch key generations: another switch is running")));
+				 errmsg("could not switch key generations: another switch or retirement is running")));
+	}
 
 	st = keygen_state_latest();
 	sealing = st->current;
 	opening = sealing % KEYGEN_RING + 1;
 	for (int i = 0; i < st->nsealed; i++)
 		if (st->sealed[i] == opening)
+		{
+			if (quiet)
+				return 0;
 			ereport(ERROR,
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 					 errmsg("could not switch key generations: generation %d still holds keys",
 							opening),
 					 errdetail("The ring has %d generations, all in use.", KEYGEN_RING),
-					 errhint("Generation %d is freed once its keys have expired; switch less often than the longest retention window divided by %d.",
+					 errhint("Generation %d is dropped once its keys have expired; switch less often than the longest retention window divided by %d.",
 							 opening, KEYGEN_RING - 2)));
+		}
+	if (!generation_empty(&si->gens[opening]))
+	{
+		if (quiet)
+			return 0;
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("could not switch key generations: generation %d is dropped but not yet emptied",
+						opening),
+				 errhint("Run idem_key_generation_retire() once the transactions that still read it have ended.")));
+	}
 
 	if (!lock_within(si->gens[sealing].keys_relid, ShareRowExclusiveLock, deadline))
+	{
+		if (quiet)
+			return 0;
 		ereport(ERROR,
 				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
 				 errmsg("could not switch key generations: transactions recording keys in generation %d did not end in time",
 						sealing),
 				 errhint("Try again, or give a longer wait.")));
+	}
 
 	arg = Int32GetDatum(sealing);
 	storage_stmt_run(&keygen_stmts, KG_RECORD_FIRST, &arg, NULL, 0);
@@ -347,6 +444,93 @@ keygen_switch(int64 wait_ms)
 
 	cache.known = false;
 	return opening;
+}
+
+/*
+ * Switches generations if key_generation_interval is set and the current
+ * generation is at least that old (the first one, opened with the
+ * extension, at once), waiting at most wait_ms; returns the generation
+ * opened, or 0.  For the purge worker, in a transaction of its own.
+ */
+int
+keygen_switch_if_due(int64 wait_ms)
+{
+	const StorageInfo *si = storage_locate();
+	Datum		arg;
+	Datum		due;
+	bool		isnull;
+
+	if (!si->has_ring || key_generation_interval <= 0)
+		return 0;
+	arg = Int32GetDatum(key_generation_interval);
+	storage_stmt_run(&keygen_stmts, KG_SWITCH_DUE, &arg, NULL, 1);
+	due = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	if (!DatumGetBool(due))
+		return 0;
+	return keygen_switch(wait_ms, true);
+}
+
+/*
+ * Whether keys expire by whole generations (key_generation_interval is
+ * set): the purge then leaves the ring's tables to keygen_retire.c.
+ */
+bool
+keygen_retention_by_generation(void)
+{
+	return key_generation_interval > 0 && storage_locate()->has_ring;
+}
+
+/*
+ * Notes that this transaction recorded a new key of a consumer in the
+ * current generation, registering the consumer there (generation_consumers)
+ * on its first key in the generation, in this transaction, so that the
+ * registration commits or rolls back with the key.  A registration is
+ * trusted once its transaction is known to have committed.
+ */
+void
+keygen_note_recording(int32 consumer_id, int32 processed_at)
+{
+	const KeyGenState *st = keygen_state();
+	RegisteredConsumer *entry;
+	RegisteredKey regkey;
+	bool		found;
+	Datum		args[3];
+
+	if (!storage_locate()->has_ring)
+		return;
+	if (registered == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(RegisteredKey);
+		ctl.entrysize = sizeof(RegisteredConsumer);
+		registered = hash_create("idem_consumer generation consumers", 64, &ctl,
+								 HASH_ELEM | HASH_BLOBS);
+	}
+	memset(&regkey, 0, sizeof(regkey));
+	regkey.epoch = st->current_epoch;
+	regkey.consumer_id = consumer_id;
+	regkey.storage_generation = storage_locate()->generation;
+	entry = hash_search(registered, &regkey, HASH_ENTER, &found);
+	if (found)
+	{
+		if (!TransactionIdIsValid(entry->xid) ||
+			TransactionIdIsCurrentTransactionId(entry->xid))
+			return;
+		if (TransactionIdDidCommit(entry->xid))
+		{
+			entry->xid = InvalidTransactionId;
+			return;
+		}
+		if (TransactionIdIsInProgress(entry->xid))
+			return;				/* another of ours cannot be: a subxact */
+	}
+
+	args[0] = Int64GetDatum(st->current_epoch);
+	args[1] = Int32GetDatum(consumer_id);
+	args[2] = Int32GetDatum(processed_at);
+	storage_stmt_run(&keygen_stmts, KG_REGISTER, args, NULL, 0);
+	entry->xid = GetCurrentTransactionId();
 }
 
 /*
@@ -397,7 +581,7 @@ idem_key_generation_switch(PG_FUNCTION_ARGS)
 				 errhint("Call it alone, outside any explicit transaction block.")));
 
 	SPI_connect();
-	opened = keygen_switch(wait_us / 1000);
+	opened = keygen_switch(wait_us / 1000, false);
 	SPI_finish();
 	PG_RETURN_INT32(opened);
 }

@@ -352,13 +352,20 @@ keystore_record_key_fp(int32 consumer_id, text *key, const int32 *fingerprint,
 	if (recorded_before(keygen_state(), consumer_id, key, recorded, true))
 		return false;
 	if (!key_fastpath_open(&fp, slot, true))
-		return record_key_sql(slot, consumer_id, keystore_processed_at_now(), key,
-							  fingerprint, recorded);
+	{
+		isnew = record_key_sql(slot, consumer_id, keystore_processed_at_now(), key,
+							   fingerprint, recorded);
+		if (isnew)
+			keygen_note_recording(consumer_id, keystore_processed_at_now());
+		return isnew;
+	}
 
 	isnew = fastpath_record(&fp, slot, key_hash_in(slot, consumer_id, key),
 							consumer_id, keystore_processed_at_now(), key, fingerprint,
 							recorded, NULL);
 	key_fastpath_close(&fp);
+	if (isnew)
+		keygen_note_recording(consumer_id, keystore_processed_at_now());
 	return isnew;
 }
 
@@ -543,6 +550,12 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 
 	if (fast)
 		key_fastpath_close(&fp);
+	for (int i = 0; i < nkeys; i++)
+		if (isnew[i])
+		{
+			keygen_note_recording(consumer_id, processed_at);
+			break;
+		}
 	return true;
 }
 
@@ -555,12 +568,16 @@ uint64
 keystore_insert_batch(int32 consumer_id, ArrayType *keys)
 {
 	Datum		args[3];
+	KeyGenSlot	slot;
 
 	inflight_note_recording();
 	args[0] = Int32GetDatum(consumer_id);
 	args[1] = Int32GetDatum(keystore_processed_at_now());
 	args[2] = PointerGetDatum(keys);
-	keystore_execute_in(keygen_lock_current(), KS_INSERT_BATCH, args, NULL, 0);
+	slot = keygen_lock_current();
+	/* before the insert, whose rows the caller reads in SPI_tuptable */
+	keygen_note_recording(consumer_id, DatumGetInt32(args[1]));
+	keystore_execute_in(slot, KS_INSERT_BATCH, args, NULL, 0);
 	return SPI_processed;
 }
 

@@ -103,6 +103,9 @@ typedef enum KeystoreStmt
 	KS_INSERT_BATCH,
 	KS_UNRESOLVED_BATCH,
 	KS_DEAD_LETTER_IDS_PAST_ROWS,
+	KS_PENDING_IN_GENERATION,
+	KS_EXPIRE_RESOLVED_IN_GENERATION,
+	KS_TRUNCATE_GENERATION,
 	KS_NUM_STMTS
 } KeystoreStmt;
 
@@ -162,6 +165,7 @@ extern int32 keystore_processed_at_now(void);
 typedef struct KeyGenState
 {
 	KeyGenSlot	current;
+	int64		current_epoch;
 	int			nsealed;
 	KeyGenSlot	sealed[KEYGEN_RING];	/* newest first */
 	TransactionId sealed_by[KEYGEN_NUM];	/* the switch that sealed it */
@@ -171,6 +175,7 @@ extern const KeyGenState *keygen_state(void);
 extern const KeyGenState *keygen_state_latest(void);
 extern KeyGenSlot keygen_lock_current(void);
 extern bool keygen_seal_visible(KeyGenSlot slot, Snapshot snapshot);
+extern void keygen_note_recording(int32 consumer_id, int32 processed_at);
 
 /*
  * Fetches a column of the first row an SPI statement returned.

@@ -274,7 +274,8 @@ table_relid(const StorageInfo *si, KeystoreTable table)
 /*
  * Fills blocks[KS_NUM_TABLES] with the number of heap blocks of each table
  * that holds keys; 0 for those of a generation the database does not
- * have.
+ * have, and for the ring's when its generations are dropped whole
+ * (keygen_retire.c): a purge then reads and deletes only the legacy keys.
  */
 void
 keystore_table_blocks(BlockNumber *blocks)
@@ -287,7 +288,8 @@ keystore_table_blocks(BlockNumber *blocks)
 		Relation	rel;
 
 		blocks[i] = 0;
-		if (!OidIsValid(relid))
+		if (!OidIsValid(relid) ||
+			(table_generation(i) != KEYGEN_LEGACY && keygen_retention_by_generation()))
 			continue;
 		rel = table_open(relid, AccessShareLock);
 		blocks[i] = RelationGetNumberOfBlocks(rel);

@@ -371,6 +371,38 @@ static const StorageStmt keystore_stmt_defs[KS_NUM_STMTS] = {
 		3, {INT4OID, TEXTARRAYOID, TEXTARRAYOID}
 	},
 
+	/*
+	 * Whether a pending dead letter's key is in the generation: such a key
+	 * is never dropped (see AND_NO_PENDING_DEAD_LETTER).
+	 */
+	[KS_PENDING_IN_GENERATION] = {
+		"SELECT FROM " STORAGE_SCHEMA ".dead_letters AS d"
+		" WHERE d.status OPERATOR(pg_catalog.=) 'pending'"
+		" AND (EXISTS (SELECT FROM @KEYS@ AS k"
+		"  WHERE @HASH@(k.consumer_id, k.key) OPERATOR(pg_catalog.=) @HASH@(d.consumer_id, d.key)"
+		"  AND k.consumer_id OPERATOR(pg_catalog.=) d.consumer_id AND k.key OPERATOR(pg_catalog.=) d.key)"
+		" OR EXISTS (SELECT FROM @COLLISIONS@ AS c"
+		"  WHERE c.consumer_id OPERATOR(pg_catalog.=) d.consumer_id AND c.key OPERATOR(pg_catalog.=) d.key))"
+		" LIMIT 1",
+		0, {InvalidOid}
+	},
+	/* the resolved dead-letter entries of a generation's keys expire with them */
+	[KS_EXPIRE_RESOLVED_IN_GENERATION] = {
+		"DELETE FROM " STORAGE_SCHEMA ".dead_letters AS d"
+		" WHERE d.status OPERATOR(pg_catalog.<>) 'pending'"
+		" AND (EXISTS (SELECT FROM @KEYS@ AS k"
+		"  WHERE @HASH@(k.consumer_id, k.key) OPERATOR(pg_catalog.=) @HASH@(d.consumer_id, d.key)"
+		"  AND k.consumer_id OPERATOR(pg_catalog.=) d.consumer_id AND k.key OPERATOR(pg_catalog.=) d.key)"
+		" OR EXISTS (SELECT FROM @COLLISIONS@ AS c"
+		"  WHERE c.consumer_id OPERATOR(pg_catalog.=) d.consumer_id AND c.key OPERATOR(pg_catalog.=) d.key))",
+		0, {InvalidOid}
+	},
+	/* the caller holds ACCESS EXCLUSIVE on both already: no wait */
+	[KS_TRUNCATE_GENERATION] = {
+		"TRUNCATE @KEYS@, @COLLISIONS@",
+		0, {InvalidOid}
+	},
+
 	/* the identity sequence behind replicated rows (IDS_PAST_ROWS) */
 	[KS_DEAD_LETTER_IDS_PAST_ROWS] = {
 		IDS_PAST_ROWS("dead_letters", "dead_letter_id"),

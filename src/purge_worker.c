@@ -213,6 +213,44 @@ purge_worker_sleep(long ms)
 }
 
 /*
+ * Switches and drops generations of keys when keys expire by generation
+ * (idem_consumer.key_generation_interval), each in a transaction of its
+ * own, before a purge of the legacy keys.  A switch waits at most a second
+ * for the transactions recording keys; one that cannot be done now is
+ * tried again at the next run.
+ */
+static void
+purge_worker_generations(const char *dbname)
+{
+	for (int step = 0; step < 2; step++)
+	{
+		int			done = 0;
+
+		SetCurrentStatementStartTimestamp();
+		StartTransactionCommand();
+		SPI_connect();
+		PushActiveSnapshot(GetTransactionSnapshot());
+		pgstat_report_activity(STATE_RUNNING, "idem_consumer key generations");
+		if (OidIsValid(get_extension_oid("idem_consumer", true)) &&
+			keygen_retention_by_generation())
+			done = step == 0 ? keygen_switch_if_due(1000) : keygen_retire();
+		SPI_finish();
+		PopActiveSnapshot();
+		CommitTransactionCommand();
+		pgstat_report_activity(STATE_IDLE, NULL);
+
+		if (done > 0 && step == 0)
+			ereport(LOG,
+					(errmsg("idem_consumer opened generation %d of keys in database \"%s\"",
+							done, dbname)));
+		else if (done > 0)
+			ereport(LOG,
+					(errmsg("idem_consumer dropped %d expired generations of keys in database \"%s\"",
+							done, dbname)));
+	}
+}
+
+/*
  * Runs one purge of the worker's database, a transaction per chunk.
  */
 static void
@@ -222,6 +260,8 @@ purge_worker_run(MemoryContext loop_cxt, const char *dbname)
 	TimestampTz start = GetCurrentTimestamp();
 	uint64		total = 0;
 	PurgeProgress progress = PURGE_CONTINUES;
+
+	purge_worker_generations(dbname);
 
 	while (progress != PURGE_RUN_DONE)
 	{

@@ -355,6 +355,69 @@ set_windows(void)
 	return npurgeable;
 }
 
+/* A consumer's own window: an interval, or NULL for forever. */
+typedef struct OwnWindow
+{
+	int32		consumer_id;
+	bool		forever;
+	Interval	retention;
+} OwnWindow;
+
+/*
+ * Reads every consumer's own window as the settings say now, for
+ * retention_cutoff(); allocated in the current memory context.
+ */
+RetentionWindows *
+retention_windows_load(void)
+{
+	HASHCTL		ctl;
+	HTAB	   *windows;
+
+	ctl.keysize = sizeof(int32);
+	ctl.entrysize = sizeof(OwnWindow);
+	ctl.hcxt = CurrentMemoryContext;
+	windows = hash_create("idem_consumer own windows", 64, &ctl,
+						  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+
+	retention_store_read_windows();
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tuple = SPI_tuptable->vals[i];
+		bool		isnull;
+		int32		consumer_id;
+		Datum		retention;
+		OwnWindow  *w;
+
+		consumer_id = DatumGetInt32(SPI_getbinval(tuple, SPI_tuptable->tupdesc,
+												  1, &isnull));
+		retention = SPI_getbinval(tuple, SPI_tuptable->tupdesc, 2, &isnull);
+		w = hash_search(windows, &consumer_id, HASH_ENTER, NULL);
+		w->forever = isnull;
+		if (!isnull)
+			w->retention = *DatumGetIntervalP(retention);
+	}
+	SPI_freetuptable(SPI_tuptable);
+	return (RetentionWindows *) windows;
+}
+
+/*
+ * Returns the cutoff of a consumer whose latest activity is latest: its
+ * keys with a processed_at before it are purgeable; 0 or less when none
+ * is, or its window is forever.  The rule of this file: counted back from
+ * the latest activity, capped at the current time.
+ */
+int32
+retention_cutoff(RetentionWindows *windows, int32 consumer_id, int32 latest)
+{
+	OwnWindow  *w = hash_search((HTAB *) windows, &consumer_id, HASH_FIND, NULL);
+	int32		now_secs = (int32) (GetCurrentTimestamp() / USECS_PER_SEC);
+	int32		from = Min(latest, now_secs);
+
+	if (w != NULL)
+		return w->forever ? 0 : interval_cutoff(from, &w->retention);
+	return default_retention > 0 ? from - default_retention : 0;
+}
+
 /*
  * Whether pass 1 saw, in chunk c of the table of the current pass, no row
  * older than its consumer's cutoff.  Rows written into the chunk since

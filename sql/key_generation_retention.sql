@@ -1,0 +1,129 @@
+--
+-- Retention by whole generations (src/keygen_retire.c): a sealed
+-- generation is dropped, its tables truncated, once every consumer that
+-- recorded keys there has expired them by the rule of retention (its
+-- window counted back from its latest activity); a window of forever, an
+-- idle consumer or a pending dead letter keeps it.  Time is moved by
+-- writing the times back, consistently: the keys' processed_at, the
+-- consumers' registrations and the generations' openings.
+--
+SELECT current_database() AS regression_db \gset
+CREATE DATABASE idem_generation_retention;
+\c idem_generation_retention
+SET client_min_messages = warning;
+CREATE EXTENSION idem_consumer;
+
+CREATE TABLE log (key text);
+CREATE FUNCTION deliver(consumer text, prefix text, n int) RETURNS int LANGUAGE sql AS $$
+    SELECT count(*) FILTER (WHERE idem_apply(prefix || g, consumer, 'insert into log values ($1)',
+                                             ARRAY[prefix || g]))::int
+      FROM generate_series(1, n) AS g
+$$;
+-- moves every time of the generations open so far, and of their keys,
+-- days back
+CREATE FUNCTION age_all(days int) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    FOR g IN 1..16 LOOP
+        EXECUTE format('UPDATE idem_consumer.processed_keys_%s SET processed_at = processed_at - $1 * 86400', g) USING days;
+        EXECUTE format('UPDATE idem_consumer.key_collisions_%s SET processed_at = processed_at - $1 * 86400', g) USING days;
+    END LOOP;
+    UPDATE idem_consumer.generation_consumers SET first_at = first_at - days * 86400;
+    UPDATE idem_consumer.key_generations SET opened_at = opened_at - make_interval(days => days);
+END
+$$;
+-- a new message for each of the consumers that stay active
+CREATE FUNCTION activity(tag text) RETURNS int LANGUAGE sql AS $$
+    SELECT deliver('short', tag || '-s', 1) + deliver('weekly', tag || '-w', 1)
+           + deliver('forever', tag || '-f', 1)
+$$;
+CREATE VIEW generations AS
+    SELECT string_agg(generation || ':' || state, ' ' ORDER BY epoch) AS open FROM idem_key_generations;
+
+SELECT idem_consumer_create(c) FROM unnest(ARRAY['short', 'weekly', 'forever', 'idle']) AS c;
+SELECT idem_set_retention('short', '1 day');
+SELECT idem_set_retention('forever', NULL);
+
+-- generation 1: keys of 'short' and of the default window (7 days)
+SELECT deliver('short', 's1-', 100) AS short, deliver('weekly', 'w1-', 100) AS weekly;
+SELECT idem_key_generation_switch() AS opened;
+-- generation 2: the same consumers, ten days later
+SELECT age_all(10);
+SELECT deliver('short', 's2-', 100) AS short, deliver('weekly', 'w2-', 100) AS weekly;
+SELECT idem_key_generation_switch() AS opened;
+SELECT * FROM generations;
+
+-- generation 1 was sealed ten days before their latest keys: dropped, and
+-- its tables emptied; generation 2 was sealed just now: kept
+SELECT idem_key_generation_retire() AS dropped;
+SELECT * FROM generations;
+SELECT pg_relation_size('idem_consumer.processed_keys_1') AS keys_1_bytes,
+       (SELECT count(*) FROM idem_consumer.processed_keys_2) AS keys_2,
+       (SELECT count(*) FROM idem_consumer.generation_consumers WHERE epoch = 1) AS registered_1;
+-- nothing was deleted key by key
+SELECT sum(n_tup_del) AS deleted_keys FROM pg_stat_xact_user_tables
+ WHERE relname LIKE 'processed_keys%' OR relname LIKE 'key_collisions%';
+-- the expired keys are new messages again; the others still duplicates
+SELECT deliver('short', 's1-', 100) AS short_1, deliver('weekly', 'w1-', 100) AS weekly_1,
+       deliver('short', 's2-', 100) AS short_2, deliver('weekly', 'w2-', 100) AS weekly_2;
+
+-- a consumer whose window is forever keeps its generation, and every key
+-- in it
+SELECT deliver('forever', 'f-', 10) AS forever;
+SELECT idem_key_generation_switch() AS opened;
+SELECT age_all(400);
+SELECT activity('t4') AS active;
+SELECT * FROM generations;
+SELECT idem_key_generation_retire() AS dropped;
+SELECT * FROM generations;
+-- without it the same generation would go
+SELECT idem_set_retention('forever', '30 days');
+SELECT idem_key_generation_retire() AS dropped;
+SELECT * FROM generations;
+
+-- an idle consumer stops its clock: its keys are kept however old
+SELECT idem_key_generation_switch() AS opened;
+SELECT deliver('idle', 'i-', 10) AS idle, deliver('short', 's5-', 10) AS short;
+SELECT idem_key_generation_switch() AS opened;
+SELECT age_all(20);
+SELECT activity('t6') AS active;
+SELECT idem_key_generation_retire() AS dropped;
+SELECT * FROM generations;
+SELECT deliver('idle', 'i-', 10) AS idle_again;
+-- its next new message moves its clock, and the generation goes
+SELECT deliver('idle', 'i2-', 1) AS idle_new;
+SELECT idem_key_generation_retire() AS dropped;
+SELECT * FROM generations;
+
+-- a pending dead letter keeps the generation of its key; once it is
+-- resolved, the entry goes with the generation
+SELECT idem_key_generation_switch() AS opened;
+SELECT idem_try_apply('bad-1', 'short', 'select 1 / 0') AS parked;
+SELECT deliver('short', 's7-', 10) AS short;
+SELECT idem_key_generation_switch() AS opened;
+SELECT age_all(5);
+SELECT activity('t8') AS active, deliver('idle', 'i8-', 1) AS idle;
+SELECT idem_key_generation_retire() AS dropped;
+SELECT * FROM generations;
+SELECT idem_dlq_discard(id, 'not ours') IS NOT NULL AS discarded
+  FROM idem_dead_letters WHERE key = 'bad-1';
+SELECT idem_key_generation_retire() AS dropped;
+SELECT * FROM generations;
+SELECT count(*) AS entries_left FROM idem_dead_letters WHERE key = 'bad-1';
+
+-- with key_generation_interval set, the purge deletes no key of the ring:
+-- keys expire by generation
+SELECT age_all(30);
+SET idem_consumer.key_generation_interval = '1h';
+SELECT idem_purge() AS purged_by_generation;
+RESET idem_consumer.key_generation_interval;
+SELECT idem_purge() > 0 AS purged_key_by_key;
+
+-- who may drop: not PUBLIC
+CREATE ROLE retire_tenant;
+SET ROLE retire_tenant;
+SELECT idem_key_generation_retire();
+RESET ROLE;
+DROP ROLE retire_tenant;
+
+\c :regression_db
+DROP DATABASE idem_generation_retention;
