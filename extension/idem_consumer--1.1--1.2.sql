@@ -375,6 +375,26 @@ BEGIN
 END
 $generations$;
 
+-- The filters of the sealed generations (src/keygen_filter.c): a blocked
+-- Bloom filter of each generation's keys under this database's hash seed,
+-- one chunk of bits per page, chunk n in block n.  They belong to this
+-- database alone, like the seed: never dumped (a restore builds them again
+-- with its own seed), never published.
+DO $filters$
+BEGIN
+    FOR g IN 1..16 LOOP
+        EXECUTE pg_catalog.format(
+            'CREATE TABLE idem_consumer_local.%I (chunk integer NOT NULL, bits bytea NOT NULL)',
+            'key_filter_' || g);
+        EXECUTE pg_catalog.format(
+            'ALTER TABLE idem_consumer_local.%I ALTER COLUMN bits SET STORAGE PLAIN',
+            'key_filter_' || g);
+        EXECUTE pg_catalog.format(
+            'REVOKE ALL ON idem_consumer_local.%I FROM PUBLIC', 'key_filter_' || g);
+    END LOOP;
+END
+$filters$;
+
 -- The generations opened, one row each, numbered by epoch in the order
 -- they were opened; the largest epoch is the current generation, the
 -- others are sealed, and a pair of tables without a row is free.  Until
@@ -386,8 +406,11 @@ $generations$;
 CREATE TABLE idem_consumer.key_generations (
     epoch bigint PRIMARY KEY CHECK (epoch > 0),
     generation integer NOT NULL UNIQUE CHECK (generation BETWEEN 1 AND 16),
-    opened_at timestamptz
+    opened_at timestamptz,
+    filter_chunks integer CHECK (filter_chunks > 0)
 );
+COMMENT ON COLUMN idem_consumer.key_generations.filter_chunks IS
+    'chunks of the generation''s filter once built: until this database''s own filter has as many, the keys are probed without it';
 COMMENT ON COLUMN idem_consumer.key_generations.opened_at IS
     'NULL for the first generation, opened with the extension';
 SELECT pg_catalog.pg_extension_config_dump('idem_consumer.key_generations', '');
@@ -444,6 +467,14 @@ AS 'MODULE_PATHNAME', 'idem_key_generation_retire'
 LANGUAGE C VOLATILE STRICT;
 REVOKE ALL ON FUNCTION idem_key_generation_retire() FROM PUBLIC;
 
+-- Builds the filters of the sealed generations that lack one
+-- (src/keygen_filter.c); returns how many it built.
+CREATE FUNCTION idem_key_generation_build_filters()
+RETURNS integer
+AS 'MODULE_PATHNAME', 'idem_key_generation_build_filters'
+LANGUAGE C VOLATILE STRICT;
+REVOKE ALL ON FUNCTION idem_key_generation_build_filters() FROM PUBLIC;
+
 -- The generations as operators see them.
 CREATE VIEW idem_key_generations AS
     SELECT g.generation,
@@ -451,10 +482,16 @@ CREATE VIEW idem_key_generations AS
            CASE WHEN pg_catalog.lead(g.epoch) OVER w IS NULL THEN 'current'
                 ELSE 'sealed' END AS state,
            g.opened_at,
-           pg_catalog.lead(g.opened_at) OVER w AS sealed_at
-      FROM (SELECT epoch, generation, opened_at FROM idem_consumer.key_generations
+           pg_catalog.lead(g.opened_at) OVER w AS sealed_at,
+           COALESCE((SELECT pg_catalog.pg_relation_size(c.oid)
+                       FROM pg_catalog.pg_class AS c
+                       JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+                      WHERE n.nspname OPERATOR(pg_catalog.=) 'idem_consumer_local'
+                        AND c.relname OPERATOR(pg_catalog.=) ('key_filter_' OPERATOR(pg_catalog.||) g.generation))
+                    OPERATOR(pg_catalog.>=) (g.filter_chunks OPERATOR(pg_catalog.*) 8192), false) AS filtered
+      FROM (SELECT epoch, generation, opened_at, filter_chunks FROM idem_consumer.key_generations
             UNION ALL
-            SELECT 1, 1, NULL
+            SELECT 1, 1, NULL, NULL
              WHERE NOT EXISTS (SELECT FROM idem_consumer.key_generations)) AS g
     WINDOW w AS (ORDER BY g.epoch);
 REVOKE ALL ON idem_key_generations FROM PUBLIC;

@@ -103,10 +103,35 @@ SELECT idem_purge('gen') > 0 AS purged;
 SELECT generation, count(*) AS keys FROM gen_keys GROUP BY 1 ORDER BY 1;
 SELECT deliver('a-', 1000) AS a_again;
 
+-- filters: built for the sealed generations, collisions included, they
+-- find every key (none applied again) and spare new keys the probe of the
+-- generations' indexes but for about 1% of them
+SELECT idem_key_generation_build_filters() AS built;
+SELECT generation, state, filtered FROM idem_key_generations ORDER BY epoch;
+SELECT count(*) FILTER (WHERE k.collision) > 0 AS has_collisions
+  FROM gen_keys AS k WHERE k.generation = 2;
+SELECT deliver('a-', 1000) AS a_again, deliver('b-', 1000) AS b_again, deliver('c-', 1000) AS c_again;
+CREATE FUNCTION sealed_index_scans() RETURNS bigint LANGUAGE sql AS $$
+    SELECT sum(pg_stat_get_xact_numscans(format('idem_consumer.processed_keys_%s_hash', g)::regclass))
+      FROM generate_series(1, 3) AS g
+$$;
+BEGIN;
+SELECT sealed_index_scans() AS scans_before \gset
+SELECT deliver('n-', 1000) AS new_keys;
+SELECT sealed_index_scans() - :scans_before < 90 AS few_probes;
+ROLLBACK;
+-- the statements without the fast path use them too
+SET idem_consumer.fast_path = off;
+SELECT deliver('b-', 1000) AS b_again, deliver('n2-', 100) AS new_keys;
+RESET idem_consumer.fast_path;
+-- built once: nothing left to build
+SELECT idem_key_generation_build_filters() AS built;
+
 -- who may switch: not PUBLIC, which reads no generation either
 CREATE ROLE gen_tenant;
 SET ROLE gen_tenant;
 SELECT idem_key_generation_switch();
+SELECT idem_key_generation_build_filters();
 SELECT * FROM idem_key_generations;
 RESET ROLE;
 -- a monitoring role reads them

@@ -138,6 +138,7 @@ extern void keygen_init(void);
 extern int	keygen_switch_if_due(int64 wait_ms);
 extern bool keygen_retention_by_generation(void);
 extern int	keygen_retire(void);
+extern int	keygen_build_filters(void);
 extern void keystore_table_blocks(BlockNumber *blocks);
 extern uint64 keystore_remove_rows(KeystoreTable table, ItemPointer tids,
 								   int ntids, Datum consumer_ids, Datum cutoffs);

@@ -96,6 +96,7 @@ static struct
 	bool		known;			/* state is key_generations as it is now */
 	uint64		storage_generation; /* of the storage it was read from */
 	Oid			relid;			/* key_generations it was read from */
+	Oid			filter_relids[KEYGEN_NUM];	/* whose truncation changes state */
 	KeyGenState state;
 } cache;
 
@@ -155,6 +156,9 @@ keygen_relcache_callback(Datum arg, Oid relid)
 {
 	if (relid == InvalidOid || relid == cache.relid)
 		cache.known = false;
+	for (KeyGenSlot g = 1; g <= KEYGEN_RING && cache.known; g++)
+		if (relid == cache.filter_relids[g])
+			cache.known = false;
 }
 
 /*
@@ -185,6 +189,7 @@ typedef struct OpenedGeneration
 	int64		epoch;
 	KeyGenSlot	slot;
 	TransactionId xmin;
+	int32		filter_chunks;	/* 0: none built */
 } OpenedGeneration;
 
 /* qsort comparator: epochs, largest first */
@@ -228,9 +233,10 @@ read_state(const StorageInfo *si)
 	scan = systable_beginscan(rel, InvalidOid, false, NULL, 0, NULL);
 	while (HeapTupleIsValid(tuple = systable_getnext(scan)))
 	{
-		bool		isnull[2];
+		bool		isnull[3];
 		Datum		epoch = heap_getattr(tuple, 1, RelationGetDescr(rel), &isnull[0]);
 		Datum		generation = heap_getattr(tuple, 2, RelationGetDescr(rel), &isnull[1]);
+		Datum		chunks = heap_getattr(tuple, 4, RelationGetDescr(rel), &isnull[2]);
 
 		if (isnull[0] || isnull[1] || nopened == KEYGEN_RING ||
 			DatumGetInt32(generation) < 1 || DatumGetInt32(generation) > KEYGEN_RING)
@@ -241,6 +247,7 @@ read_state(const StorageInfo *si)
 		opened[nopened].epoch = DatumGetInt64(epoch);
 		opened[nopened].slot = DatumGetInt32(generation);
 		opened[nopened].xmin = HeapTupleHeaderGetXmin(tuple->t_data);
+		opened[nopened].filter_chunks = isnull[2] ? 0 : DatumGetInt32(chunks);
 		nopened++;
 	}
 	systable_endscan(scan);
@@ -257,11 +264,18 @@ read_state(const StorageInfo *si)
 	qsort(opened, nopened, sizeof(OpenedGeneration), epoch_cmp_desc);
 	st->current = opened[0].slot;
 	st->current_epoch = opened[0].epoch;
+	st->epoch[st->current] = opened[0].epoch;
 	for (int i = 1; i < nopened; i++)
 	{
-		st->sealed[st->nsealed++] = opened[i].slot;
-		st->sealed_by[opened[i].slot] = opened[i - 1].xmin;
+		KeyGenSlot	slot = opened[i].slot;
+
+		st->sealed[st->nsealed++] = slot;
+		st->sealed_by[slot] = opened[i - 1].xmin;
+		st->epoch[slot] = opened[i].epoch;
+		st->filter_chunks[slot] = keygen_filter_usable(slot, opened[i].filter_chunks);
 	}
+	for (KeyGenSlot g = 1; g <= KEYGEN_RING; g++)
+		cache.filter_relids[g] = si->gens[g].filter_relid;
 }
 
 /*

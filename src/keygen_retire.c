@@ -176,14 +176,18 @@ truncate_dropped(void)
 		Relation	rel;
 		bool		empty;
 
+		Oid			relids[3] = {gen->keys_relid, gen->collisions_relid,
+		gen->filter_relid};
+		int			nlocked = 0;
+
 		if (open[g])
 			continue;
-		rel = table_open(gen->keys_relid, AccessShareLock);
-		empty = RelationGetNumberOfBlocks(rel) == 0;
-		table_close(rel, AccessShareLock);
-		if (empty)
+		empty = true;
+		for (int i = 0; i < lengthof(relids) && empty; i++)
 		{
-			rel = table_open(gen->collisions_relid, AccessShareLock);
+			if (!OidIsValid(relids[i]))
+				continue;
+			rel = table_open(relids[i], AccessShareLock);
 			empty = RelationGetNumberOfBlocks(rel) == 0;
 			table_close(rel, AccessShareLock);
 		}
@@ -191,11 +195,15 @@ truncate_dropped(void)
 			continue;
 
 		/* never queue: a queued ACCESS EXCLUSIVE would stop every reader */
-		if (!ConditionalLockRelationOid(gen->keys_relid, AccessExclusiveLock))
-			continue;
-		if (!ConditionalLockRelationOid(gen->collisions_relid, AccessExclusiveLock))
+		while (nlocked < lengthof(relids) &&
+			   (!OidIsValid(relids[nlocked]) ||
+				ConditionalLockRelationOid(relids[nlocked], AccessExclusiveLock)))
+			nlocked++;
+		if (nlocked < lengthof(relids))
 		{
-			UnlockRelationOid(gen->keys_relid, AccessExclusiveLock);
+			while (nlocked-- > 0)
+				if (OidIsValid(relids[nlocked]))
+					UnlockRelationOid(relids[nlocked], AccessExclusiveLock);
 			continue;
 		}
 		keystore_execute_in(g, KS_TRUNCATE_GENERATION, NULL, NULL, 0);

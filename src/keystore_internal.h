@@ -39,6 +39,7 @@ typedef struct KeyGeneration
 	Oid			collisions_relid;
 	Oid			hash_index;		/* InvalidOid: the fast path is off */
 	bool		hash64;			/* key_hash64, or else key_hash */
+	Oid			filter_relid;	/* the ring's: its filter (keygen_filter.c) */
 } KeyGeneration;
 
 /*
@@ -121,6 +122,7 @@ extern int	keystore_execute_snapshot(KeyGenSlot slot, KeystoreStmt stmt,
 extern const StorageInfo *storage_locate(void);
 extern bool keystore_legacy_live(void);
 extern int64 key_hash_in(KeyGenSlot slot, int32 consumer_id, text *key);
+extern uint64 key_filter_hash(int32 consumer_id, text *key);
 
 /* keystore_fastpath.c */
 
@@ -169,6 +171,8 @@ typedef struct KeyGenState
 	int			nsealed;
 	KeyGenSlot	sealed[KEYGEN_RING];	/* newest first */
 	TransactionId sealed_by[KEYGEN_NUM];	/* the switch that sealed it */
+	int32		filter_chunks[KEYGEN_NUM];	/* of a filter usable now; 0: none */
+	int64		epoch[KEYGEN_NUM];	/* of each open generation */
 } KeyGenState;
 
 extern const KeyGenState *keygen_state(void);
@@ -176,6 +180,11 @@ extern const KeyGenState *keygen_state_latest(void);
 extern KeyGenSlot keygen_lock_current(void);
 extern bool keygen_seal_visible(KeyGenSlot slot, Snapshot snapshot);
 extern void keygen_note_recording(int32 consumer_id, int32 processed_at);
+
+/* keygen_filter.c */
+extern bool keygen_filter_may_hold(KeyGenSlot slot, int32 nchunks,
+								   int32 consumer_id, text *key);
+extern int32 keygen_filter_usable(KeyGenSlot slot, int32 nchunks);
 
 /*
  * Fetches a column of the first row an SPI statement returned.

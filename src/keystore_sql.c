@@ -399,7 +399,7 @@ static const StorageStmt keystore_stmt_defs[KS_NUM_STMTS] = {
 	},
 	/* the caller holds ACCESS EXCLUSIVE on both already: no wait */
 	[KS_TRUNCATE_GENERATION] = {
-		"TRUNCATE @KEYS@, @COLLISIONS@",
+		"TRUNCATE @KEYS@, @COLLISIONS@@FILTER@",
 		0, {InvalidOid}
 	},
 
@@ -456,7 +456,7 @@ replace_tokens(const char *text, const char *const *tokens,
 static void
 make_generation_texts(const StorageInfo *si)
 {
-	static const char *const tokens[] = {"@KEYS@", "@COLLISIONS@", "@HASH@"};
+	static const char *const tokens[] = {"@KEYS@", "@COLLISIONS@", "@HASH@", "@FILTER@"};
 
 	if (keystore_texts_cxt == NULL)
 		keystore_texts_cxt = AllocSetContextCreate(TopMemoryContext,
@@ -483,6 +483,9 @@ make_generation_texts(const StorageInfo *si)
 		values[1] = quote_qualified_identifier(STORAGE_SCHEMA,
 											   get_rel_name(gen->collisions_relid));
 		values[2] = gen->hash64 ? STORAGE_SCHEMA ".key_hash64" : STORAGE_SCHEMA ".key_hash";
+		values[3] = !OidIsValid(gen->filter_relid) ? "" :
+			psprintf(", %s", quote_qualified_identifier("idem_consumer_local",
+														get_rel_name(gen->filter_relid)));
 		for (int i = 0; i < KS_NUM_STMTS; i++)
 		{
 			keystore_gen_stmts[g][i] = keystore_stmt_defs[i];

@@ -213,7 +213,8 @@ purge_worker_sleep(long ms)
 }
 
 /*
- * Switches and drops generations of keys when keys expire by generation
+ * Switches generations of keys, builds the filters of the sealed ones and
+ * drops the expired ones when keys expire by generation
  * (idem_consumer.key_generation_interval), each in a transaction of its
  * own, before a purge of the legacy keys.  A switch waits at most a second
  * for the transactions recording keys; one that cannot be done now is
@@ -222,7 +223,7 @@ purge_worker_sleep(long ms)
 static void
 purge_worker_generations(const char *dbname)
 {
-	for (int step = 0; step < 2; step++)
+	for (int step = 0; step < 3; step++)
 	{
 		int			done = 0;
 
@@ -233,7 +234,8 @@ purge_worker_generations(const char *dbname)
 		pgstat_report_activity(STATE_RUNNING, "idem_consumer key generations");
 		if (OidIsValid(get_extension_oid("idem_consumer", true)) &&
 			keygen_retention_by_generation())
-			done = step == 0 ? keygen_switch_if_due(1000) : keygen_retire();
+			done = step == 0 ? keygen_switch_if_due(1000) :
+				step == 1 ? keygen_build_filters() : keygen_retire();
 		SPI_finish();
 		PopActiveSnapshot();
 		CommitTransactionCommand();
@@ -242,6 +244,10 @@ purge_worker_generations(const char *dbname)
 		if (done > 0 && step == 0)
 			ereport(LOG,
 					(errmsg("idem_consumer opened generation %d of keys in database \"%s\"",
+							done, dbname)));
+		else if (done > 0 && step == 1)
+			ereport(LOG,
+					(errmsg("idem_consumer built the filters of %d sealed generations of keys in database \"%s\"",
 							done, dbname)));
 		else if (done > 0)
 			ereport(LOG,

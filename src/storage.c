@@ -72,6 +72,9 @@ static struct
 	uint64		hash_mask;		/* the bits of key_hash64 kept */
 } storage;
 
+/* where the seed and the filters are: never published with the storage */
+#define SEED_SCHEMA "idem_consumer_local"
+
 PG_FUNCTION_INFO_V1(idem_key_hash);
 PG_FUNCTION_INFO_V1(idem_key_hash64_sql);
 PG_FUNCTION_INFO_V1(idem_new_key_seed);
@@ -249,6 +252,9 @@ locate_generations(Oid nspid)
 							   STORAGE_SCHEMA, g, STORAGE_SCHEMA, g),
 					 errhint("Recreate the extension with DROP EXTENSION idem_consumer; CREATE EXTENSION idem_consumer;")));
 		gen->hash64 = true;
+		snprintf(name, sizeof(name), "key_filter_%d", g);
+		gen->filter_relid = OidIsValid(get_namespace_oid(SEED_SCHEMA, true)) ?
+			get_relname_relid(name, get_namespace_oid(SEED_SCHEMA, true)) : InvalidOid;
 		snprintf(name, sizeof(name), "processed_keys_%d_hash", g);
 		gen->hash_index = usable_hash_index(nspid, gen->keys_relid, name,
 											"key_hash64");
@@ -391,8 +397,6 @@ key_hash32_value(int32 consumer_id, text *key)
 	return (int32) hash;
 }
 
-/* where the seed is: never published with the storage (see the 1.2 script) */
-#define SEED_SCHEMA "idem_consumer_local"
 
 /*
  * Returns this database's seed of key_hash64, reading it from key_seed on
@@ -466,6 +470,17 @@ key_hash64_value(int32 consumer_id, text *key)
 
 	return (int64) (idem_key_hash64(seed, consumer_id, VARDATA_ANY(key),
 									VARSIZE_ANY_EXHDR(key)) & storage.hash_mask);
+}
+
+/*
+ * Computes the full 64 bits of key_hash64(consumer_id, key), whatever the
+ * width the index keeps: the hash of the generations' filters.
+ */
+uint64
+key_filter_hash(int32 consumer_id, text *key)
+{
+	return idem_key_hash64(key_seed(), consumer_id, VARDATA_ANY(key),
+						   VARSIZE_ANY_EXHDR(key));
 }
 
 /*

@@ -22,8 +22,9 @@ $node->safe_psql('source', q{
 	                  'update orders set paid = paid + $1 where id = 1', ARRAY[g::text])
 	  FROM generate_series(1, 60) g;
 });
-# the keys in two generations: 1 sealed, 2 current
+# the keys in two generations: 1 sealed, with its filter, 2 current
 $node->safe_psql('source', 'SELECT idem_key_generation_switch()');
+$node->safe_psql('source', 'SELECT idem_key_generation_build_filters()');
 $node->safe_psql('source', q{
 	SELECT idem_apply('order-paid:' || g, 'payments',
 	                  'update orders set paid = paid + $1 where id = 1', ARRAY[g::text])
@@ -40,8 +41,9 @@ $node->command_ok([ 'pg_restore', '-d', $node->connstr('restored'), $dump ],
 is($node->safe_psql('restored', 'SELECT count(*) FROM idem_processed_keys'), '101',
 	'processed keys are restored');
 is($node->safe_psql('restored',
-	q{SELECT string_agg(generation || ':' || state, ',' ORDER BY epoch) FROM idem_key_generations}),
-	'1:sealed,2:current', 'the generations are restored');
+	q{SELECT string_agg(generation || ':' || state || ':' || filtered, ',' ORDER BY epoch) FROM idem_key_generations}),
+	'1:sealed:false,2:current:false',
+	'the generations are restored, but not the filter, made with the seed of the source');
 is($node->safe_psql('restored',
 	q{SELECT count(*) FILTER (WHERE idem_apply('order-paid:' || g, 'payments',
 	                                           'update orders set paid = paid + $1 where id = 1', ARRAY[g::text]))
@@ -51,6 +53,13 @@ is($node->safe_psql('restored',
 	q{SELECT (SELECT count(*) FROM idem_consumer.processed_keys_1) || '/' ||
 	         (SELECT count(*) FROM idem_consumer.processed_keys_2)}),
 	'60/41', 'each key in its generation');
+is($node->safe_psql('restored', 'SELECT idem_key_generation_build_filters()'),
+	'1', 'the restored database builds its own filter');
+is($node->safe_psql('restored',
+	q{SELECT count(*) FILTER (WHERE idem_apply('order-paid:' || g, 'payments',
+	                                           'update orders set paid = paid + $1 where id = 1', ARRAY[g::text]))
+	    FROM generate_series(1, 100) g}),
+	'0', 'which finds every key of its generation');
 $node->safe_psql('restored', 'SELECT idem_key_generation_switch()');
 is($node->safe_psql('restored',
 	q{SELECT idem_apply('order-paid:70', 'payments', 'update orders set paid = paid + $1 where id = 1', ARRAY['70'])

@@ -1,0 +1,374 @@
+/*-------------------------------------------------------------------------
+ *
+ * keygen_filter.c
+ *	  The filters of the sealed generations of keys: a blocked Bloom filter
+ *	  of each sealed generation's keys, built once the generation is sealed
+ *	  (idem_key_generation_build_filters, and the purge worker after each
+ *	  switch), and the test that spares a delivery the probe of a generation
+ *	  that cannot hold its key.
+ *
+ * Layout.  The filter of generation g is the table
+ * idem_consumer_local.key_filter_g, one row (chunk, bits) per page: chunk
+ * n, FILTER_CHUNK_BYTES of bits, in block n.  A key's 64-bit hash (the
+ * full key_hash64 under the database's seed, whatever width the index
+ * keeps) chooses its chunk with its high 32 bits and FILTER_PROBES bits in
+ * the chunk with the rest, so a test reads one page.  At 10 bits per key a
+ * filter costs 1.25 bytes per key and answers "may hold" for about 1% of
+ * the keys a generation does not hold.
+ *
+ * Why a filter is exact (no key it holds is ever reported absent):
+ *	1. it is built from every key of both tables of the generation, read
+ *	   with a snapshot taken after the seal: every transaction that
+ *	   recorded a key there had ended before the seal (keygen.c);
+ *	2. nothing adds a key to a sealed generation afterwards: a collision
+ *	   moved into its occupant's place (forget, purge) was in the
+ *	   generation already, and is in the filter;
+ *	3. it is used only once key_generations says it was built
+ *	   (filter_chunks), which commits with its rows, and only if the table
+ *	   has as many blocks: a restored database, or a logical subscriber,
+ *	   gets key_generations but not the filters (they are the database's
+ *	   own, like the seed they are computed with) and probes without them
+ *	   until it has built its own;
+ *	4. the build empties the table first, so chunk n is in block n, and
+ *	   the test checks the chunk number it reads; anything else it finds
+ *	   makes it answer "may hold";
+ *	5. a dropped generation's filter is truncated with its tables, under
+ *	   the same ACCESS EXCLUSIVE that no reader holds (keygen_retire.c).
+ * A generation whose filter is being built is probed without one, so a
+ * delivery during the build is decided as before it.
+ * (test/isolation/specs/key_generation_filter.spec.)
+ *
+ * The caller must be connected to SPI.
+ *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/keygen_filter.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <math.h>
+
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "storage/bufmgr.h"
+#include "storage/lmgr.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+
+#include "keystore_internal.h"
+
+/* one chunk per 8 kB page, with its tuple and page headers */
+#define FILTER_CHUNK_BYTES 8000
+#define FILTER_CHUNK_BITS (FILTER_CHUNK_BYTES * 8)
+#define FILTER_BITS_PER_KEY 10
+#define FILTER_PROBES 7
+/* keys a build reads per fetch */
+#define FILTER_FETCH 10000
+
+typedef enum FilterStmt
+{
+	KF_UNFILTERED,
+	KF_RECORD,
+	KF_NUM_STMTS
+} FilterStmt;
+
+static const StorageStmt filter_stmt_defs[KF_NUM_STMTS] = {
+	/* the sealed generations: epoch, place, filter_chunks */
+	[KF_UNFILTERED] = {
+		"SELECT g.epoch, g.generation, g.filter_chunks"
+		" FROM " STORAGE_SCHEMA ".key_generations AS g"
+		" WHERE g.epoch OPERATOR(pg_catalog.<>)"
+		" (SELECT pg_catalog.max(epoch) FROM " STORAGE_SCHEMA ".key_generations)"
+		" ORDER BY g.epoch DESC",
+		0, {InvalidOid}
+	},
+	[KF_RECORD] = {
+		"UPDATE " STORAGE_SCHEMA ".key_generations SET filter_chunks = $2"
+		" WHERE epoch OPERATOR(pg_catalog.=) $1",
+		2, {INT8OID, INT4OID}
+	},
+};
+
+static SPIPlanPtr filter_plans[KF_NUM_STMTS];
+static StorageStmtSet filter_stmts = STORAGE_STMT_SET(filter_stmt_defs, filter_plans);
+
+/*
+ * The chunk of a hash among nchunks, and its bits in the chunk.
+ */
+static inline uint32
+filter_chunk(uint64 hash, int32 nchunks)
+{
+	return (uint32) (((hash >> 32) * (uint64) nchunks) >> 32);
+}
+
+static inline void
+filter_positions(uint64 hash, uint32 *pos)
+{
+	uint32		a = (uint32) hash;
+	uint32		b = (uint32) ((hash * UINT64CONST(0x9E3779B97F4A7C15)) >> 32) | 1;
+
+	for (int i = 0; i < FILTER_PROBES; i++)
+		pos[i] = (a + (uint32) i * b) % FILTER_CHUNK_BITS;
+}
+
+/*
+ * Returns nchunks if generation slot's filter table has that many blocks,
+ * so that a test may read it, else 0.
+ */
+int32
+keygen_filter_usable(KeyGenSlot slot, int32 nchunks)
+{
+	Oid			relid = storage_locate()->gens[slot].filter_relid;
+	Relation	rel;
+	bool		complete;
+
+	if (nchunks <= 0 || !OidIsValid(relid))
+		return 0;
+	rel = table_open(relid, AccessShareLock);
+	complete = RelationGetNumberOfBlocks(rel) >= (BlockNumber) nchunks;
+	table_close(rel, NoLock);
+	return complete ? nchunks : 0;
+}
+
+/*
+ * Whether generation slot, whose filter has nchunks chunks, may hold a
+ * key: false only when the key is certainly not there.
+ */
+bool
+keygen_filter_may_hold(KeyGenSlot slot, int32 nchunks, int32 consumer_id,
+					   text *key)
+{
+	uint64		hash = key_filter_hash(consumer_id, key);
+	uint32		chunk = filter_chunk(hash, nchunks);
+	uint32		pos[FILTER_PROBES];
+	Relation	rel;
+	Buffer		buf;
+	Page		page;
+	bool		may_hold = true;
+
+	rel = table_open(storage_locate()->gens[slot].filter_relid, AccessShareLock);
+	if (chunk >= RelationGetNumberOfBlocks(rel))
+	{
+		table_close(rel, NoLock);
+		return true;
+	}
+	buf = ReadBuffer(rel, chunk);
+	LockBuffer(buf, BUFFER_LOCK_SHARE);
+	page = BufferGetPage(buf);
+	if (!PageIsNew(page) && PageGetMaxOffsetNumber(page) >= FirstOffsetNumber)
+	{
+		ItemId		itemid = PageGetItemId(page, FirstOffsetNumber);
+
+		if (ItemIdIsNormal(itemid))
+		{
+			HeapTupleData tuple;
+			bool		isnull[2];
+			Datum		chunkno;
+			Datum		bits;
+
+			tuple.t_data = (HeapTupleHeader) PageGetItem(page, itemid);
+			tuple.t_len = ItemIdGetLength(itemid);
+			tuple.t_tableOid = RelationGetRelid(rel);
+			ItemPointerSet(&tuple.t_self, chunk, FirstOffsetNumber);
+			chunkno = heap_getattr(&tuple, 1, RelationGetDescr(rel), &isnull[0]);
+			bits = heap_getattr(&tuple, 2, RelationGetDescr(rel), &isnull[1]);
+			if (!isnull[0] && !isnull[1] && DatumGetInt32(chunkno) == (int32) chunk &&
+				!VARATT_IS_EXTENDED(DatumGetPointer(bits)) &&
+				VARSIZE(DatumGetPointer(bits)) == VARHDRSZ + FILTER_CHUNK_BYTES)
+			{
+				const uint8 *bytes = (const uint8 *) VARDATA(DatumGetPointer(bits));
+
+				filter_positions(hash, pos);
+				for (int i = 0; i < FILTER_PROBES && may_hold; i++)
+					may_hold = (bytes[pos[i] / 8] & (1 << (pos[i] % 8))) != 0;
+			}
+		}
+	}
+	UnlockReleaseBuffer(buf);
+	table_close(rel, NoLock);
+	return may_hold;
+}
+
+/*
+ * Builds the filter of one sealed generation and records it; returns
+ * false, doing nothing, if the filter's table is in use.
+ */
+static bool
+build_filter(KeyGenSlot slot, int64 epoch)
+{
+	const KeyGeneration *gen = &storage_locate()->gens[slot];
+	Relation	rel;
+	double		keys;
+	int32		nchunks;
+	uint8	   *bits;
+	char		sql[256];
+	Portal		portal;
+	Datum		args[2];
+	Oid			argtypes[2] = {INT4OID, BYTEAOID};
+	SPIPlanPtr	insert;
+	bytea	   *chunk_bytes;
+	char	   *keys_name;
+	char	   *collisions_name;
+	char	   *filter_name;
+
+	/* never queue: a reader of an older filter there would wait behind */
+	if (!ConditionalLockRelationOid(gen->filter_relid, AccessExclusiveLock))
+		return false;
+
+	/*
+	 * Sized from the key table's pages, at the density its statistics last
+	 * counted, or at a short key's; a filter too small for its keys only
+	 * answers "may hold" more often.
+	 */
+	rel = table_open(gen->keys_relid, AccessShareLock);
+	if (rel->rd_rel->reltuples > 0 && rel->rd_rel->relpages > 0)
+		keys = rel->rd_rel->reltuples / rel->rd_rel->relpages *
+			RelationGetNumberOfBlocks(rel) * 1.1;
+	else
+		keys = (double) RelationGetNumberOfBlocks(rel) * (BLCKSZ / 60);
+	table_close(rel, AccessShareLock);
+	keys = Max(keys, 1);
+	nchunks = (int32) Min(ceil(keys * FILTER_BITS_PER_KEY / FILTER_CHUNK_BITS) + 1,
+						  (double) (MaxAllocHugeSize / FILTER_CHUNK_BYTES));
+	bits = MemoryContextAllocHuge(CurrentMemoryContext,
+								  (Size) nchunks * FILTER_CHUNK_BYTES);
+	memset(bits, 0, (Size) nchunks * FILTER_CHUNK_BYTES);
+
+	keys_name = quote_qualified_identifier(STORAGE_SCHEMA, get_rel_name(gen->keys_relid));
+	collisions_name = quote_qualified_identifier(STORAGE_SCHEMA,
+												 get_rel_name(gen->collisions_relid));
+	filter_name = quote_qualified_identifier("idem_consumer_local",
+											 get_rel_name(gen->filter_relid));
+	snprintf(sql, sizeof(sql),
+			 "SELECT consumer_id, key FROM %s UNION ALL SELECT consumer_id, key FROM %s",
+			 keys_name, collisions_name);
+	portal = SPI_cursor_open_with_args(NULL, sql, 0, NULL, NULL, NULL, true, 0);
+	for (;;)
+	{
+		SPI_cursor_fetch(portal, true, FILTER_FETCH);
+		if (SPI_processed == 0)
+			break;
+		for (uint64 i = 0; i < SPI_processed; i++)
+		{
+			bool		isnull;
+			int32		consumer_id = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[i],
+																  SPI_tuptable->tupdesc, 1, &isnull));
+			text	   *key = DatumGetTextPP(SPI_getbinval(SPI_tuptable->vals[i],
+														   SPI_tuptable->tupdesc, 2, &isnull));
+			uint64		hash = key_filter_hash(consumer_id, key);
+			uint8	   *chunk = bits + (Size) filter_chunk(hash, nchunks) * FILTER_CHUNK_BYTES;
+			uint32		pos[FILTER_PROBES];
+
+			filter_positions(hash, pos);
+			for (int p = 0; p < FILTER_PROBES; p++)
+				chunk[pos[p] / 8] |= 1 << (pos[p] % 8);
+		}
+		SPI_freetuptable(SPI_tuptable);
+		CHECK_FOR_INTERRUPTS();
+	}
+	SPI_cursor_close(portal);
+
+	/* empty, so that chunk n goes into block n */
+	snprintf(sql, sizeof(sql), "TRUNCATE %s", filter_name);
+	if (SPI_execute(sql, false, 0) != SPI_OK_UTILITY)
+		elog(ERROR, "could not empty filter %s", filter_name);
+	snprintf(sql, sizeof(sql), "INSERT INTO %s (chunk, bits) VALUES ($1, $2)", filter_name);
+	insert = SPI_prepare(sql, 2, argtypes);
+	if (insert == NULL)
+		elog(ERROR, "could not prepare the insert into filter %s", filter_name);
+	chunk_bytes = palloc(VARHDRSZ + FILTER_CHUNK_BYTES);
+	SET_VARSIZE(chunk_bytes, VARHDRSZ + FILTER_CHUNK_BYTES);
+	for (int32 c = 0; c < nchunks; c++)
+	{
+		memcpy(VARDATA(chunk_bytes), bits + (Size) c * FILTER_CHUNK_BYTES,
+			   FILTER_CHUNK_BYTES);
+		args[0] = Int32GetDatum(c);
+		args[1] = PointerGetDatum(chunk_bytes);
+		if (SPI_execute_plan(insert, args, NULL, false, 0) != SPI_OK_INSERT)
+			elog(ERROR, "could not write filter %s", filter_name);
+		CHECK_FOR_INTERRUPTS();
+	}
+	SPI_freeplan(insert);
+	pfree(bits);
+
+	args[0] = Int64GetDatum(epoch);
+	args[1] = Int32GetDatum(nchunks);
+	storage_stmt_run(&filter_stmts, KF_RECORD, args, NULL, 0);
+	return true;
+}
+
+/*
+ * Builds the filters of the sealed generations that have none usable here;
+ * returns how many it built.  Runs as the owner of the storage.
+ */
+int
+keygen_build_filters(void)
+{
+	const StorageInfo *si = storage_locate();
+	int64		epochs[KEYGEN_RING];
+	KeyGenSlot	slots[KEYGEN_RING];
+	int			n = 0;
+	int			built = 0;
+	Oid			save_userid;
+	int			save_sec_context;
+
+	if (!si->has_ring)
+		return 0;
+
+	/* one at a time with switches and drops, which change the generations */
+	LockRelationOid(si->generations_relid, ExclusiveLock);
+
+	storage_stmt_run(&filter_stmts, KF_UNFILTERED, NULL, NULL, 0);
+	for (uint64 i = 0; i < SPI_processed && n < KEYGEN_RING; i++)
+	{
+		bool		isnull[3];
+		HeapTuple	tuple = SPI_tuptable->vals[i];
+		int64		epoch = DatumGetInt64(SPI_getbinval(tuple, SPI_tuptable->tupdesc, 1, &isnull[0]));
+		int32		slot = DatumGetInt32(SPI_getbinval(tuple, SPI_tuptable->tupdesc, 2, &isnull[1]));
+		Datum		chunks = SPI_getbinval(tuple, SPI_tuptable->tupdesc, 3, &isnull[2]);
+
+		if (slot < 1 || slot > KEYGEN_RING || !OidIsValid(si->gens[slot].filter_relid))
+			continue;
+		if (!isnull[2] && keygen_filter_usable(slot, DatumGetInt32(chunks)) > 0)
+			continue;
+		epochs[n] = epoch;
+		slots[n] = slot;
+		n++;
+	}
+	SPI_freetuptable(SPI_tuptable);
+
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(si->owner,
+						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_RESTRICTED_OPERATION);
+	for (int i = 0; i < n; i++)
+		if (build_filter(slots[i], epochs[i]))
+			built++;
+	SetUserIdAndSecContext(save_userid, save_sec_context);
+	return built;
+}
+
+PG_FUNCTION_INFO_V1(idem_key_generation_build_filters);
+
+/*
+ * idem_key_generation_build_filters(): builds the filters of the sealed
+ * generations that lack one; returns how many.
+ */
+Datum
+idem_key_generation_build_filters(PG_FUNCTION_ARGS)
+{
+	int			built;
+
+	SPI_connect();
+	built = keygen_build_filters();
+	SPI_finish();
+	PG_RETURN_INT32(built);
+}
