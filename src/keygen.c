@@ -293,6 +293,16 @@ keygen_state(void)
 }
 
 /*
+ * Whether the generations this backend read are still those of
+ * key_generations and of the filters' tables: no invalidation came since.
+ */
+bool
+keygen_state_is_current(void)
+{
+	return cache.known;
+}
+
+/*
  * Returns the generations as key_generations holds them now, for those
  * that only read keys and take no lock that a switch waits for: the
  * invalidation of a switch reaches other backends only after its commit.

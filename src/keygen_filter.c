@@ -11,8 +11,9 @@
  * idem_consumer_local.key_filter_g, one row (chunk, bits) per page: chunk
  * n, FILTER_CHUNK_BYTES of bits, in block n.  A key's 64-bit hash (the
  * full key_hash64 under the database's seed, whatever width the index
- * keeps) chooses its chunk with its high 32 bits and FILTER_PROBES bits in
- * the chunk with the rest, so a test reads one page.  At 10 bits per key a
+ * keeps) chooses its chunk with its high 32 bits, and FILTER_PROBES bits
+ * of one 64-byte line of the chunk with a mix of all 64, so a test reads
+ * one page and touches one cache line of it.  At 10 bits per key a
  * filter costs 1.25 bytes per key and answers "may hold" for about 1% of
  * the keys a generation does not hold.
  *
@@ -68,8 +69,12 @@
 /* one chunk per 8 kB page, with its tuple and page headers */
 #define FILTER_CHUNK_BYTES 8000
 #define FILTER_CHUNK_BITS (FILTER_CHUNK_BYTES * 8)
+#define FILTER_LINE_BITS 512
+#define FILTER_LINES (FILTER_CHUNK_BITS / FILTER_LINE_BITS)
 #define FILTER_BITS_PER_KEY 10
 #define FILTER_PROBES 7
+/* the least length of a filter tuple: header, chunk, bits */
+#define FILTER_TUPLE_MIN (SizeofHeapTupleHeader + 2 * sizeof(int32) + FILTER_CHUNK_BYTES)
 /* keys a build reads per fetch */
 #define FILTER_FETCH 10000
 
@@ -101,7 +106,10 @@ static SPIPlanPtr filter_plans[KF_NUM_STMTS];
 static StorageStmtSet filter_stmts = STORAGE_STMT_SET(filter_stmt_defs, filter_plans);
 
 /*
- * The chunk of a hash among nchunks, and its bits in the chunk.
+ * Where a hash's bits are: its chunk among nchunks (from its high 32
+ * bits), the 64-byte line of the chunk, and FILTER_PROBES bits of that
+ * line, so that a test touches one cache line.  The line and the bits come
+ * from a mix of the whole hash.
  */
 static inline uint32
 filter_chunk(uint64 hash, int32 nchunks)
@@ -112,11 +120,20 @@ filter_chunk(uint64 hash, int32 nchunks)
 static inline void
 filter_positions(uint64 hash, uint32 *pos)
 {
-	uint32		a = (uint32) hash;
-	uint32		b = (uint32) ((hash * UINT64CONST(0x9E3779B97F4A7C15)) >> 32) | 1;
+	uint64		mix = hash;
+	uint32		line;
+	uint32		a;
+	uint32		b;
 
+	/* the finalizer of splitmix64 */
+	mix = (mix ^ (mix >> 30)) * UINT64CONST(0xBF58476D1CE4E5B9);
+	mix = (mix ^ (mix >> 27)) * UINT64CONST(0x94D049BB133111EB);
+	mix ^= mix >> 31;
+	line = (uint32) (((mix >> 32) * (uint64) FILTER_LINES) >> 32);
+	a = (uint32) mix & (FILTER_LINE_BITS - 1);
+	b = ((uint32) (mix >> 9) & (FILTER_LINE_BITS - 1)) | 1;
 	for (int i = 0; i < FILTER_PROBES; i++)
-		pos[i] = (a + (uint32) i * b) % FILTER_CHUNK_BITS;
+		pos[i] = line * FILTER_LINE_BITS + ((a + (uint32) i * b) & (FILTER_LINE_BITS - 1));
 }
 
 /*
@@ -139,14 +156,13 @@ keygen_filter_usable(KeyGenSlot slot, int32 nchunks)
 }
 
 /*
- * Whether generation slot, whose filter has nchunks chunks, may hold a
- * key: false only when the key is certainly not there.
+ * Whether generation slot, whose filter has nchunks chunks, may hold the
+ * key whose key_filter_hash() is hash: false only when the key is
+ * certainly not there.
  */
 bool
-keygen_filter_may_hold(KeyGenSlot slot, int32 nchunks, int32 consumer_id,
-					   text *key)
+keygen_filter_may_hold(KeyGenSlot slot, int32 nchunks, uint64 hash)
 {
-	uint64		hash = key_filter_hash(consumer_id, key);
 	uint32		chunk = filter_chunk(hash, nchunks);
 	uint32		pos[FILTER_PROBES];
 	Relation	rel;
@@ -154,8 +170,13 @@ keygen_filter_may_hold(KeyGenSlot slot, int32 nchunks, int32 consumer_id,
 	Page		page;
 	bool		may_hold = true;
 
+	/*
+	 * The state said the table had nchunks blocks when it was read; if it
+	 * was truncated since (the generation dropped), opening it brought the
+	 * invalidation, and the state is no longer current.
+	 */
 	rel = table_open(storage_locate()->gens[slot].filter_relid, AccessShareLock);
-	if (chunk >= RelationGetNumberOfBlocks(rel))
+	if (!keygen_state_is_current())
 	{
 		table_close(rel, NoLock);
 		return true;
@@ -167,24 +188,22 @@ keygen_filter_may_hold(KeyGenSlot slot, int32 nchunks, int32 consumer_id,
 	{
 		ItemId		itemid = PageGetItemId(page, FirstOffsetNumber);
 
-		if (ItemIdIsNormal(itemid))
+		/* (chunk int4, bits bytea), neither null: bits at a fixed place */
+		if (ItemIdIsNormal(itemid) &&
+			ItemIdGetLength(itemid) >= FILTER_TUPLE_MIN)
 		{
-			HeapTupleData tuple;
-			bool		isnull[2];
-			Datum		chunkno;
-			Datum		bits;
+			HeapTupleHeader htup = (HeapTupleHeader) PageGetItem(page, itemid);
+			char	   *data = (char *) htup + htup->t_hoff;
+			int32		chunkno;
+			char	   *bits = data + INTALIGN(sizeof(int32));
 
-			tuple.t_data = (HeapTupleHeader) PageGetItem(page, itemid);
-			tuple.t_len = ItemIdGetLength(itemid);
-			tuple.t_tableOid = RelationGetRelid(rel);
-			ItemPointerSet(&tuple.t_self, chunk, FirstOffsetNumber);
-			chunkno = heap_getattr(&tuple, 1, RelationGetDescr(rel), &isnull[0]);
-			bits = heap_getattr(&tuple, 2, RelationGetDescr(rel), &isnull[1]);
-			if (!isnull[0] && !isnull[1] && DatumGetInt32(chunkno) == (int32) chunk &&
-				!VARATT_IS_EXTENDED(DatumGetPointer(bits)) &&
-				VARSIZE(DatumGetPointer(bits)) == VARHDRSZ + FILTER_CHUNK_BYTES)
+			memcpy(&chunkno, data, sizeof(int32));
+			if ((htup->t_infomask & HEAP_HASNULL) == 0 && chunkno == (int32) chunk &&
+				VARATT_IS_4B_U(bits) &&
+				VARSIZE(bits) == VARHDRSZ + FILTER_CHUNK_BYTES &&
+				(char *) htup + ItemIdGetLength(itemid) >= bits + VARSIZE(bits))
 			{
-				const uint8 *bytes = (const uint8 *) VARDATA(DatumGetPointer(bits));
+				const uint8 *bytes = (const uint8 *) VARDATA(bits);
 
 				filter_positions(hash, pos);
 				for (int i = 0; i < FILTER_PROBES && may_hold; i++)

@@ -260,18 +260,13 @@ sealed_key_invisible_check(KeyGenSlot slot, Datum *key_args)
  * sealed_key_invisible_check).
  */
 static bool
-recorded_in_sealed(KeyGenSlot slot, int32 filter_chunks, int32 consumer_id,
-				   text *key, RecordedKey *recorded, bool for_recording)
+recorded_in_sealed(KeyGenSlot slot, int32 consumer_id, text *key,
+				   RecordedKey *recorded, bool for_recording)
 {
 	KeyFastPath fp;
 	Datum		key_args[2];
 	bool		with_fp = storage_locate()->keys_have_fingerprints;
 	bool		found;
-
-	/* a key the filter does not hold is not there, whatever the snapshot */
-	if (filter_chunks > 0 &&
-		!keygen_filter_may_hold(slot, filter_chunks, consumer_id, key))
-		return false;
 
 	key_args[0] = Int32GetDatum(consumer_id);
 	key_args[1] = PointerGetDatum(key);
@@ -317,12 +312,27 @@ static bool
 recorded_before(const KeyGenState *st, int32 consumer_id, text *key,
 				RecordedKey *recorded, bool for_recording)
 {
+	uint64		filter_hash = 0;
+	bool		hashed = false;
+
 	for (int i = 0; i < st->nsealed; i++)
-		if (recorded_in_sealed(st->sealed[i], st->filter_chunks[st->sealed[i]],
-							   consumer_id, key, recorded, for_recording))
+	{
+		KeyGenSlot	slot = st->sealed[i];
+
+		/* a key the filter does not hold is not there, whatever the snapshot */
+		if (st->filter_chunks[slot] > 0)
+		{
+			if (!hashed)
+				filter_hash = key_filter_hash(consumer_id, key);
+			hashed = true;
+			if (!keygen_filter_may_hold(slot, st->filter_chunks[slot], filter_hash))
+				continue;
+		}
+		if (recorded_in_sealed(slot, consumer_id, key, recorded, for_recording))
 			return true;
+	}
 	return keystore_legacy_live() &&
-		recorded_in_sealed(KEYGEN_LEGACY, 0, consumer_id, key, recorded,
+		recorded_in_sealed(KEYGEN_LEGACY, consumer_id, key, recorded,
 						   for_recording);
 }
 

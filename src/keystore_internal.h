@@ -177,13 +177,14 @@ typedef struct KeyGenState
 
 extern const KeyGenState *keygen_state(void);
 extern const KeyGenState *keygen_state_latest(void);
+extern bool keygen_state_is_current(void);
 extern KeyGenSlot keygen_lock_current(void);
 extern bool keygen_seal_visible(KeyGenSlot slot, Snapshot snapshot);
 extern void keygen_note_recording(int32 consumer_id, int32 processed_at);
 
 /* keygen_filter.c */
 extern bool keygen_filter_may_hold(KeyGenSlot slot, int32 nchunks,
-								   int32 consumer_id, text *key);
+								   uint64 hash);
 extern int32 keygen_filter_usable(KeyGenSlot slot, int32 nchunks);
 
 /*
