@@ -271,9 +271,9 @@ CREATE OR REPLACE VIEW idem_dead_letters WITH (security_barrier) AS
 -- subscriber creates that index for itself and makes it its own replica
 -- identity, which the apply worker then uses, as docs/replication.md
 -- says, with the figures (test/bench/replication).  A DBA who partitioned
--- processed_keys sets the identity of each partition.
+-- processed_keys sets the identity of each partition.  Set at the end of
+-- this script, with the lock below.
 --
-ALTER TABLE idem_consumer.processed_keys REPLICA IDENTITY FULL;
 
 --
 -- The key store's seeded 64-bit hash (docs/keystore.md).
@@ -337,18 +337,6 @@ REVOKE ALL ON FUNCTION idem_consumer.key_hash64(integer, text) FROM PUBLIC;
 -- are made here once, so that what pg_dump, a publication or Citus sees
 -- never changes as generations come and go; an unused pair is empty.
 --
--- The update makes processed_keys_1 the current generation.  What makes
--- that switch exact is a lock that conflicts with the ROW EXCLUSIVE of
--- every transaction that has recorded a key.  The ALTER TABLE above
--- already holds ACCESS EXCLUSIVE; the LOCK states what is needed whatever
--- the statements before it.  It waits for those transactions and holds new
--- ones off until this script commits, whatever the number of keys (24 ms
--- at 10 million, docs/storage.md): from then on no transaction inserts a
--- key into processed_keys, whose rows (those of 1.0 and 1.1) stay where
--- they are, are probed through their own index before every new key and
--- expire under retention as before.  Nothing is copied or rewritten.
---
-LOCK TABLE idem_consumer.processed_keys IN SHARE ROW EXCLUSIVE MODE;
 
 DO $generations$
 BEGIN
@@ -735,3 +723,20 @@ CREATE OR REPLACE VIEW idem_consumers AS
              FROM idem_consumer.dead_letters AS d
             WHERE d.consumer_id OPERATOR(pg_catalog.=) c.consumer_id
               AND d.status OPERATOR(pg_catalog.=) 'pending') AS dlq;
+
+--
+-- Last, the switch from processed_keys to the ring: processed_keys_1 is
+-- the current generation from this commit on.  What makes that switch
+-- exact is a lock that conflicts with the ROW EXCLUSIVE of every
+-- transaction that has recorded a key, taken here, at the end, so that
+-- deliveries wait only for what follows it, not for the tables made above.
+-- The ALTER TABLE takes ACCESS EXCLUSIVE; the LOCK states what is needed
+-- whatever the statement before it.  It waits for those transactions and
+-- holds new ones off until this script commits, whatever the number of
+-- keys (docs/storage.md): from then on no transaction inserts a key into
+-- processed_keys, whose rows (those of 1.0 and 1.1) stay where they are,
+-- are probed through their own index before every new key and expire under
+-- retention as before.  Nothing is copied or rewritten.
+--
+ALTER TABLE idem_consumer.processed_keys REPLICA IDENTITY FULL;
+LOCK TABLE idem_consumer.processed_keys IN SHARE ROW EXCLUSIVE MODE;
