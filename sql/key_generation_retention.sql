@@ -53,9 +53,12 @@ SELECT idem_key_generation_switch() AS opened;
 SELECT * FROM generations;
 
 -- generation 1 was sealed ten days before their latest keys: dropped, and
--- its tables emptied; generation 2 was sealed just now: kept
+-- its tables emptied by the next call, once the drop has committed;
+-- generation 2 was sealed just now: kept
 SELECT idem_key_generation_retire() AS dropped;
 SELECT * FROM generations;
+SELECT pg_relation_size('idem_consumer.processed_keys_1') > 0 AS not_yet_emptied;
+SELECT idem_key_generation_retire() AS dropped;
 SELECT pg_relation_size('idem_consumer.processed_keys_1') AS keys_1_bytes,
        (SELECT count(*) FROM idem_consumer.processed_keys_2) AS keys_2,
        (SELECT count(*) FROM idem_consumer.generation_consumers WHERE epoch = 1) AS registered_1;

@@ -32,11 +32,15 @@
  *	1. its rows in key_generations and generation_consumers are deleted:
  *	   once that commits, sessions stop probing it (the trigger of
  *	   key_generations tells them);
- *	2. its two tables are truncated, as soon as no transaction holds a lock
- *	   on them (sessions that read the generations before step 1 may still
- *	   probe it; a key they do not find there was purgeable anyway).  Until
- *	   then the switch does not open it again.
- * Each call takes whatever step 2 is left from earlier ones.
+ *	2. at a later call, its tables and filter are truncated, as soon as no
+ *	   transaction holds a lock on them (sessions that read the generations
+ *	   before step 1 committed may still probe it; a key they do not find
+ *	   there was purgeable anyway).  Truncating in the transaction of step
+ *	   1 would make every delivery meanwhile queue behind the truncation's
+ *	   ACCESS EXCLUSIVE until that transaction ends.  Until then the switch
+ *	   does not open the generation again.
+ * Each call takes the step 2 left from earlier ones; the purge worker
+ * calls again at once.
  *
  * The caller must be connected to SPI.
  *
@@ -147,16 +151,12 @@ generation_expired(const SealedGeneration *gen, RetentionWindows *windows)
 }
 
 /*
- * Truncates the tables of the generations that are not open but hold rows,
- * when no transaction holds a lock on them; returns how many it emptied.
+ * Sets open[g] for each generation open now (in this transaction's view).
  */
-static int
-truncate_dropped(void)
+static void
+read_open(bool *open)
 {
-	const StorageInfo *si = storage_locate();
-	bool		open[KEYGEN_NUM] = {false};
-	int			emptied = 0;
-
+	memset(open, 0, sizeof(bool) * KEYGEN_NUM);
 	storage_stmt_run(&retire_stmts, KR_OPEN, NULL, NULL, 0);
 	if (SPI_processed == 0)
 		open[1] = true;			/* the first generation, never switched */
@@ -169,6 +169,19 @@ truncate_dropped(void)
 		if (g >= 1 && g <= KEYGEN_RING)
 			open[g] = true;
 	}
+	SPI_freetuptable(SPI_tuptable);
+}
+
+/*
+ * Truncates the tables of the generations that were not open (open[g]
+ * false) but hold rows, when no transaction holds a lock on them; returns
+ * how many it emptied.
+ */
+static int
+truncate_dropped(const bool *open)
+{
+	const StorageInfo *si = storage_locate();
+	int			emptied = 0;
 
 	for (KeyGenSlot g = 1; g <= KEYGEN_RING; g++)
 	{
@@ -214,7 +227,7 @@ truncate_dropped(void)
 
 /*
  * Drops every sealed generation whose keys have all expired and truncates
- * the tables of those dropped, now or before, that nothing reads any more;
+ * the tables of those dropped by earlier calls that nothing reads any more;
  * returns how many generations it dropped.  Retention by generation need
  * not be on: a DBA may drop expired generations by hand.
  */
@@ -226,12 +239,20 @@ keygen_retire(void)
 	SealedGeneration *sealed;
 	int			nsealed;
 	int			dropped = 0;
+	bool		open_before[KEYGEN_NUM];
 
 	if (!si->has_ring)
 		return 0;
 
 	/* one at a time with switches: both read and write key_generations */
 	LockRelationOid(si->generations_relid, ExclusiveLock);
+
+	/*
+	 * Only generations dropped by a transaction that has committed are
+	 * truncated: until a drop commits, sessions still probe the generation,
+	 * and would queue behind the truncation's lock.
+	 */
+	read_open(open_before);
 
 	storage_stmt_run(&retire_stmts, KR_SEALED, NULL, NULL, 0);
 	nsealed = (int) SPI_processed;
@@ -262,7 +283,7 @@ keygen_retire(void)
 		dropped++;
 	}
 
-	(void) truncate_dropped();
+	(void) truncate_dropped(open_before);
 	return dropped;
 }
 

@@ -223,7 +223,8 @@ purge_worker_sleep(long ms)
 static void
 purge_worker_generations(const char *dbname)
 {
-	for (int step = 0; step < 3; step++)
+	/* switch, build filters, drop, and truncate what the drop dropped */
+	for (int step = 0; step < 4; step++)
 	{
 		int			done = 0;
 
