@@ -144,6 +144,22 @@ static const StorageStmt keygen_stmt_defs[KG_NUM_STMTS] = {
 static SPIPlanPtr keygen_plans[KG_NUM_STMTS];
 static StorageStmtSet keygen_stmts = STORAGE_STMT_SET(keygen_stmt_defs, keygen_plans);
 
+/*
+ * Whether each generation's filter was found usable, for the generation
+ * and filter_chunks it was checked for: valid until an invalidation of the
+ * filter's table (a build or a truncation), so that reading the
+ * generations again (keygen_state_latest, on every idem_is_processed) does
+ * not open every filter again.
+ */
+static struct
+{
+	bool		known;
+	uint64		storage_generation; /* of the storage it was checked in */
+	int64		epoch;
+	int32		filter_chunks;	/* as key_generations says */
+	int32		usable_chunks;	/* keygen_filter_usable()'s answer */
+} filters_seen[KEYGEN_NUM];
+
 PG_FUNCTION_INFO_V1(idem_key_generation_switch);
 PG_FUNCTION_INFO_V1(idem_key_generations_changed);
 
@@ -156,9 +172,12 @@ keygen_relcache_callback(Datum arg, Oid relid)
 {
 	if (relid == InvalidOid || relid == cache.relid)
 		cache.known = false;
-	for (KeyGenSlot g = 1; g <= KEYGEN_RING && cache.known; g++)
-		if (relid == cache.filter_relids[g])
+	for (KeyGenSlot g = 1; g <= KEYGEN_RING; g++)
+		if (relid == InvalidOid || relid == cache.filter_relids[g])
+		{
 			cache.known = false;
+			filters_seen[g].known = false;
+		}
 }
 
 /*
@@ -260,6 +279,9 @@ read_state(const StorageInfo *si)
 		return;
 	}
 
+	for (KeyGenSlot g = 1; g <= KEYGEN_RING; g++)
+		cache.filter_relids[g] = si->gens[g].filter_relid;
+
 	/* each generation was sealed by the switch that opened the next one */
 	qsort(opened, nopened, sizeof(OpenedGeneration), epoch_cmp_desc);
 	st->current = opened[0].slot;
@@ -272,10 +294,21 @@ read_state(const StorageInfo *si)
 		st->sealed[st->nsealed++] = slot;
 		st->sealed_by[slot] = opened[i - 1].xmin;
 		st->epoch[slot] = opened[i].epoch;
-		st->filter_chunks[slot] = keygen_filter_usable(slot, opened[i].filter_chunks);
+		if (!filters_seen[slot].known ||
+			filters_seen[slot].storage_generation != si->generation ||
+			filters_seen[slot].epoch != opened[i].epoch ||
+			filters_seen[slot].filter_chunks != opened[i].filter_chunks)
+		{
+			/* known first: an invalidation while checking clears it */
+			filters_seen[slot].known = true;
+			filters_seen[slot].storage_generation = si->generation;
+			filters_seen[slot].epoch = opened[i].epoch;
+			filters_seen[slot].filter_chunks = opened[i].filter_chunks;
+			filters_seen[slot].usable_chunks =
+				keygen_filter_usable(slot, opened[i].filter_chunks);
+		}
+		st->filter_chunks[slot] = filters_seen[slot].usable_chunks;
 	}
-	for (KeyGenSlot g = 1; g <= KEYGEN_RING; g++)
-		cache.filter_relids[g] = si->gens[g].filter_relid;
 }
 
 /*
