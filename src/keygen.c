@@ -401,19 +401,25 @@ lock_within(Oid relid, LOCKMODE mode, TimestampTz deadline)
 }
 
 /*
- * Whether both tables of a generation are empty: a dropped generation's
- * are until they are truncated (keygen_retire.c).
+ * Whether the tables of a generation, keys, collisions and filter, are all
+ * empty: a dropped generation's are not until they are truncated
+ * (keygen_retire.c).
  */
-static bool
-generation_empty(const KeyGeneration *gen)
+bool
+keygen_generation_empty(const KeyGeneration *gen)
 {
-	Oid			relids[2] = {gen->keys_relid, gen->collisions_relid};
+	Oid			relids[3] = {gen->keys_relid, gen->collisions_relid,
+	gen->filter_relid};
 
 	for (int i = 0; i < lengthof(relids); i++)
 	{
-		Relation	rel = table_open(relids[i], AccessShareLock);
-		bool		empty = RelationGetNumberOfBlocks(rel) == 0;
+		Relation	rel;
+		bool		empty;
 
+		if (!OidIsValid(relids[i]))
+			continue;
+		rel = table_open(relids[i], AccessShareLock);
+		empty = RelationGetNumberOfBlocks(rel) == 0;
 		table_close(rel, AccessShareLock);
 		if (!empty)
 			return false;
@@ -470,7 +476,7 @@ keygen_switch(int64 wait_ms, bool quiet)
 					 errhint("Generation %d is dropped once its keys have expired; switch less often than the longest retention window divided by %d.",
 							 opening, KEYGEN_RING - 2)));
 		}
-	if (!generation_empty(&si->gens[opening]))
+	if (!keygen_generation_empty(&si->gens[opening]))
 	{
 		if (quiet)
 			return 0;

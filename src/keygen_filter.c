@@ -228,7 +228,7 @@ build_filter(KeyGenSlot slot, int64 epoch)
 	double		keys;
 	int32		nchunks;
 	uint8	   *bits;
-	char		sql[256];
+	char	   *sql;
 	Portal		portal;
 	Datum		args[2];
 	Oid			argtypes[2] = {INT4OID, BYTEAOID};
@@ -266,9 +266,8 @@ build_filter(KeyGenSlot slot, int64 epoch)
 												 get_rel_name(gen->collisions_relid));
 	filter_name = quote_qualified_identifier("idem_consumer_local",
 											 get_rel_name(gen->filter_relid));
-	snprintf(sql, sizeof(sql),
-			 "SELECT consumer_id, key FROM %s UNION ALL SELECT consumer_id, key FROM %s",
-			 keys_name, collisions_name);
+	sql = psprintf("SELECT consumer_id, key FROM %s UNION ALL SELECT consumer_id, key FROM %s",
+				   keys_name, collisions_name);
 	portal = SPI_cursor_open_with_args(NULL, sql, 0, NULL, NULL, NULL, true, 0);
 	for (;;)
 	{
@@ -296,10 +295,10 @@ build_filter(KeyGenSlot slot, int64 epoch)
 	SPI_cursor_close(portal);
 
 	/* empty, so that chunk n goes into block n */
-	snprintf(sql, sizeof(sql), "TRUNCATE %s", filter_name);
+	sql = psprintf("TRUNCATE %s", filter_name);
 	if (SPI_execute(sql, false, 0) != SPI_OK_UTILITY)
 		elog(ERROR, "could not empty filter %s", filter_name);
-	snprintf(sql, sizeof(sql), "INSERT INTO %s (chunk, bits) VALUES ($1, $2)", filter_name);
+	sql = psprintf("INSERT INTO %s (chunk, bits) VALUES ($1, $2)", filter_name);
 	insert = SPI_prepare(sql, 2, argtypes);
 	if (insert == NULL)
 		elog(ERROR, "could not prepare the insert into filter %s", filter_name);

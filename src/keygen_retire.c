@@ -186,25 +186,11 @@ truncate_dropped(const bool *open)
 	for (KeyGenSlot g = 1; g <= KEYGEN_RING; g++)
 	{
 		const KeyGeneration *gen = &si->gens[g];
-		Relation	rel;
-		bool		empty;
-
 		Oid			relids[3] = {gen->keys_relid, gen->collisions_relid,
 		gen->filter_relid};
 		int			nlocked = 0;
 
-		if (open[g])
-			continue;
-		empty = true;
-		for (int i = 0; i < lengthof(relids) && empty; i++)
-		{
-			if (!OidIsValid(relids[i]))
-				continue;
-			rel = table_open(relids[i], AccessShareLock);
-			empty = RelationGetNumberOfBlocks(rel) == 0;
-			table_close(rel, AccessShareLock);
-		}
-		if (empty)
+		if (open[g] || keygen_generation_empty(gen))
 			continue;
 
 		/* never queue: a queued ACCESS EXCLUSIVE would stop every reader */

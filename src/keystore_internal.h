@@ -178,6 +178,7 @@ typedef struct KeyGenState
 extern const KeyGenState *keygen_state(void);
 extern const KeyGenState *keygen_state_latest(void);
 extern bool keygen_state_is_current(void);
+extern bool keygen_generation_empty(const KeyGeneration *gen);
 extern KeyGenSlot keygen_lock_current(void);
 extern bool keygen_seal_visible(KeyGenSlot slot, Snapshot snapshot);
 extern void keygen_note_recording(int32 consumer_id, int32 processed_at);

@@ -304,57 +304,6 @@ interval_cutoff(int32 latest, Interval *retention)
 	return (int32) ((cutoff_ts + USECS_PER_SEC - 1) / USECS_PER_SEC);
 }
 
-/*
- * Sets every consumer's cutoff for this call from its latest activity and
- * the current settings; returns how many consumers have keys to purge.
- */
-static int
-set_windows(void)
-{
-	HASH_SEQ_STATUS seq;
-	ConsumerWindow *w;
-	int32		now_secs = (int32) (GetCurrentTimestamp() / USECS_PER_SEC);
-	int			npurgeable = 0;
-
-	hash_seq_init(&seq, run.windows);
-	while ((w = hash_seq_search(&seq)) != NULL)
-	{
-		w->cutoff = 0;
-		w->remaining = run.batch_size;
-		if (default_retention > 0 &&
-			(run.only_consumer == 0 || w->consumer_id == run.only_consumer))
-			w->cutoff = Min(w->latest, now_secs) - default_retention;
-	}
-
-	retention_store_read_windows();
-	for (uint64 i = 0; i < SPI_processed; i++)
-	{
-		HeapTuple	tuple = SPI_tuptable->vals[i];
-		bool		isnull;
-		int32		consumer_id;
-		Datum		retention;
-
-		consumer_id = DatumGetInt32(SPI_getbinval(tuple, SPI_tuptable->tupdesc,
-												  1, &isnull));
-		w = hash_search(run.windows, &consumer_id, HASH_FIND, NULL);
-		if (w == NULL ||
-			(run.only_consumer != 0 && consumer_id != run.only_consumer))
-			continue;
-		retention = SPI_getbinval(tuple, SPI_tuptable->tupdesc, 2, &isnull);
-		w->cutoff = isnull ? 0 :
-			interval_cutoff(Min(w->latest, now_secs), DatumGetIntervalP(retention));
-	}
-	SPI_freetuptable(SPI_tuptable);
-
-	hash_seq_init(&seq, run.windows);
-	while ((w = hash_seq_search(&seq)) != NULL)
-		if (w->cutoff > 0)
-			npurgeable++;
-
-	run.windows_set = true;
-	return npurgeable;
-}
-
 /* A consumer's own window: an interval, or NULL for forever. */
 typedef struct OwnWindow
 {
@@ -416,6 +365,33 @@ retention_cutoff(RetentionWindows *windows, int32 consumer_id, int32 latest)
 	if (w != NULL)
 		return w->forever ? 0 : interval_cutoff(from, &w->retention);
 	return default_retention > 0 ? from - default_retention : 0;
+}
+
+/*
+ * Sets every consumer's cutoff for this call from its latest activity and
+ * the current settings; returns how many consumers have keys to purge.
+ */
+static int
+set_windows(void)
+{
+	RetentionWindows *windows = retention_windows_load();
+	HASH_SEQ_STATUS seq;
+	ConsumerWindow *w;
+	int			npurgeable = 0;
+
+	hash_seq_init(&seq, run.windows);
+	while ((w = hash_seq_search(&seq)) != NULL)
+	{
+		w->remaining = run.batch_size;
+		w->cutoff = 0;
+		if (run.only_consumer == 0 || w->consumer_id == run.only_consumer)
+			w->cutoff = retention_cutoff(windows, w->consumer_id, w->latest);
+		if (w->cutoff > 0)
+			npurgeable++;
+	}
+
+	run.windows_set = true;
+	return npurgeable;
 }
 
 /*
