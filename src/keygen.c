@@ -286,14 +286,12 @@ read_state(const StorageInfo *si)
 	qsort(opened, nopened, sizeof(OpenedGeneration), epoch_cmp_desc);
 	st->current = opened[0].slot;
 	st->current_epoch = opened[0].epoch;
-	st->epoch[st->current] = opened[0].epoch;
 	for (int i = 1; i < nopened; i++)
 	{
 		KeyGenSlot	slot = opened[i].slot;
 
 		st->sealed[st->nsealed++] = slot;
 		st->sealed_by[slot] = opened[i - 1].xmin;
-		st->epoch[slot] = opened[i].epoch;
 		if (!filters_seen[slot].known ||
 			filters_seen[slot].storage_generation != si->generation ||
 			filters_seen[slot].epoch != opened[i].epoch ||

@@ -172,7 +172,6 @@ typedef struct KeyGenState
 	KeyGenSlot	sealed[KEYGEN_RING];	/* newest first */
 	TransactionId sealed_by[KEYGEN_NUM];	/* the switch that sealed it */
 	int32		filter_chunks[KEYGEN_NUM];	/* of a filter usable now; 0: none */
-	int64		epoch[KEYGEN_NUM];	/* of each open generation */
 } KeyGenState;
 
 extern const KeyGenState *keygen_state(void);
