@@ -360,14 +360,16 @@ keystore_record_key_fp(int32 consumer_id, text *key, const int32 *fingerprint,
 {
 	KeyFastPath fp;
 	KeyGenSlot	slot;
+	int64		hash;
+	KeyProbe	probe;
 	bool		isnew;
 
 	inflight_note_recording();
 	slot = keygen_lock_current();
-	if (recorded_before(keygen_state(), consumer_id, key, recorded, true))
-		return false;
 	if (!key_fastpath_open(&fp, slot, true))
 	{
+		if (recorded_before(keygen_state(), consumer_id, key, recorded, true))
+			return false;
 		isnew = record_key_sql(slot, consumer_id, keystore_processed_at_now(), key,
 							   fingerprint, recorded);
 		if (isnew)
@@ -375,9 +377,27 @@ keystore_record_key_fp(int32 consumer_id, text *key, const int32 *fingerprint,
 		return isnew;
 	}
 
-	isnew = fastpath_record(&fp, slot, key_hash_in(slot, consumer_id, key),
-							consumer_id, keystore_processed_at_now(), key, fingerprint,
-							recorded, NULL);
+	/*
+	 * A redelivery mostly follows its first delivery closely, while the key
+	 * is in the current generation: probed there first, it costs no probe of
+	 * the sealed ones.  A key is in one generation at most, so finding it
+	 * there settles the delivery; not finding it leaves the sealed ones to
+	 * probe before the insertion, whose unique check decides for a key
+	 * recorded meanwhile as it does after any probe.
+	 */
+	hash = key_hash_in(slot, consumer_id, key);
+	probe = key_fastpath_probe(&fp, hash, consumer_id, key, recorded);
+	if (probe == PROBE_KEY)
+		isnew = false;
+	else if (recorded_before(keygen_state(), consumer_id, key, recorded, true))
+		isnew = false;
+	else if (probe == PROBE_EMPTY &&
+			 key_fastpath_insert(&fp, hash, consumer_id, keystore_processed_at_now(),
+								 key, fingerprint))
+		isnew = true;
+	else
+		isnew = record_key_sql(slot, consumer_id, keystore_processed_at_now(), key,
+							   fingerprint, recorded);
 	key_fastpath_close(&fp);
 	if (isnew)
 		keygen_note_recording(consumer_id, keystore_processed_at_now());
