@@ -180,53 +180,6 @@ record_key_sql(KeyGenSlot slot, int32 consumer_id, int32 processed_at, text *key
 }
 
 /*
- * Records a key through an open fast path, leaving to the SQL statements
- * what the fast path cannot decide; returns false if the key was already
- * recorded, and then fills *recorded (when not NULL).
- *
- * A key is probed before it is inserted, so that a duplicate costs no
- * transaction id and no WAL.  With *insert_first (batches only, see
- * keystore_record_keys) it is inserted straight away instead, the unique
- * index's check at insertion telling whether its place is taken: one
- * descent of the index instead of two for a new key, and for a key whose
- * place is taken a speculative tuple given up (a WAL record) before the
- * probe.  A place found taken clears *insert_first.
- */
-static bool
-fastpath_record(KeyFastPath *fp, KeyGenSlot slot, int64 hash, int32 consumer_id,
-				int32 processed_at, text *key, const int32 *fingerprint,
-				RecordedKey *recorded, bool *insert_first)
-{
-	if (insert_first != NULL && *insert_first)
-	{
-		if (key_fastpath_insert(fp, hash, consumer_id, processed_at, key,
-								fingerprint))
-			return true;
-		*insert_first = false;
-		if (key_fastpath_probe(fp, hash, consumer_id, key, recorded) == PROBE_KEY)
-			return false;
-		/* another key, or a row the snapshot does not see: decide in SQL */
-		return record_key_sql(slot, consumer_id, processed_at, key, fingerprint,
-							  recorded);
-	}
-
-	switch (key_fastpath_probe(fp, hash, consumer_id, key, recorded))
-	{
-		case PROBE_KEY:
-			return false;
-		case PROBE_EMPTY:
-			if (key_fastpath_insert(fp, hash, consumer_id, processed_at, key,
-									fingerprint))
-				return true;
-			break;
-		case PROBE_OTHER:
-			break;
-	}
-	return record_key_sql(slot, consumer_id, processed_at, key, fingerprint,
-						  recorded);
-}
-
-/*
  * Raises a serialization failure if a sealed generation holds a key that
  * the transaction's snapshot did not show: under REPEATABLE READ and
  * SERIALIZABLE, recording it anew would apply a message whose first
@@ -337,6 +290,71 @@ recorded_before(const KeyGenState *st, int32 consumer_id, text *key,
 }
 
 /*
+ * Records a key through an open fast path on the current generation,
+ * probing the sealed generations of st before it inserts and leaving to
+ * the SQL statements what the fast path cannot decide; returns false if
+ * the key was already recorded, and then fills *recorded (when not NULL).
+ *
+ * A key is probed in the current generation first: a redelivery mostly
+ * follows its first delivery closely, while the key is there, and is then
+ * found without a probe of the sealed generations.  A key is in one
+ * generation at most, so finding it there settles the delivery; not
+ * finding it leaves the sealed generations to probe before the insertion,
+ * whose unique check decides for a key recorded meanwhile as it does
+ * after any probe.  Probing first also spares a duplicate a transaction
+ * id and any WAL.
+ *
+ * With *insert_first (batches only, see keystore_record_keys) a key absent
+ * from the sealed generations is inserted straight away instead, the
+ * unique index's check at insertion telling whether its place is taken:
+ * one descent of the index instead of two for a new key, and for a key
+ * whose place is taken a speculative tuple given up (a WAL record) before
+ * the probe.  A key found recorded clears *insert_first.
+ */
+static bool
+fastpath_record(KeyFastPath *fp, const KeyGenState *st, KeyGenSlot slot,
+				int64 hash, int32 consumer_id, int32 processed_at, text *key,
+				const int32 *fingerprint, RecordedKey *recorded,
+				bool *insert_first)
+{
+	KeyProbe	probe;
+
+	if (insert_first != NULL && *insert_first)
+	{
+		if (recorded_before(st, consumer_id, key, recorded, true))
+		{
+			*insert_first = false;
+			return false;
+		}
+		if (key_fastpath_insert(fp, hash, consumer_id, processed_at, key,
+								fingerprint))
+			return true;
+		*insert_first = false;
+		if (key_fastpath_probe(fp, hash, consumer_id, key, recorded) == PROBE_KEY)
+			return false;
+		/* another key, or a row the snapshot does not see: decide in SQL */
+		return record_key_sql(slot, consumer_id, processed_at, key, fingerprint,
+							  recorded);
+	}
+
+	probe = key_fastpath_probe(fp, hash, consumer_id, key, recorded);
+	if (probe == PROBE_KEY)
+		return false;
+	if (recorded_before(st, consumer_id, key, recorded, true))
+	{
+		if (insert_first != NULL)
+			*insert_first = false;
+		return false;
+	}
+	if (probe == PROBE_EMPTY &&
+		key_fastpath_insert(fp, hash, consumer_id, processed_at, key,
+							fingerprint))
+		return true;
+	return record_key_sql(slot, consumer_id, processed_at, key, fingerprint,
+						  recorded);
+}
+
+/*
  * Whether this database has sealed generations that may hold keys, each
  * probed before a key is recorded.  Locks the current generation first,
  * so that no switch adds one before this transaction ends.
@@ -360,47 +378,25 @@ keystore_record_key_fp(int32 consumer_id, text *key, const int32 *fingerprint,
 {
 	KeyFastPath fp;
 	KeyGenSlot	slot;
-	int64		hash;
-	KeyProbe	probe;
+	int32		processed_at;
 	bool		isnew;
 
 	inflight_note_recording();
 	slot = keygen_lock_current();
-	if (!key_fastpath_open(&fp, slot, true))
+	processed_at = keystore_processed_at_now();
+	if (key_fastpath_open(&fp, slot, true))
 	{
-		if (recorded_before(keygen_state(), consumer_id, key, recorded, true))
-			return false;
-		isnew = record_key_sql(slot, consumer_id, keystore_processed_at_now(), key,
-							   fingerprint, recorded);
-		if (isnew)
-			keygen_note_recording(consumer_id, keystore_processed_at_now());
-		return isnew;
+		isnew = fastpath_record(&fp, keygen_state(), slot,
+								key_hash_in(slot, consumer_id, key), consumer_id,
+								processed_at, key, fingerprint, recorded, NULL);
+		key_fastpath_close(&fp);
 	}
-
-	/*
-	 * A redelivery mostly follows its first delivery closely, while the key
-	 * is in the current generation: probed there first, it costs no probe of
-	 * the sealed ones.  A key is in one generation at most, so finding it
-	 * there settles the delivery; not finding it leaves the sealed ones to
-	 * probe before the insertion, whose unique check decides for a key
-	 * recorded meanwhile as it does after any probe.
-	 */
-	hash = key_hash_in(slot, consumer_id, key);
-	probe = key_fastpath_probe(&fp, hash, consumer_id, key, recorded);
-	if (probe == PROBE_KEY)
-		isnew = false;
-	else if (recorded_before(keygen_state(), consumer_id, key, recorded, true))
-		isnew = false;
-	else if (probe == PROBE_EMPTY &&
-			 key_fastpath_insert(&fp, hash, consumer_id, keystore_processed_at_now(),
-								 key, fingerprint))
-		isnew = true;
 	else
-		isnew = record_key_sql(slot, consumer_id, keystore_processed_at_now(), key,
-							   fingerprint, recorded);
-	key_fastpath_close(&fp);
+		isnew = !recorded_before(keygen_state(), consumer_id, key, recorded, true) &&
+			record_key_sql(slot, consumer_id, processed_at, key, fingerprint,
+						   recorded);
 	if (isnew)
-		keygen_note_recording(consumer_id, keystore_processed_at_now());
+		keygen_note_recording(consumer_id, processed_at);
 	return isnew;
 }
 
@@ -563,11 +559,10 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 		}
 
 		oldcxt = MemoryContextSwitchTo(keycxt);
-		if (recorded_before(keygen_state(), consumer_id, sorted[i].key, found, true))
-			isnew[index] = false;
-		else if (fast)
+		if (fast)
 		{
-			isnew[index] = fastpath_record(&fp, slot, sorted[i].hash, consumer_id,
+			isnew[index] = fastpath_record(&fp, keygen_state(), slot,
+										   sorted[i].hash, consumer_id,
 										   processed_at, sorted[i].key,
 										   fingerprint, found, &insert_first);
 			/* the first key, never a repeat, decides for those after it */
@@ -575,8 +570,11 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 				insert_first = isnew[index];
 		}
 		else
-			isnew[index] = record_key_sql(slot, consumer_id, processed_at,
-										  sorted[i].key, fingerprint, found);
+			isnew[index] =
+				!recorded_before(keygen_state(), consumer_id, sorted[i].key,
+								 found, true) &&
+				record_key_sql(slot, consumer_id, processed_at, sorted[i].key,
+							   fingerprint, found);
 		MemoryContextSwitchTo(oldcxt);
 		MemoryContextReset(keycxt);
 	}
