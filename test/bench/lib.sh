@@ -27,3 +27,43 @@ inclusive() {
     callgrind_annotate --inclusive=yes --threshold=100 "$1" 2>/dev/null |
         awk -v f="$2" '!done && ($0 ~ ("[:]" f " ") || $0 ~ ("[:]" f "$")) { gsub(",", "", $1); print $1; done = 1 }'
 }
+
+# reserve_huge_pages SIZE_MB: reserves the 2 MB huge pages a cluster
+# whose shared memory is SIZE_MB (shared_buffers and about 6% more) needs,
+# when the machine lets it, and gives the kernel its count back at exit;
+# sets HUGE_PAGES to "on" if the cluster can then run with huge_pages = on,
+# else to "off".  Call it in the script's own shell, before the cluster
+# starts, so that the cluster is stopped first at exit.
+#
+# Random reads across gigabytes of shared_buffers in 4 kB pages each cost
+# a miss of the TLB, and in a virtual machine a walk of two page tables:
+# on such a machine that, not the blocks read, made the key store's cost
+# per message grow with its sealed generations (docs/performance.md, "The
+# key store's goals").  Servers with large shared_buffers run with huge
+# pages, as PostgreSQL's documentation recommends.
+reserve_huge_pages() {
+    local size_mb=$1 need total free
+    HUGE_PAGES=off
+    [ -w /proc/sys/vm/nr_hugepages ] || return 0
+    [ "$(awk '/^Hugepagesize:/ { print $2 }' /proc/meminfo)" = 2048 ] || return 0
+    need=$(((size_mb * 106 / 100) / 2 + 64))
+    total=$(awk '/^HugePages_Total:/ { print $2 }' /proc/meminfo)
+    free=$(awk '/^HugePages_Free:/ { print $2 }' /proc/meminfo)
+    if [ "$free" -lt "$need" ]; then
+        add_cleanup "echo $total >/proc/sys/vm/nr_hugepages"
+        echo $((total + need - free)) >/proc/sys/vm/nr_hugepages 2>/dev/null || return 0
+        free=$(awk '/^HugePages_Free:/ { print $2 }' /proc/meminfo)
+        [ "$free" -ge "$need" ] || return 0
+    fi
+    HUGE_PAGES=on
+}
+
+# size_mb SIZE: the megabytes of a size such as 512MB or 4GB
+size_mb() {
+    case $1 in
+        *GB) echo $((${1%GB} * 1024)) ;;
+        *MB) echo "${1%MB}" ;;
+        *kB) echo $((${1%kB} / 1024)) ;;
+        *) echo 0 ;;
+    esac
+}
