@@ -438,6 +438,39 @@ CREATE TRIGGER key_generations_truncated
 ALTER TABLE idem_consumer.key_generations ENABLE ALWAYS TRIGGER key_generations_changed;
 ALTER TABLE idem_consumer.key_generations ENABLE ALWAYS TRIGGER key_generations_truncated;
 
+-- The filter of all sealed generations at once (src/keygen_filter.c): one
+-- blocked Bloom filter of the keys of every generation whose epoch its row
+-- in key_filter_all lists, so that a new key reads one page of filter
+-- whatever the number of sealed generations, and the generations' own
+-- filters only for the 1% of keys it may hold.  Two tables: sessions read
+-- the one the row names while the other is built.  This database's own,
+-- like the other filters: never dumped, never published.
+DO $filter_all$
+BEGIN
+    FOR place IN 1..2 LOOP
+        EXECUTE pg_catalog.format(
+            'CREATE TABLE idem_consumer_local.%I (chunk integer NOT NULL, bits bytea NOT NULL)',
+            'key_filter_all_' || place);
+        EXECUTE pg_catalog.format(
+            'ALTER TABLE idem_consumer_local.%I ALTER COLUMN bits SET STORAGE PLAIN',
+            'key_filter_all_' || place);
+        EXECUTE pg_catalog.format(
+            'REVOKE ALL ON idem_consumer_local.%I FROM PUBLIC', 'key_filter_all_' || place);
+    END LOOP;
+END
+$filter_all$;
+CREATE TABLE idem_consumer_local.key_filter_all (
+    place integer PRIMARY KEY CHECK (place IN (1, 2)),
+    epochs bigint[] NOT NULL,
+    chunks integer NOT NULL CHECK (chunks > 0)
+);
+COMMENT ON TABLE idem_consumer_local.key_filter_all IS
+    'the filter of all sealed generations: which table holds it, the epochs of the generations whose keys it holds, and its chunks';
+REVOKE ALL ON idem_consumer_local.key_filter_all FROM PUBLIC;
+CREATE TRIGGER key_filter_all_changed
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idem_consumer_local.key_filter_all
+    FOR EACH STATEMENT EXECUTE FUNCTION idem_consumer.key_generations_changed();
+
 -- Seals the current generation and opens the next one of the ring
 -- (src/keygen.c); waits at most "wait" for the transactions recording
 -- keys in it.  Run it in a transaction of its own.
@@ -455,8 +488,9 @@ AS 'MODULE_PATHNAME', 'idem_key_generation_retire'
 LANGUAGE C VOLATILE STRICT;
 REVOKE ALL ON FUNCTION idem_key_generation_retire() FROM PUBLIC;
 
--- Builds the filters of the sealed generations that lack one
--- (src/keygen_filter.c); returns how many it built.
+-- Builds the filters of the sealed generations that lack one, and the
+-- filter of all sealed generations if it lacks one of them
+-- (src/keygen_filter.c); returns how many filters it built.
 CREATE FUNCTION idem_key_generation_build_filters()
 RETURNS integer
 AS 'MODULE_PATHNAME', 'idem_key_generation_build_filters'

@@ -120,6 +120,24 @@ SELECT sealed_index_scans() AS scans_before \gset
 SELECT deliver('n-', 1000) AS new_keys;
 SELECT sealed_index_scans() - :scans_before < 90 AS few_probes;
 ROLLBACK;
+-- and the filter of all sealed generations, built with theirs, holds
+-- every one of them: a new key reads one page of it, and the
+-- generations' own filters only for the few keys it may hold
+SELECT f.epochs @> ARRAY(SELECT epoch FROM idem_key_generations WHERE state = 'sealed')
+       AS holds_every_sealed
+  FROM idem_consumer_local.key_filter_all AS f;
+CREATE FUNCTION filter_pages(OUT own bigint, OUT all_sealed bigint) LANGUAGE sql AS $$
+    SELECT (SELECT sum(pg_stat_get_xact_blocks_fetched(format('idem_consumer_local.key_filter_%s', g)::regclass))
+              FROM generate_series(1, 16) AS g),
+           (SELECT sum(pg_stat_get_xact_blocks_fetched(format('idem_consumer_local.key_filter_all_%s', p)::regclass))
+              FROM generate_series(1, 2) AS p)
+$$;
+BEGIN;
+SELECT own AS own_before, all_sealed AS all_before FROM filter_pages() \gset
+SELECT deliver('m-', 1000) AS new_keys;
+SELECT all_sealed - :all_before AS pages_of_all, own - :own_before < 90 AS few_own_pages
+  FROM filter_pages();
+ROLLBACK;
 -- the statements without the fast path use them too
 SET idem_consumer.fast_path = off;
 SELECT deliver('b-', 1000) AS b_again, deliver('n2-', 100) AS new_keys;

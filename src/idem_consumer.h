@@ -28,6 +28,12 @@
 /* The schema of the storage tables, fixed by the install script. */
 #define STORAGE_SCHEMA "idem_consumer"
 
+/*
+ * The schema of what belongs to this database alone, never published with
+ * the storage: the seed of the key hash and the filters of the keys.
+ */
+#define LOCAL_SCHEMA "idem_consumer_local"
+
 /* Longest key and consumer name accepted, in bytes. */
 #define IDEM_MAX_KEY_BYTES			1024
 #define IDEM_MAX_CONSUMER_BYTES		128

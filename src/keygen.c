@@ -97,6 +97,7 @@ static struct
 	uint64		storage_generation; /* of the storage it was read from */
 	Oid			relid;			/* key_generations it was read from */
 	Oid			filter_relids[KEYGEN_NUM];	/* whose truncation changes state */
+	Oid			filter_all_relids[FILTER_ALL_PLACES + 2];	/* the same, and its row */
 	KeyGenState state;
 } cache;
 
@@ -178,6 +179,9 @@ keygen_relcache_callback(Datum arg, Oid relid)
 			cache.known = false;
 			filters_seen[g].known = false;
 		}
+	for (int i = 0; i < lengthof(cache.filter_all_relids); i++)
+		if (relid == cache.filter_all_relids[i])
+			cache.known = false;
 }
 
 /*
@@ -219,6 +223,65 @@ epoch_cmp_desc(const void *a, const void *b)
 	int64		eb = ((const OpenedGeneration *) b)->epoch;
 
 	return ea == eb ? 0 : (ea > eb ? -1 : 1);
+}
+
+/*
+ * Reads which sealed generations the filter of all sealed generations
+ * holds, if it is usable here, into the cache; opened[1 ..] are the sealed
+ * generations.  A generation it lists by epoch was sealed when the filter
+ * was built from its keys; the epoch of a generation opened later in the
+ * same place differs, and is not held.
+ */
+static void
+read_filter_all(const StorageInfo *si, const OpenedGeneration *opened, int nopened)
+{
+	KeyGenState *st = &cache.state;
+	Relation	rel;
+	SysScanDesc scan;
+	HeapTuple	tuple;
+
+	cache.filter_all_relids[0] = si->filter_all_relid;
+	for (int place = 1; place <= FILTER_ALL_PLACES; place++)
+		cache.filter_all_relids[place] = si->filter_all_places[place];
+	if (!OidIsValid(si->filter_all_relid) || nopened < 2)
+		return;
+
+	rel = table_open(si->filter_all_relid, AccessShareLock);
+	scan = systable_beginscan(rel, InvalidOid, false, NULL, 0, NULL);
+	tuple = systable_getnext(scan);
+	if (HeapTupleIsValid(tuple))
+		tuple = heap_copytuple(tuple);
+	/* the build keeps one row; with any other number, none is used */
+	if (HeapTupleIsValid(tuple) && !HeapTupleIsValid(systable_getnext(scan)))
+	{
+		bool		isnull[3];
+		Datum		place = heap_getattr(tuple, 1, RelationGetDescr(rel), &isnull[0]);
+		Datum		epochs = heap_getattr(tuple, 2, RelationGetDescr(rel), &isnull[1]);
+		Datum		chunks = heap_getattr(tuple, 3, RelationGetDescr(rel), &isnull[2]);
+
+		if (!isnull[0] && !isnull[1] && !isnull[2] &&
+			DatumGetInt32(place) >= 1 && DatumGetInt32(place) <= FILTER_ALL_PLACES)
+		{
+			ArrayType  *held = DatumGetArrayTypeP(epochs);
+			Datum	   *held_epochs;
+			bool	   *held_nulls;
+			int			nheld;
+
+			deconstruct_array(held, INT8OID, sizeof(int64), FLOAT8PASSBYVAL,
+							  TYPALIGN_DOUBLE, &held_epochs, &held_nulls, &nheld);
+			st->filter_all_place = DatumGetInt32(place);
+			st->filter_all_chunks = keygen_filter_all_usable(st->filter_all_place,
+															 DatumGetInt32(chunks));
+			for (int i = 1; i < nopened && st->filter_all_chunks > 0; i++)
+				for (int j = 0; j < nheld; j++)
+					if (!held_nulls[j] && DatumGetInt64(held_epochs[j]) == opened[i].epoch)
+						st->in_filter_all[opened[i].slot] = true;
+		}
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	if (HeapTupleIsValid(tuple))
+		heap_freetuple(tuple);
 }
 
 /*
@@ -307,6 +370,7 @@ read_state(const StorageInfo *si)
 		}
 		st->filter_chunks[slot] = filters_seen[slot].usable_chunks;
 	}
+	read_filter_all(si, opened, nopened);
 }
 
 /*

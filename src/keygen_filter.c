@@ -2,10 +2,10 @@
  *
  * keygen_filter.c
  *	  The filters of the sealed generations of keys: a blocked Bloom filter
- *	  of each sealed generation's keys, built once the generation is sealed
- *	  (idem_key_generation_build_filters, and the purge worker after each
- *	  switch), and the test that spares a delivery the probe of a generation
- *	  that cannot hold its key.
+ *	  of each sealed generation's keys, and one of all of them together,
+ *	  built once a generation is sealed (idem_key_generation_build_filters,
+ *	  and the purge worker after each switch), and the tests that spare a
+ *	  delivery the probe of a generation that cannot hold its key.
  *
  * Layout.  The filter of generation g is the table
  * idem_consumer_local.key_filter_g, one row (chunk, bits) per page: chunk
@@ -37,6 +37,34 @@
  *	   the same ACCESS EXCLUSIVE that no reader holds (keygen_retire.c).
  * A generation whose filter is being built is probed without one, so a
  * delivery during the build is decided as before it.
+ *
+ * The filter of all sealed generations.  A new key is in no sealed
+ * generation, and with a filter each it would read a page of every one:
+ * in a buffer pool of gigabytes each such page costs misses of the caches
+ * and of the TLB, and the cost of a new key grew with the number of sealed
+ * generations.  So a second filter, of the same layout, holds the keys of
+ * all the sealed generations at once, sized for all of them, and a new key
+ * reads one page of it; only the keys it may hold (about 1%) go on to the
+ * generations' own filters, which tell which generation to probe.  It is
+ * built after theirs, from every key of each sealed generation, whenever
+ * one is sealed that it does not hold, in whichever of its two tables
+ * (key_filter_all_1 and _2) sessions do not read, and then named in
+ * key_filter_all with the epochs of the generations it holds.  It is exact
+ * for those generations, and only for them, by the same steps:
+ *	1. and 2. as above, for each generation it holds;
+ *	3. a session uses it only as key_filter_all names it, a row that
+ *	   commits with its pages and whose trigger makes every session read
+ *	   the generations again, only if its table has as many blocks, and
+ *	   only for the generations whose epochs it lists: a generation sealed
+ *	   since, or one opened later in the same place of the ring, has
+ *	   another epoch and is probed as before;
+ *	4. as above;
+ *	5. the table it is built in, and the table a later build empties, are
+ *	   locked in ACCESS EXCLUSIVE mode without waiting, so no session reads
+ *	   them meanwhile, and one that read the generations before then finds,
+ *	   as it opens the table, that they changed, and answers "may hold".
+ * Dropping a generation leaves its keys in it, which only makes it answer
+ * "may hold" more often until the next build.
  * (test/isolation/specs/key_generation_filter.spec.)
  *
  * The caller must be connected to SPI.
@@ -82,6 +110,9 @@ typedef enum FilterStmt
 {
 	KF_UNFILTERED,
 	KF_RECORD,
+	KF_ALL_READ,
+	KF_ALL_FORGET,
+	KF_ALL_RECORD,
 	KF_NUM_STMTS
 } FilterStmt;
 
@@ -99,6 +130,20 @@ static const StorageStmt filter_stmt_defs[KF_NUM_STMTS] = {
 		"UPDATE " STORAGE_SCHEMA ".key_generations SET filter_chunks = $2"
 		" WHERE epoch OPERATOR(pg_catalog.=) $1",
 		2, {INT8OID, INT4OID}
+	},
+	/* the filter of all sealed generations: its table and generations */
+	[KF_ALL_READ] = {
+		"SELECT place, epochs FROM " LOCAL_SCHEMA ".key_filter_all",
+		0, {InvalidOid}
+	},
+	[KF_ALL_FORGET] = {
+		"DELETE FROM " LOCAL_SCHEMA ".key_filter_all",
+		0, {InvalidOid}
+	},
+	[KF_ALL_RECORD] = {
+		"INSERT INTO " LOCAL_SCHEMA ".key_filter_all (place, epochs, chunks)"
+		" VALUES ($1, $2, $3)",
+		3, {INT4OID, INT8ARRAYOID, INT4OID}
 	},
 };
 
@@ -137,13 +182,12 @@ filter_positions(uint64 hash, uint32 *pos)
 }
 
 /*
- * Returns nchunks if generation slot's filter table has that many blocks,
- * so that a test may read it, else 0.
+ * Returns nchunks if the filter table relid has that many blocks, so that
+ * a test may read it, else 0.
  */
-int32
-keygen_filter_usable(KeyGenSlot slot, int32 nchunks)
+static int32
+filter_table_usable(Oid relid, int32 nchunks)
 {
-	Oid			relid = storage_locate()->gens[slot].filter_relid;
 	Relation	rel;
 	bool		complete;
 
@@ -156,12 +200,31 @@ keygen_filter_usable(KeyGenSlot slot, int32 nchunks)
 }
 
 /*
- * Whether generation slot, whose filter has nchunks chunks, may hold the
- * key whose key_filter_hash() is hash: false only when the key is
- * certainly not there.
+ * Returns nchunks if generation slot's filter table has that many blocks,
+ * so that a test may read it, else 0.
  */
-bool
-keygen_filter_may_hold(KeyGenSlot slot, int32 nchunks, uint64 hash)
+int32
+keygen_filter_usable(KeyGenSlot slot, int32 nchunks)
+{
+	return filter_table_usable(storage_locate()->gens[slot].filter_relid, nchunks);
+}
+
+/*
+ * The same for the filter of all sealed generations in table place.
+ */
+int32
+keygen_filter_all_usable(int place, int32 nchunks)
+{
+	return filter_table_usable(storage_locate()->filter_all_places[place], nchunks);
+}
+
+/*
+ * Whether the filter in table relid, of nchunks chunks, may hold the key
+ * whose key_filter_hash() is hash: false only when the key is certainly
+ * not there.
+ */
+static bool
+filter_may_hold(Oid relid, int32 nchunks, uint64 hash)
 {
 	uint32		chunk = filter_chunk(hash, nchunks);
 	uint32		pos[FILTER_PROBES];
@@ -172,10 +235,11 @@ keygen_filter_may_hold(KeyGenSlot slot, int32 nchunks, uint64 hash)
 
 	/*
 	 * The state said the table had nchunks blocks when it was read; if it
-	 * was truncated since (the generation dropped), opening it brought the
+	 * was truncated since (the generation dropped, or the filter of all
+	 * sealed generations built again there), opening it brought the
 	 * invalidation, and the state is no longer current.
 	 */
-	rel = table_open(storage_locate()->gens[slot].filter_relid, AccessShareLock);
+	rel = table_open(relid, AccessShareLock);
 	if (!keygen_state_is_current())
 	{
 		table_close(rel, NoLock);
@@ -217,57 +281,71 @@ keygen_filter_may_hold(KeyGenSlot slot, int32 nchunks, uint64 hash)
 }
 
 /*
- * Builds the filter of one sealed generation and records it; returns
- * false, doing nothing, if the filter's table is in use.
+ * Whether generation slot, whose filter has nchunks chunks, may hold the
+ * key whose key_filter_hash() is hash: false only when the key is
+ * certainly not there.
  */
-static bool
-build_filter(KeyGenSlot slot, int64 epoch)
+bool
+keygen_filter_may_hold(KeyGenSlot slot, int32 nchunks, uint64 hash)
 {
-	const KeyGeneration *gen = &storage_locate()->gens[slot];
-	Relation	rel;
+	return filter_may_hold(storage_locate()->gens[slot].filter_relid, nchunks, hash);
+}
+
+/*
+ * Whether any of the generations the filter of all sealed generations
+ * holds (st->in_filter_all) may hold the key whose key_filter_hash() is
+ * hash: false only when none of them holds it.  st must have that filter
+ * (filter_all_chunks > 0).
+ */
+bool
+keygen_filter_all_may_hold(const KeyGenState *st, uint64 hash)
+{
+	Assert(st->filter_all_chunks > 0);
+	return filter_may_hold(storage_locate()->filter_all_places[st->filter_all_place],
+						   st->filter_all_chunks, hash);
+}
+
+/*
+ * Keys generation gen holds, estimated from its key table's pages at the
+ * density its statistics last counted, or at a short key's; a filter too
+ * small for its keys only answers "may hold" more often.
+ */
+static double
+generation_keys_estimate(const KeyGeneration *gen)
+{
+	Relation	rel = table_open(gen->keys_relid, AccessShareLock);
 	double		keys;
-	int32		nchunks;
-	uint8	   *bits;
-	char	   *sql;
-	Portal		portal;
-	Datum		args[2];
-	Oid			argtypes[2] = {INT4OID, BYTEAOID};
-	SPIPlanPtr	insert;
-	bytea	   *chunk_bytes;
-	char	   *keys_name;
-	char	   *collisions_name;
-	char	   *filter_name;
 
-	/* never queue: a reader of an older filter there would wait behind */
-	if (!ConditionalLockRelationOid(gen->filter_relid, AccessExclusiveLock))
-		return false;
-
-	/*
-	 * Sized from the key table's pages, at the density its statistics last
-	 * counted, or at a short key's; a filter too small for its keys only
-	 * answers "may hold" more often.
-	 */
-	rel = table_open(gen->keys_relid, AccessShareLock);
 	if (rel->rd_rel->reltuples > 0 && rel->rd_rel->relpages > 0)
 		keys = rel->rd_rel->reltuples / rel->rd_rel->relpages *
 			RelationGetNumberOfBlocks(rel) * 1.1;
 	else
 		keys = (double) RelationGetNumberOfBlocks(rel) * (BLCKSZ / 60);
 	table_close(rel, AccessShareLock);
-	keys = Max(keys, 1);
-	nchunks = (int32) Min(ceil(keys * FILTER_BITS_PER_KEY / FILTER_CHUNK_BITS) + 1,
-						  (double) (MaxAllocHugeSize / FILTER_CHUNK_BYTES));
-	bits = MemoryContextAllocHuge(CurrentMemoryContext,
-								  (Size) nchunks * FILTER_CHUNK_BYTES);
-	memset(bits, 0, (Size) nchunks * FILTER_CHUNK_BYTES);
+	return Max(keys, 1);
+}
 
-	keys_name = quote_qualified_identifier(STORAGE_SCHEMA, get_rel_name(gen->keys_relid));
-	collisions_name = quote_qualified_identifier(STORAGE_SCHEMA,
-												 get_rel_name(gen->collisions_relid));
-	filter_name = quote_qualified_identifier("idem_consumer_local",
-											 get_rel_name(gen->filter_relid));
+/* The chunks of a filter of that many keys, FILTER_BITS_PER_KEY each. */
+static int32
+filter_chunks_for(double keys)
+{
+	return (int32) Min(ceil(keys * FILTER_BITS_PER_KEY / FILTER_CHUNK_BITS) + 1,
+					   (double) (MaxAllocHugeSize / FILTER_CHUNK_BYTES));
+}
+
+/*
+ * Sets the bits of every key generation gen holds, in both its tables, in
+ * a filter of nchunks chunks.
+ */
+static void
+filter_add_generation(uint8 *bits, int32 nchunks, const KeyGeneration *gen)
+{
+	char	   *sql;
+	Portal		portal;
+
 	sql = psprintf("SELECT consumer_id, key FROM %s UNION ALL SELECT consumer_id, key FROM %s",
-				   keys_name, collisions_name);
+				   quote_qualified_identifier(STORAGE_SCHEMA, get_rel_name(gen->keys_relid)),
+				   quote_qualified_identifier(STORAGE_SCHEMA, get_rel_name(gen->collisions_relid)));
 	portal = SPI_cursor_open_with_args(NULL, sql, 0, NULL, NULL, NULL, true, 0);
 	for (;;)
 	{
@@ -293,11 +371,37 @@ build_filter(KeyGenSlot slot, int64 epoch)
 		CHECK_FOR_INTERRUPTS();
 	}
 	SPI_cursor_close(portal);
+}
 
-	/* empty, so that chunk n goes into block n */
-	sql = psprintf("TRUNCATE %s", filter_name);
-	if (SPI_execute(sql, false, 0) != SPI_OK_UTILITY)
+/*
+ * Empties filter table relid, which the caller has locked in ACCESS
+ * EXCLUSIVE mode.
+ */
+static void
+filter_empty(Oid relid)
+{
+	char	   *filter_name = quote_qualified_identifier(LOCAL_SCHEMA, get_rel_name(relid));
+
+	if (SPI_execute(psprintf("TRUNCATE %s", filter_name), false, 0) != SPI_OK_UTILITY)
 		elog(ERROR, "could not empty filter %s", filter_name);
+}
+
+/*
+ * Empties filter table relid, which the caller has locked in ACCESS
+ * EXCLUSIVE mode, so that chunk n goes into block n, and writes the
+ * nchunks chunks of bits into it.
+ */
+static void
+filter_write(Oid relid, const uint8 *bits, int32 nchunks)
+{
+	char	   *filter_name = quote_qualified_identifier(LOCAL_SCHEMA, get_rel_name(relid));
+	char	   *sql;
+	Datum		args[2];
+	Oid			argtypes[2] = {INT4OID, BYTEAOID};
+	SPIPlanPtr	insert;
+	bytea	   *chunk_bytes;
+
+	filter_empty(relid);
 	sql = psprintf("INSERT INTO %s (chunk, bits) VALUES ($1, $2)", filter_name);
 	insert = SPI_prepare(sql, 2, argtypes);
 	if (insert == NULL)
@@ -315,6 +419,38 @@ build_filter(KeyGenSlot slot, int64 epoch)
 		CHECK_FOR_INTERRUPTS();
 	}
 	SPI_freeplan(insert);
+	pfree(chunk_bytes);
+}
+
+/* a zeroed filter of nchunks chunks */
+static uint8 *
+filter_alloc(int32 nchunks)
+{
+	return MemoryContextAllocExtended(CurrentMemoryContext,
+									  (Size) nchunks * FILTER_CHUNK_BYTES,
+									  MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
+}
+
+/*
+ * Builds the filter of one sealed generation and records it; returns
+ * false, doing nothing, if the filter's table is in use.
+ */
+static bool
+build_filter(KeyGenSlot slot, int64 epoch)
+{
+	const KeyGeneration *gen = &storage_locate()->gens[slot];
+	int32		nchunks;
+	uint8	   *bits;
+	Datum		args[2];
+
+	/* never queue: a reader of an older filter there would wait behind */
+	if (!ConditionalLockRelationOid(gen->filter_relid, AccessExclusiveLock))
+		return false;
+
+	nchunks = filter_chunks_for(generation_keys_estimate(gen));
+	bits = filter_alloc(nchunks);
+	filter_add_generation(bits, nchunks, gen);
+	filter_write(gen->filter_relid, bits, nchunks);
 	pfree(bits);
 
 	args[0] = Int64GetDatum(epoch);
@@ -324,8 +460,101 @@ build_filter(KeyGenSlot slot, int64 epoch)
 }
 
 /*
- * Builds the filters of the sealed generations that have none usable here;
- * returns how many it built.  Runs as the owner of the storage.
+ * Builds the filter of all sealed generations, those of epochs[] in
+ * slots[], unless the one sessions read holds every one of them already;
+ * returns whether it built it.  It is built in the table sessions do not
+ * read, then named in key_filter_all, whose trigger makes every session
+ * read the generations again.  A table that no filter of all sealed
+ * generations needs any longer is emptied once nobody reads it.
+ */
+static bool
+build_filter_all(const int64 *epochs, const KeyGenSlot *slots, int n)
+{
+	const StorageInfo *si = storage_locate();
+	int			place = 0;
+	int			target;
+	bool		complete = false;
+	double		keys = 0;
+	int32		nchunks;
+	uint8	   *bits;
+	Datum		args[3];
+	Datum	   *epoch_datums;
+
+	if (!OidIsValid(si->filter_all_relid))
+		return false;
+
+	storage_stmt_run(&filter_stmts, KF_ALL_READ, NULL, NULL, 0);
+	if (SPI_processed == 1)
+	{
+		bool		isnull;
+		ArrayType  *held;
+		Datum	   *held_epochs;
+		int			nheld;
+
+		place = DatumGetInt32(result_column(1));
+		held = DatumGetArrayTypeP(SPI_getbinval(SPI_tuptable->vals[0],
+												SPI_tuptable->tupdesc, 2, &isnull));
+		deconstruct_array(held, INT8OID, sizeof(int64), FLOAT8PASSBYVAL,
+						  TYPALIGN_DOUBLE, &held_epochs, NULL, &nheld);
+		complete = true;
+		for (int i = 0; i < n && complete; i++)
+		{
+			bool		found = false;
+
+			for (int j = 0; j < nheld && !found; j++)
+				found = DatumGetInt64(held_epochs[j]) == epochs[i];
+			complete = found;
+		}
+	}
+	SPI_freetuptable(SPI_tuptable);
+	target = place == 1 ? 2 : 1;
+
+	if (complete || n == 0)
+	{
+		Relation	rel;
+		bool		stale;
+
+		/* the other table, read before the last build at most */
+		if (place == 0 ||
+			!ConditionalLockRelationOid(si->filter_all_places[target], AccessExclusiveLock))
+			return false;
+		rel = table_open(si->filter_all_places[target], NoLock);
+		stale = RelationGetNumberOfBlocks(rel) > 0;
+		table_close(rel, NoLock);
+		if (stale)
+			filter_empty(si->filter_all_places[target]);
+		return false;
+	}
+
+	/* never queue: a session that read it before the last build waits behind */
+	if (!ConditionalLockRelationOid(si->filter_all_places[target], AccessExclusiveLock))
+		return false;
+
+	for (int i = 0; i < n; i++)
+		keys += generation_keys_estimate(&si->gens[slots[i]]);
+	nchunks = filter_chunks_for(keys);
+	bits = filter_alloc(nchunks);
+	for (int i = 0; i < n; i++)
+		filter_add_generation(bits, nchunks, &si->gens[slots[i]]);
+	filter_write(si->filter_all_places[target], bits, nchunks);
+	pfree(bits);
+
+	epoch_datums = palloc(n * sizeof(Datum));
+	for (int i = 0; i < n; i++)
+		epoch_datums[i] = Int64GetDatum(epochs[i]);
+	args[0] = Int32GetDatum(target);
+	args[1] = PointerGetDatum(construct_array(epoch_datums, n, INT8OID, sizeof(int64),
+											  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	args[2] = Int32GetDatum(nchunks);
+	storage_stmt_run(&filter_stmts, KF_ALL_FORGET, NULL, NULL, 0);
+	storage_stmt_run(&filter_stmts, KF_ALL_RECORD, args, NULL, 0);
+	return true;
+}
+
+/*
+ * Builds the filters of the sealed generations that have none usable here,
+ * then the filter of all sealed generations if it lacks one of them;
+ * returns how many filters it built.  Runs as the owner of the storage.
  */
 int
 keygen_build_filters(void)
@@ -333,7 +562,10 @@ keygen_build_filters(void)
 	const StorageInfo *si = storage_locate();
 	int64		epochs[KEYGEN_RING];
 	KeyGenSlot	slots[KEYGEN_RING];
+	int64		sealed_epochs[KEYGEN_RING];
+	KeyGenSlot	sealed_slots[KEYGEN_RING];
 	int			n = 0;
+	int			nsealed = 0;
 	int			built = 0;
 	Oid			save_userid;
 	int			save_sec_context;
@@ -345,7 +577,7 @@ keygen_build_filters(void)
 	LockRelationOid(si->generations_relid, ExclusiveLock);
 
 	storage_stmt_run(&filter_stmts, KF_UNFILTERED, NULL, NULL, 0);
-	for (uint64 i = 0; i < SPI_processed && n < KEYGEN_RING; i++)
+	for (uint64 i = 0; i < SPI_processed && nsealed < KEYGEN_RING; i++)
 	{
 		bool		isnull[3];
 		HeapTuple	tuple = SPI_tuptable->vals[i];
@@ -355,6 +587,9 @@ keygen_build_filters(void)
 
 		if (slot < 1 || slot > KEYGEN_RING || !OidIsValid(si->gens[slot].filter_relid))
 			continue;
+		sealed_epochs[nsealed] = epoch;
+		sealed_slots[nsealed] = slot;
+		nsealed++;
 		if (!isnull[2] && keygen_filter_usable(slot, DatumGetInt32(chunks)) > 0)
 			continue;
 		epochs[n] = epoch;
@@ -370,6 +605,8 @@ keygen_build_filters(void)
 	for (int i = 0; i < n; i++)
 		if (build_filter(slots[i], epochs[i]))
 			built++;
+	if (build_filter_all(sealed_epochs, sealed_slots, nsealed))
+		built++;
 	SetUserIdAndSecContext(save_userid, save_sec_context);
 	return built;
 }
@@ -378,7 +615,8 @@ PG_FUNCTION_INFO_V1(idem_key_generation_build_filters);
 
 /*
  * idem_key_generation_build_filters(): builds the filters of the sealed
- * generations that lack one; returns how many.
+ * generations that lack one, and the filter of all of them if it lacks
+ * one; returns how many filters it built.
  */
 Datum
 idem_key_generation_build_filters(PG_FUNCTION_ARGS)

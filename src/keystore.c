@@ -267,11 +267,22 @@ recorded_before(const KeyGenState *st, int32 consumer_id, text *key,
 {
 	uint64		filter_hash = 0;
 	bool		hashed = false;
+	bool		outside_filter_all = false;
+
+	/* one page for all the sealed generations it holds, instead of a page each */
+	if (st->filter_all_chunks > 0 && st->nsealed > 0)
+	{
+		filter_hash = key_filter_hash(consumer_id, key);
+		hashed = true;
+		outside_filter_all = !keygen_filter_all_may_hold(st, filter_hash);
+	}
 
 	for (int i = 0; i < st->nsealed; i++)
 	{
 		KeyGenSlot	slot = st->sealed[i];
 
+		if (outside_filter_all && st->in_filter_all[slot])
+			continue;
 		/* a key the filter does not hold is not there, whatever the snapshot */
 		if (st->filter_chunks[slot] > 0)
 		{

@@ -53,6 +53,9 @@ typedef int KeyGenSlot;
 #define KEYGEN_RING 16
 #define KEYGEN_NUM (KEYGEN_RING + 1)
 
+/* the tables of the filter of all sealed generations: 1 and 2 */
+#define FILTER_ALL_PLACES 2
+
 /*
  * The storage tables of this database as last located.  generation changes
  * whenever they are located anew (after DROP and CREATE EXTENSION, say), so
@@ -70,6 +73,9 @@ typedef struct StorageInfo
 	bool		has_ring;		/* gens[1..KEYGEN_RING] are set: 1.2 or later */
 	Oid			generations_relid;	/* key_generations, with the ring */
 	KeyGeneration gens[KEYGEN_NUM];
+	/* the filter of all sealed generations: its row, and its two tables */
+	Oid			filter_all_relid;
+	Oid			filter_all_places[FILTER_ALL_PLACES + 1];
 	uint64		generation;
 	uint64		consumers_version;	/* changes with every invalidation too */
 } StorageInfo;
@@ -172,6 +178,10 @@ typedef struct KeyGenState
 	KeyGenSlot	sealed[KEYGEN_RING];	/* newest first */
 	TransactionId sealed_by[KEYGEN_NUM];	/* the switch that sealed it */
 	int32		filter_chunks[KEYGEN_NUM];	/* of a filter usable now; 0: none */
+	/* the filter of all sealed generations, usable now; chunks 0: none */
+	int			filter_all_place;
+	int32		filter_all_chunks;
+	bool		in_filter_all[KEYGEN_NUM];	/* the generations it holds */
 } KeyGenState;
 
 extern const KeyGenState *keygen_state(void);
@@ -186,6 +196,8 @@ extern void keygen_note_recording(int32 consumer_id, int32 processed_at);
 extern bool keygen_filter_may_hold(KeyGenSlot slot, int32 nchunks,
 								   uint64 hash);
 extern int32 keygen_filter_usable(KeyGenSlot slot, int32 nchunks);
+extern bool keygen_filter_all_may_hold(const KeyGenState *st, uint64 hash);
+extern int32 keygen_filter_all_usable(int place, int32 nchunks);
 
 /*
  * Fetches a column of the first row an SPI statement returned.

@@ -484,7 +484,7 @@ make_generation_texts(const StorageInfo *si)
 											   get_rel_name(gen->collisions_relid));
 		values[2] = gen->hash64 ? STORAGE_SCHEMA ".key_hash64" : STORAGE_SCHEMA ".key_hash";
 		values[3] = !OidIsValid(gen->filter_relid) ? "" :
-			psprintf(", %s", quote_qualified_identifier("idem_consumer_local",
+			psprintf(", %s", quote_qualified_identifier(LOCAL_SCHEMA,
 														get_rel_name(gen->filter_relid)));
 		for (int i = 0; i < KS_NUM_STMTS; i++)
 		{

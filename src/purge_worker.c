@@ -248,7 +248,7 @@ purge_worker_generations(const char *dbname)
 							done, dbname)));
 		else if (done > 0 && step == 1)
 			ereport(LOG,
-					(errmsg("idem_consumer built the filters of %d sealed generations of keys in database \"%s\"",
+					(errmsg("idem_consumer built %d filters of sealed generations of keys in database \"%s\"",
 							done, dbname)));
 		else if (done > 0)
 			ereport(LOG,

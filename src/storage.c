@@ -72,9 +72,6 @@ static struct
 	uint64		hash_mask;		/* the bits of key_hash64 kept */
 } storage;
 
-/* where the seed and the filters are: never published with the storage */
-#define SEED_SCHEMA "idem_consumer_local"
-
 PG_FUNCTION_INFO_V1(idem_key_hash);
 PG_FUNCTION_INFO_V1(idem_key_hash64_sql);
 PG_FUNCTION_INFO_V1(idem_new_key_seed);
@@ -233,6 +230,7 @@ locate_generations(Oid nspid)
 	KeyGeneration *legacy = &si->gens[KEYGEN_LEGACY];
 
 	memset(si->gens, 0, sizeof(si->gens));
+	memset(si->filter_all_places, 0, sizeof(si->filter_all_places));
 	si->generations_relid = get_relname_relid("key_generations", nspid);
 	si->has_ring = OidIsValid(si->generations_relid);
 	for (int g = 1; si->has_ring && g <= KEYGEN_RING; g++)
@@ -253,11 +251,28 @@ locate_generations(Oid nspid)
 					 errhint("Recreate the extension with DROP EXTENSION idem_consumer; CREATE EXTENSION idem_consumer;")));
 		gen->hash64 = true;
 		snprintf(name, sizeof(name), "key_filter_%d", g);
-		gen->filter_relid = OidIsValid(get_namespace_oid(SEED_SCHEMA, true)) ?
-			get_relname_relid(name, get_namespace_oid(SEED_SCHEMA, true)) : InvalidOid;
+		gen->filter_relid = OidIsValid(get_namespace_oid(LOCAL_SCHEMA, true)) ?
+			get_relname_relid(name, get_namespace_oid(LOCAL_SCHEMA, true)) : InvalidOid;
 		snprintf(name, sizeof(name), "processed_keys_%d_hash", g);
 		gen->hash_index = usable_hash_index(nspid, gen->keys_relid, name,
 											"key_hash64");
+	}
+
+	si->filter_all_relid = InvalidOid;
+	if (si->has_ring && OidIsValid(get_namespace_oid(LOCAL_SCHEMA, true)))
+	{
+		Oid			local_nspid = get_namespace_oid(LOCAL_SCHEMA, true);
+
+		si->filter_all_relid = get_relname_relid("key_filter_all", local_nspid);
+		for (int place = 1; place <= FILTER_ALL_PLACES; place++)
+		{
+			char		name[NAMEDATALEN];
+
+			snprintf(name, sizeof(name), "key_filter_all_%d", place);
+			si->filter_all_places[place] = get_relname_relid(name, local_nspid);
+			if (!OidIsValid(si->filter_all_places[place]))
+				si->filter_all_relid = InvalidOid;
+		}
 	}
 
 	legacy->keys_relid = si->keys_relid;
@@ -415,14 +430,14 @@ key_seed(void)
 	if (storage.seed_known)
 		return &storage.seed;
 
-	nspid = get_namespace_oid(SEED_SCHEMA, true);
+	nspid = get_namespace_oid(LOCAL_SCHEMA, true);
 	storage.seed_relid = OidIsValid(nspid) ?
 		get_relname_relid("key_seed", nspid) : InvalidOid;
 	if (!OidIsValid(storage.seed_relid))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("hash seed of extension \"idem_consumer\" is missing"),
-				 errdetail("Table %s.key_seed was not found.", SEED_SCHEMA),
+				 errdetail("Table %s.key_seed was not found.", LOCAL_SCHEMA),
 				 errhint("Update the extension with ALTER EXTENSION idem_consumer UPDATE.")));
 
 	rel = table_open(storage.seed_relid, AccessShareLock);
@@ -453,7 +468,7 @@ key_seed(void)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("hash seed of extension \"idem_consumer\" is missing"),
-				 errdetail("Table %s.key_seed must hold exactly one row, with a width from 16 to 64 bits.", SEED_SCHEMA),
+				 errdetail("Table %s.key_seed must hold exactly one row, with a width from 16 to 64 bits.", LOCAL_SCHEMA),
 				 errhint("Recreate the extension with DROP EXTENSION idem_consumer; CREATE EXTENSION idem_consumer;")));
 	storage.seed_known = true;
 	return &storage.seed;

@@ -58,6 +58,20 @@ reserve_huge_pages() {
     HUGE_PAGES=on
 }
 
+# choose_huge_pages WANT SHARED_BUFFERS: sets HUGE_PAGES for a cluster with
+# that shared_buffers, reserving the pages if need be: WANT on (or die),
+# try (on if the machine lets it), or off.
+choose_huge_pages() {
+    HUGE_PAGES=off
+    case $1 in
+        on|try) reserve_huge_pages "$(size_mb "$2")" ;;
+        off) return 0 ;;
+        *) die "the huge pages setting must be on, try or off, not '$1'" ;;
+    esac
+    [ "$HUGE_PAGES" = on ] || [ "$1" = try ] \
+        || die "cannot reserve huge pages for shared_buffers = $2 (run as root, or turn them off)"
+}
+
 # size_mb SIZE: the megabytes of a size such as 512MB or 4GB
 size_mb() {
     case $1 in

@@ -45,6 +45,11 @@ is($node->safe_psql('restored',
 	'1:sealed:false,2:current:false',
 	'the generations are restored, but not the filter, made with the seed of the source');
 is($node->safe_psql('restored',
+	q{SELECT (SELECT count(*) FROM idem_consumer_local.key_filter_all) || '/' ||
+	         (SELECT count(*) FROM idem_consumer_local.key_filter_all_1) || '/' ||
+	         (SELECT count(*) FROM idem_consumer_local.key_filter_all_2)}),
+	'0/0/0', 'nor the filter of all sealed generations');
+is($node->safe_psql('restored',
 	q{SELECT count(*) FILTER (WHERE idem_apply('order-paid:' || g, 'payments',
 	                                           'update orders set paid = paid + $1 where id = 1', ARRAY[g::text]))
 	    FROM generate_series(1, 100) g}),
@@ -54,7 +59,7 @@ is($node->safe_psql('restored',
 	         (SELECT count(*) FROM idem_consumer.processed_keys_2)}),
 	'60/41', 'each key in its generation');
 is($node->safe_psql('restored', 'SELECT idem_key_generation_build_filters()'),
-	'1', 'the restored database builds its own filter');
+	'2', 'the restored database builds its own filters: its generation\'s, and the one of all sealed generations');
 is($node->safe_psql('restored',
 	q{SELECT count(*) FILTER (WHERE idem_apply('order-paid:' || g, 'payments',
 	                                           'update orders set paid = paid + $1 where id = 1', ARRAY[g::text]))
