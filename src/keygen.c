@@ -97,7 +97,7 @@ static struct
 	uint64		storage_generation; /* of the storage it was read from */
 	Oid			relid;			/* key_generations it was read from */
 	Oid			filter_relids[KEYGEN_NUM];	/* whose truncation changes state */
-	Oid			filter_all_relids[FILTER_ALL_PLACES + 2];	/* the same, and its row */
+	Oid			filter_all_relids[FILTER_ALL_PLACES + 1];	/* its row's, then its tables' */
 	KeyGenState state;
 } cache;
 
@@ -263,19 +263,13 @@ read_filter_all(const StorageInfo *si, const OpenedGeneration *opened, int nopen
 			DatumGetInt32(place) >= 1 && DatumGetInt32(place) <= FILTER_ALL_PLACES)
 		{
 			ArrayType  *held = DatumGetArrayTypeP(epochs);
-			Datum	   *held_epochs;
-			bool	   *held_nulls;
-			int			nheld;
 
-			deconstruct_array(held, INT8OID, sizeof(int64), FLOAT8PASSBYVAL,
-							  TYPALIGN_DOUBLE, &held_epochs, &held_nulls, &nheld);
 			st->filter_all_place = DatumGetInt32(place);
 			st->filter_all_chunks = keygen_filter_all_usable(st->filter_all_place,
 															 DatumGetInt32(chunks));
 			for (int i = 1; i < nopened && st->filter_all_chunks > 0; i++)
-				for (int j = 0; j < nheld; j++)
-					if (!held_nulls[j] && DatumGetInt64(held_epochs[j]) == opened[i].epoch)
-						st->in_filter_all[opened[i].slot] = true;
+				st->in_filter_all[opened[i].slot] =
+					keygen_filter_all_holds(held, opened[i].epoch);
 		}
 	}
 	systable_endscan(scan);

@@ -306,6 +306,24 @@ keygen_filter_all_may_hold(const KeyGenState *st, uint64 hash)
 }
 
 /*
+ * Whether the epochs of a row of key_filter_all hold epoch.
+ */
+bool
+keygen_filter_all_holds(ArrayType *epochs, int64 epoch)
+{
+	Datum	   *held;
+	bool	   *nulls;
+	int			nheld;
+
+	deconstruct_array(epochs, INT8OID, sizeof(int64), FLOAT8PASSBYVAL,
+					  TYPALIGN_DOUBLE, &held, &nulls, &nheld);
+	for (int i = 0; i < nheld; i++)
+		if (!nulls[i] && DatumGetInt64(held[i]) == epoch)
+			return true;
+	return false;
+}
+
+/*
  * Keys generation gen holds, estimated from its key table's pages at the
  * density its statistics last counted, or at a short key's; a filter too
  * small for its keys only answers "may hold" more often.
@@ -486,25 +504,12 @@ build_filter_all(const int64 *epochs, const KeyGenSlot *slots, int n)
 	storage_stmt_run(&filter_stmts, KF_ALL_READ, NULL, NULL, 0);
 	if (SPI_processed == 1)
 	{
-		bool		isnull;
-		ArrayType  *held;
-		Datum	   *held_epochs;
-		int			nheld;
+		ArrayType  *held = DatumGetArrayTypeP(result_column(2));
 
 		place = DatumGetInt32(result_column(1));
-		held = DatumGetArrayTypeP(SPI_getbinval(SPI_tuptable->vals[0],
-												SPI_tuptable->tupdesc, 2, &isnull));
-		deconstruct_array(held, INT8OID, sizeof(int64), FLOAT8PASSBYVAL,
-						  TYPALIGN_DOUBLE, &held_epochs, NULL, &nheld);
 		complete = true;
 		for (int i = 0; i < n && complete; i++)
-		{
-			bool		found = false;
-
-			for (int j = 0; j < nheld && !found; j++)
-				found = DatumGetInt64(held_epochs[j]) == epochs[i];
-			complete = found;
-		}
+			complete = keygen_filter_all_holds(held, epochs[i]);
 	}
 	SPI_freetuptable(SPI_tuptable);
 	target = place == 1 ? 2 : 1;

@@ -198,6 +198,7 @@ extern bool keygen_filter_may_hold(KeyGenSlot slot, int32 nchunks,
 extern int32 keygen_filter_usable(KeyGenSlot slot, int32 nchunks);
 extern bool keygen_filter_all_may_hold(const KeyGenState *st, uint64 hash);
 extern int32 keygen_filter_all_usable(int place, int32 nchunks);
+extern bool keygen_filter_all_holds(ArrayType *epochs, int64 epoch);
 
 /*
  * Fetches a column of the first row an SPI statement returned.

@@ -228,6 +228,7 @@ locate_generations(Oid nspid)
 {
 	StorageInfo *si = &storage.info;
 	KeyGeneration *legacy = &si->gens[KEYGEN_LEGACY];
+	Oid			local_nspid = get_namespace_oid(LOCAL_SCHEMA, true);
 
 	memset(si->gens, 0, sizeof(si->gens));
 	memset(si->filter_all_places, 0, sizeof(si->filter_all_places));
@@ -251,18 +252,16 @@ locate_generations(Oid nspid)
 					 errhint("Recreate the extension with DROP EXTENSION idem_consumer; CREATE EXTENSION idem_consumer;")));
 		gen->hash64 = true;
 		snprintf(name, sizeof(name), "key_filter_%d", g);
-		gen->filter_relid = OidIsValid(get_namespace_oid(LOCAL_SCHEMA, true)) ?
-			get_relname_relid(name, get_namespace_oid(LOCAL_SCHEMA, true)) : InvalidOid;
+		gen->filter_relid = OidIsValid(local_nspid) ?
+			get_relname_relid(name, local_nspid) : InvalidOid;
 		snprintf(name, sizeof(name), "processed_keys_%d_hash", g);
 		gen->hash_index = usable_hash_index(nspid, gen->keys_relid, name,
 											"key_hash64");
 	}
 
 	si->filter_all_relid = InvalidOid;
-	if (si->has_ring && OidIsValid(get_namespace_oid(LOCAL_SCHEMA, true)))
+	if (si->has_ring && OidIsValid(local_nspid))
 	{
-		Oid			local_nspid = get_namespace_oid(LOCAL_SCHEMA, true);
-
 		si->filter_all_relid = get_relname_relid("key_filter_all", local_nspid);
 		for (int place = 1; place <= FILTER_ALL_PLACES; place++)
 		{
