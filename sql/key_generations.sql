@@ -152,6 +152,24 @@ SELECT idem_key_generation_switch();
 SELECT idem_key_generation_build_filters();
 SELECT * FROM idem_key_generations;
 RESET ROLE;
+-- nor the filters, even with their schema granted: it can neither read
+-- nor change any table there, so it learns nothing of other tenants' keys
+-- from them and cannot make a filter hide a key
+CREATE FUNCTION gen_leak(int) RETURNS boolean LANGUAGE plpgsql COST 0.0001 AS $$
+BEGIN RAISE NOTICE 'leaked %', $1; RETURN true; END $$;
+GRANT USAGE ON SCHEMA idem_consumer_local TO gen_tenant;
+SET ROLE gen_tenant;
+SELECT * FROM idem_consumer_local.key_filter_all;
+SELECT chunk FROM idem_consumer_local.key_filter_all_1 WHERE gen_leak(chunk);
+DELETE FROM idem_consumer_local.key_filter_all;
+TRUNCATE idem_consumer_local.key_filter_all_2;
+RESET ROLE;
+SELECT count(*) AS tables_open_to_tenant
+  FROM pg_class AS c
+ WHERE c.relnamespace = 'idem_consumer_local'::regnamespace AND c.relkind = 'r'
+   AND has_table_privilege('gen_tenant', c.oid, 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, TRIGGER');
+REVOKE USAGE ON SCHEMA idem_consumer_local FROM gen_tenant;
+DROP FUNCTION gen_leak(int);
 -- a monitoring role reads them
 GRANT pg_monitor TO gen_tenant;
 SET ROLE gen_tenant;
