@@ -51,6 +51,16 @@ SELECT age_all(10);
 SELECT deliver('short', 's2-', 100) AS short, deliver('weekly', 'w2-', 100) AS weekly;
 SELECT idem_key_generation_switch() AS opened;
 SELECT * FROM generations;
+-- the filters of both sealed generations, and of all of them together
+SELECT idem_key_generation_build_filters() AS built;
+CREATE VIEW filter_of_all AS
+    SELECT (SELECT array_agg(epoch ORDER BY epoch) FROM idem_consumer_local.key_filter_all AS f,
+                   unnest(f.epochs) AS epoch) AS holds,
+           (SELECT array_agg(epoch ORDER BY epoch) FROM idem_key_generations
+             WHERE state = 'sealed') AS sealed,
+           pg_relation_size('idem_consumer_local.key_filter_all_1')
+           + pg_relation_size('idem_consumer_local.key_filter_all_2') > 0 AS has_pages;
+SELECT * FROM filter_of_all;
 
 -- generation 1 was sealed ten days before their latest keys: dropped, and
 -- its tables emptied by the next call, once the drop has committed;
@@ -62,6 +72,10 @@ SELECT idem_key_generation_retire() AS dropped;
 SELECT pg_relation_size('idem_consumer.processed_keys_1') AS keys_1_bytes,
        (SELECT count(*) FROM idem_consumer.processed_keys_2) AS keys_2,
        (SELECT count(*) FROM idem_consumer.generation_consumers WHERE epoch = 1) AS registered_1;
+-- the next build leaves the dropped generation out of the filter of all
+-- sealed generations
+SELECT idem_key_generation_build_filters() AS built;
+SELECT * FROM filter_of_all;
 -- nothing was deleted key by key
 SELECT sum(n_tup_del) AS deleted_keys FROM pg_stat_xact_user_tables
  WHERE relname LIKE 'processed_keys%' OR relname LIKE 'key_collisions%';
@@ -120,6 +134,23 @@ SET idem_consumer.key_generation_interval = '1h';
 SELECT idem_purge() AS purged_by_generation;
 RESET idem_consumer.key_generation_interval;
 SELECT idem_purge() > 0 AS purged_key_by_key;
+
+-- once every sealed generation is dropped, the next build empties the
+-- filter of all of them: no page of dropped keys stays behind
+SELECT idem_key_generation_build_filters() > 0 AS built;
+SELECT holds IS NOT NULL AND has_pages AS has_filter_of_all FROM filter_of_all;
+SELECT idem_set_retention(c, '1 day') FROM unnest(ARRAY['weekly', 'forever', 'idle']) AS c;
+SELECT idem_key_generation_switch() AS opened;
+SELECT age_all(400);
+SELECT activity('t9') AS active, deliver('idle', 'i9-', 1) AS idle;
+SELECT idem_key_generation_retire() > 0 AS dropped;
+SELECT idem_key_generation_retire() AS dropped;
+SELECT * FROM generations;
+SELECT idem_key_generation_build_filters() AS built;
+SELECT * FROM filter_of_all;
+SELECT count(*) AS filter_of_all_rows FROM idem_consumer_local.key_filter_all;
+-- and keys delivered again after all that are still decided right
+SELECT deliver('short', 't9-s', 1) AS short_again, deliver('weekly', 'w2-', 100) AS weekly_expired;
 
 -- who may drop: not PUBLIC
 CREATE ROLE retire_tenant;

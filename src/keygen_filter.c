@@ -64,7 +64,8 @@
  *	   them meanwhile, and one that read the generations before then finds,
  *	   as it opens the table, that they changed, and answers "may hold".
  * Dropping a generation leaves its keys in it, which only makes it answer
- * "may hold" more often until the next build.
+ * "may hold" more often until the next build: that builds it again without
+ * them, or, when no sealed generation is left, empties it.
  * (test/isolation/specs/key_generation_filter.spec.)
  *
  * The caller must be connected to SPI.
@@ -478,12 +479,62 @@ build_filter(KeyGenSlot slot, int64 epoch)
 }
 
 /*
+ * Whether the epochs of a row of key_filter_all are exactly epochs[0..n-1]:
+ * every one of them, and no other (a generation dropped since).
+ */
+static bool
+filter_all_holds_exactly(ArrayType *held, const int64 *epochs, int n)
+{
+	Datum	   *held_epochs;
+	bool	   *nulls;
+	int			nheld;
+
+	for (int i = 0; i < n; i++)
+		if (!keygen_filter_all_holds(held, epochs[i]))
+			return false;
+	deconstruct_array(held, INT8OID, sizeof(int64), FLOAT8PASSBYVAL,
+					  TYPALIGN_DOUBLE, &held_epochs, &nulls, &nheld);
+	for (int h = 0; h < nheld; h++)
+	{
+		bool		sealed = false;
+
+		for (int i = 0; i < n && !sealed && !nulls[h]; i++)
+			sealed = DatumGetInt64(held_epochs[h]) == epochs[i];
+		if (!sealed)
+			return false;
+	}
+	return true;
+}
+
+/*
+ * Empties filter table relid of the filter of all sealed generations if it
+ * has pages and nobody reads it; returns false if it could not.
+ */
+static bool
+filter_all_empty_unread(Oid relid)
+{
+	Relation	rel;
+	bool		has_pages;
+
+	if (!ConditionalLockRelationOid(relid, AccessExclusiveLock))
+		return false;
+	rel = table_open(relid, NoLock);
+	has_pages = RelationGetNumberOfBlocks(rel) > 0;
+	table_close(rel, NoLock);
+	if (has_pages)
+		filter_empty(relid);
+	return true;
+}
+
+/*
  * Builds the filter of all sealed generations, those of epochs[] in
- * slots[], unless the one sessions read holds every one of them already;
+ * slots[], unless the one sessions read holds exactly those already;
  * returns whether it built it.  It is built in the table sessions do not
  * read, then named in key_filter_all, whose trigger makes every session
  * read the generations again.  A table that no filter of all sealed
- * generations needs any longer is emptied once nobody reads it.
+ * generations needs any longer is emptied once nobody reads it: the other
+ * table after a build, and both once no sealed generation is left, so that
+ * the keys of dropped generations do not stay behind.
  */
 static bool
 build_filter_all(const int64 *epochs, const KeyGenSlot *slots, int n)
@@ -491,7 +542,7 @@ build_filter_all(const int64 *epochs, const KeyGenSlot *slots, int n)
 	const StorageInfo *si = storage_locate();
 	int			place = 0;
 	int			target;
-	bool		complete = false;
+	bool		current = false;
 	double		keys = 0;
 	int32		nchunks;
 	uint8	   *bits;
@@ -504,30 +555,33 @@ build_filter_all(const int64 *epochs, const KeyGenSlot *slots, int n)
 	storage_stmt_run(&filter_stmts, KF_ALL_READ, NULL, NULL, 0);
 	if (SPI_processed == 1)
 	{
-		ArrayType  *held = DatumGetArrayTypeP(result_column(2));
-
 		place = DatumGetInt32(result_column(1));
-		complete = true;
-		for (int i = 0; i < n && complete; i++)
-			complete = keygen_filter_all_holds(held, epochs[i]);
+		current = filter_all_holds_exactly(DatumGetArrayTypeP(result_column(2)),
+										   epochs, n);
 	}
 	SPI_freetuptable(SPI_tuptable);
 	target = place == 1 ? 2 : 1;
 
-	if (complete || n == 0)
+	if (n == 0)
 	{
-		Relation	rel;
-		bool		stale;
+		/* the one sessions read holds dropped generations only */
+		if (place != 0 && filter_all_empty_unread(si->filter_all_places[place]))
+		{
+			storage_stmt_run(&filter_stmts, KF_ALL_FORGET, NULL, NULL, 0);
+			place = 0;
+		}
+		if (place == 0)
+		{
+			(void) filter_all_empty_unread(si->filter_all_places[1]);
+			(void) filter_all_empty_unread(si->filter_all_places[2]);
+		}
+		return false;
+	}
 
+	if (current)
+	{
 		/* the other table, read before the last build at most */
-		if (place == 0 ||
-			!ConditionalLockRelationOid(si->filter_all_places[target], AccessExclusiveLock))
-			return false;
-		rel = table_open(si->filter_all_places[target], NoLock);
-		stale = RelationGetNumberOfBlocks(rel) > 0;
-		table_close(rel, NoLock);
-		if (stale)
-			filter_empty(si->filter_all_places[target]);
+		(void) filter_all_empty_unread(si->filter_all_places[target]);
 		return false;
 	}
 

@@ -213,8 +213,8 @@ purge_worker_sleep(long ms)
 }
 
 /*
- * Switches generations of keys, builds the filters of the sealed ones and
- * drops the expired ones when keys expire by generation
+ * Switches generations of keys, drops the expired ones and builds the
+ * filters of the sealed ones left when keys expire by generation
  * (idem_consumer.key_generation_interval), each in a transaction of its
  * own, before a purge of the legacy keys.  A switch waits at most a second
  * for the transactions recording keys; one that cannot be done now is
@@ -223,7 +223,11 @@ purge_worker_sleep(long ms)
 static void
 purge_worker_generations(const char *dbname)
 {
-	/* switch, build filters, drop, and truncate what the drop dropped */
+	/*
+	 * switch, drop, build the filters of the generations left (so that the
+	 * filter of all sealed generations is built once, without the dropped
+	 * ones), and truncate what the drop dropped
+	 */
 	for (int step = 0; step < 4; step++)
 	{
 		int			done = 0;
@@ -236,7 +240,7 @@ purge_worker_generations(const char *dbname)
 		if (OidIsValid(get_extension_oid("idem_consumer", true)) &&
 			keygen_retention_by_generation())
 			done = step == 0 ? keygen_switch_if_due(1000) :
-				step == 1 ? keygen_build_filters() : keygen_retire();
+				step == 2 ? keygen_build_filters() : keygen_retire();
 		SPI_finish();
 		PopActiveSnapshot();
 		CommitTransactionCommand();
@@ -246,7 +250,7 @@ purge_worker_generations(const char *dbname)
 			ereport(LOG,
 					(errmsg("idem_consumer opened generation %d of keys in database \"%s\"",
 							done, dbname)));
-		else if (done > 0 && step == 1)
+		else if (done > 0 && step == 2)
 			ereport(LOG,
 					(errmsg("idem_consumer built %d filters of sealed generations of keys in database \"%s\"",
 							done, dbname)));
