@@ -759,6 +759,204 @@ CREATE OR REPLACE VIEW idem_consumers AS
               AND d.status OPERATOR(pg_catalog.=) 'pending') AS dlq;
 
 --
+-- Routed keys, for Citus (src/routed.c, docs/citus.md): keys stored with a
+-- route, the value of the distribution column of the business row they
+-- protect, in idem_consumer.routed_keys, which idem_citus_distribute()
+-- makes and distributes colocated with the business table.  Its route
+-- column has the type of that table's distribution column, so the table
+-- exists only once that call has run.
+--
+CREATE FUNCTION idem_apply_routed(key text, consumer text, sql text, params text[],
+                                  route anyelement,
+                                  event_time timestamptz DEFAULT NULL,
+                                  fingerprint text DEFAULT NULL)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_apply_routed'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_apply_routed(text, text, text, text[], anyelement, timestamptz, text) IS
+    'idem_apply with the key stored beside the business row of route (Citus)';
+REVOKE ALL ON FUNCTION idem_apply_routed(text, text, text, text[], anyelement, timestamptz, text)
+    FROM PUBLIC;
+
+CREATE FUNCTION idem_is_processed_routed(key text, consumer text, route anyelement)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_is_processed_routed'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_is_processed_routed(text, text, anyelement) IS
+    'idem_is_processed for a key stored with its route';
+REVOKE ALL ON FUNCTION idem_is_processed_routed(text, text, anyelement) FROM PUBLIC;
+
+CREATE FUNCTION idem_forget_routed(key text, consumer text, route anyelement)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_forget_routed'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_forget_routed(text, text, anyelement) IS
+    'idem_forget for a key stored with its route';
+REVOKE ALL ON FUNCTION idem_forget_routed(text, text, anyelement) FROM PUBLIC;
+
+CREATE FUNCTION idem_citus_distribute(colocate_with regclass)
+RETURNS regclass
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    dist_column name;
+    route_type text;
+    colocated boolean;
+    holds_keys boolean := false;
+    key_table regclass;
+    routed regclass := pg_catalog.to_regclass('idem_consumer.routed_keys');
+BEGIN
+    IF colocate_with IS NULL THEN
+        RAISE EXCEPTION 'colocate_with must not be null'
+            USING ERRCODE = 'null_value_not_allowed',
+                  HINT = 'Pass the distributed table whose rows the keys protect.';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
+        RAISE EXCEPTION 'extension "citus" is not installed in this database'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Routed keys are for Citus clusters; on one server, keys need no route.';
+    END IF;
+    -- pg_dist_partition exists only with Citus: read it dynamically
+    EXECUTE 'SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod)
+               FROM pg_catalog.pg_dist_partition AS p
+               JOIN pg_catalog.pg_attribute AS a
+                 ON a.attrelid OPERATOR(pg_catalog.=) p.logicalrelid
+                AND a.attname OPERATOR(pg_catalog.=)
+                    pg_catalog.column_to_column_name(p.logicalrelid, p.partkey)
+              WHERE p.logicalrelid OPERATOR(pg_catalog.=) $1
+                AND p.partmethod OPERATOR(pg_catalog.=) ''h'''
+        INTO dist_column, route_type USING colocate_with;
+    IF dist_column IS NULL THEN
+        RAISE EXCEPTION 'table % is not a hash-distributed Citus table', colocate_with
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Pass the business table whose rows the keys protect, distributed by create_distributed_table().';
+    END IF;
+
+    IF routed IS NOT NULL THEN
+        -- called again: the same colocation is kept, another one refused
+        EXECUTE 'SELECT pg_catalog.count(DISTINCT colocationid) OPERATOR(pg_catalog.=) 1
+                   FROM pg_catalog.pg_dist_partition
+                  WHERE logicalrelid OPERATOR(pg_catalog.=) ANY ($1)'
+            INTO colocated USING ARRAY[routed, colocate_with];
+        IF NOT colocated THEN
+            RAISE EXCEPTION 'the keys of idem_consumer are distributed already, not colocated with %',
+                            colocate_with
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      DETAIL = 'Keys follow one group of colocated tables, the one they were distributed with.',
+                      HINT = 'Colocate the business table with idem_consumer.routed_keys (create_distributed_table(..., colocate_with => ''idem_consumer.routed_keys'')).';
+        END IF;
+        RETURN routed;
+    END IF;
+
+    -- keys recorded without a route would not be found once keys are routed
+    FOR key_table IN
+        SELECT c.oid FROM pg_catalog.pg_class AS c
+         WHERE c.relnamespace OPERATOR(pg_catalog.=) 'idem_consumer'::pg_catalog.regnamespace
+           AND c.relkind OPERATOR(pg_catalog.=) 'r'
+           AND c.relname OPERATOR(pg_catalog.~) '^(processed_keys|key_collisions)(_[0-9]+)?$'
+    LOOP
+        EXECUTE pg_catalog.format('SELECT EXISTS (SELECT FROM %s)', key_table) INTO holds_keys;
+        EXIT WHEN holds_keys;
+    END LOOP;
+    IF holds_keys THEN
+        RAISE EXCEPTION 'the key store of idem_consumer holds keys recorded without a route'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'Once keys are routed, a key recorded without its route is not looked up, and its message would be applied again.',
+                  HINT = 'Distribute the keys before consumers start, or once the keys recorded without a route have expired.';
+    END IF;
+
+    EXECUTE pg_catalog.format(
+        'CREATE TABLE idem_consumer.routed_keys (
+             route %s NOT NULL,
+             consumer text NOT NULL,
+             key text NOT NULL,
+             fingerprint integer,
+             processed_at integer NOT NULL,
+             PRIMARY KEY (route, consumer, key))', route_type);
+    EXECUTE pg_catalog.format('ALTER TABLE idem_consumer.routed_keys OWNER TO %s',
+        (SELECT c.relowner::pg_catalog.regrole::pg_catalog.text FROM pg_catalog.pg_class AS c
+          WHERE c.oid OPERATOR(pg_catalog.=) 'idem_consumer.processed_keys'::pg_catalog.regclass));
+    REVOKE ALL ON idem_consumer.routed_keys FROM PUBLIC;
+    COMMENT ON TABLE idem_consumer.routed_keys IS
+        'keys recorded with their route, colocated with the business rows they protect';
+    EXECUTE 'SELECT pg_catalog.create_distributed_table($1, ''route'', colocate_with => $2)'
+        USING 'idem_consumer.routed_keys', colocate_with::pg_catalog.text;
+    RETURN 'idem_consumer.routed_keys'::pg_catalog.regclass;
+END
+$$;
+COMMENT ON FUNCTION idem_citus_distribute(regclass) IS
+    'store keys with a route, distributed by Citus colocated with the given table';
+REVOKE ALL ON FUNCTION idem_citus_distribute(regclass) FROM PUBLIC;
+
+CREATE FUNCTION idem_citus_stats(
+    OUT consumer text,
+    OUT nodes integer,
+    OUT applied bigint,
+    OUT duplicates bigint,
+    OUT failed bigint,
+    OUT dead_lettered bigint,
+    OUT key_reuse bigint,
+    OUT latency_p95_ms_max double precision,
+    OUT lag_p95_ms_max double precision,
+    OUT last_applied_at timestamptz,
+    OUT last_duplicate_at timestamptz)
+RETURNS SETOF record
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    ext_schema name;
+    node record;
+    node_counters json[] := '{}';
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
+        RAISE EXCEPTION 'extension "citus" is not installed in this database'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'On one server, idem_stats has every counter.';
+    END IF;
+    SELECT n.nspname INTO STRICT ext_schema
+      FROM pg_catalog.pg_extension AS e
+      JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
+     WHERE e.extname OPERATOR(pg_catalog.=) 'idem_consumer';
+    -- every node's idem_stats, read as the caller; a node that cannot be
+    -- read makes the sum wrong, so it is an error, not a gap
+    FOR node IN EXECUTE 'SELECT nodeid, success, result FROM pg_catalog.run_command_on_all_nodes($1)'
+        USING pg_catalog.format(
+            'SELECT COALESCE(pg_catalog.json_agg(s), ''[]'') FROM %I.idem_stats AS s',
+            ext_schema)
+    LOOP
+        IF NOT node.success THEN
+            RAISE EXCEPTION 'could not read the counters of node %', node.nodeid
+                USING ERRCODE = 'connection_exception',
+                      DETAIL = node.result,
+                      HINT = 'Every node needs idem_consumer, in the schema it has on the coordinator.';
+        END IF;
+        node_counters := node_counters OPERATOR(pg_catalog.||) node.result::json;
+    END LOOP;
+    RETURN QUERY
+        SELECT s.consumer, pg_catalog.count(*)::integer,
+               pg_catalog.sum(s.applied)::bigint, pg_catalog.sum(s.duplicates)::bigint,
+               pg_catalog.sum(s.failed)::bigint, pg_catalog.sum(s.dead_lettered)::bigint,
+               pg_catalog.sum(s.key_reuse)::bigint,
+               pg_catalog.max(s.latency_p95_ms), pg_catalog.max(s.lag_p95_ms),
+               pg_catalog.max(s.last_applied_at), pg_catalog.max(s.last_duplicate_at)
+          FROM pg_catalog.unnest(node_counters) AS c (counters)
+         CROSS JOIN LATERAL pg_catalog.json_to_recordset(c.counters) AS s (
+               consumer text, applied bigint, duplicates bigint, failed bigint,
+               dead_lettered bigint, key_reuse bigint, latency_p95_ms double precision,
+               lag_p95_ms double precision, last_applied_at timestamptz,
+               last_duplicate_at timestamptz)
+         GROUP BY s.consumer
+         ORDER BY s.consumer;
+END
+$$;
+COMMENT ON FUNCTION idem_citus_stats() IS
+    'idem_stats summed over the nodes of a Citus cluster';
+REVOKE ALL ON FUNCTION idem_citus_stats() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idem_citus_stats() TO pg_monitor;
+
+--
 -- Last, the switch from processed_keys to the ring: processed_keys_1 is
 -- the current generation from this commit on.  What makes that switch
 -- exact is a lock that conflicts with the ROW EXCLUSIVE of every

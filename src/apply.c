@@ -2,8 +2,10 @@
  *
  * apply.c
  *	  The SQL-callable API: idem_apply(), idem_apply_rows(),
- *	  idem_is_processed() and idem_forget().  Puts the argument validators (args.c), the key
- *	  store and business plans together.
+ *	  idem_apply_routed(), idem_is_processed(), idem_forget() and their
+ *	  routed forms.  Puts the
+ *	  argument validators (args.c), the key store (or routed.c's keys, for
+ *	  a call with a route) and business plans together.
  *
  * idem_apply() checks everything that can be checked before it records the
  * key (arguments, the SQL text, the parameter values), so that a bad call
@@ -30,8 +32,11 @@
 
 PG_FUNCTION_INFO_V1(idem_apply);
 PG_FUNCTION_INFO_V1(idem_apply_rows);
+PG_FUNCTION_INFO_V1(idem_apply_routed);
 PG_FUNCTION_INFO_V1(idem_is_processed);
 PG_FUNCTION_INFO_V1(idem_forget);
+PG_FUNCTION_INFO_V1(idem_is_processed_routed);
+PG_FUNCTION_INFO_V1(idem_forget_routed);
 
 /*
  * Records (consumer, key) and runs sql with params, the first four
@@ -40,11 +45,14 @@ PG_FUNCTION_INFO_V1(idem_forget);
  * running nothing, if the key was already recorded for the same message,
  * and raises IK001 if it was recorded for another one.  event_time and the
  * fingerprint are the arguments at the positions given; a fingerprint
- * position past the last argument means none (the idem_apply of 1.0).
+ * position past the last argument means none (the idem_apply of 1.0).  So
+ * does a route position of -1; a route is used where keys are routed
+ * (routed.c).
  */
 static bool
 apply_message(FunctionCallInfo fcinfo, int event_time_argno,
-			  int fingerprint_argno, int64 expect_rows, uint64 *rows)
+			  int fingerprint_argno, int route_argno, int64 expect_rows,
+			  uint64 *rows)
 {
 	text	   *key = get_key_arg(fcinfo, 0);
 	char	   *consumer = get_consumer_arg(fcinfo, 1);
@@ -61,8 +69,13 @@ apply_message(FunctionCallInfo fcinfo, int event_time_argno,
 	RecordedKey recorded = {0};
 	bool		applied;
 	int			call;
+	Datum		route = (Datum) 0;
+	Oid			route_type = InvalidOid;
+	bool		routed;
 
 	check_event_time_arg(fcinfo, event_time_argno);
+	routed = route_argno >= 0 &&
+		routed_get_route_arg(fcinfo, route_argno, &route, &route_type);
 
 	/* a role refused for the consumer must not show in its counters */
 	SPI_connect();
@@ -81,9 +94,14 @@ apply_message(FunctionCallInfo fcinfo, int event_time_argno,
 		fingerprint = fingerprint_of_bound_call(explicit_fingerprint, sql,
 												bound_params);
 	inflight_check_key(consumer_id, consumer, key, "record");
-	applied = keystore_record_key_fp(consumer_id, key,
-									 check_fingerprint ? &fingerprint : NULL,
-									 &recorded);
+	if (routed)
+		applied = routed_record_key(route, route_type, consumer, key,
+									check_fingerprint ? &fingerprint : NULL,
+									&recorded);
+	else
+		applied = keystore_record_key_fp(consumer_id, key,
+										 check_fingerprint ? &fingerprint : NULL,
+										 &recorded);
 	if (applied)
 	{
 		*rows = inflight_execute(consumer_id, consumer, key, bplan, bound_params);
@@ -113,7 +131,21 @@ idem_apply(PG_FUNCTION_ARGS)
 {
 	uint64		rows;
 
-	PG_RETURN_BOOL(apply_message(fcinfo, 4, 5, 0, &rows));
+	PG_RETURN_BOOL(apply_message(fcinfo, 4, 5, -1, 0, &rows));
+}
+
+/*
+ * idem_apply_routed(key, consumer, sql, params, route, event_time,
+ * fingerprint): idem_apply with the key stored beside the business row of
+ * route, where keys are routed (Citus); elsewhere the route is not needed,
+ * and idem_apply_routed is idem_apply.
+ */
+Datum
+idem_apply_routed(PG_FUNCTION_ARGS)
+{
+	uint64		rows;
+
+	PG_RETURN_BOOL(apply_message(fcinfo, 5, 6, 4, 0, &rows));
 }
 
 /*
@@ -127,9 +159,65 @@ idem_apply_rows(PG_FUNCTION_ARGS)
 	int64		expect_rows = get_expect_rows_arg(fcinfo, 4);
 	uint64		rows;
 
-	if (!apply_message(fcinfo, 5, 6, expect_rows, &rows))
+	if (!apply_message(fcinfo, 5, 6, -1, expect_rows, &rows))
 		PG_RETURN_NULL();
 	PG_RETURN_INT64((int64) rows);
+}
+
+/*
+ * Whether (consumer, key), the first two arguments, is recorded and
+ * visible to the current transaction; with the route at route_argno (-1:
+ * none) where keys are routed.
+ */
+static bool
+key_is_processed(FunctionCallInfo fcinfo, int route_argno)
+{
+	text	   *key = get_key_arg(fcinfo, 0);
+	char	   *consumer = get_consumer_arg(fcinfo, 1);
+	Datum		route = (Datum) 0;
+	Oid			route_type = InvalidOid;
+	bool		routed = route_argno >= 0 &&
+		routed_get_route_arg(fcinfo, route_argno, &route, &route_type);
+	int32		consumer_id;
+	bool		exists = false;
+
+	SPI_connect();
+	consumer_id = keystore_consumer_id(consumer, false);
+	if (consumer_id != 0)
+		exists = routed ? routed_key_exists(route, route_type, consumer, key) :
+			keystore_key_exists(consumer_id, key);
+	SPI_finish();
+	return exists;
+}
+
+/*
+ * Removes (consumer, key), the first two arguments, with the route at
+ * route_argno (-1: none) where keys are routed; returns whether the key
+ * was recorded.  function_name is the SQL function's, which business SQL
+ * may not call.
+ */
+static bool
+forget_message(FunctionCallInfo fcinfo, int route_argno, const char *function_name)
+{
+	text	   *key = get_key_arg(fcinfo, 0);
+	char	   *consumer = get_consumer_arg(fcinfo, 1);
+	Datum		route = (Datum) 0;
+	Oid			route_type = InvalidOid;
+	bool		routed = route_argno >= 0 &&
+		routed_get_route_arg(fcinfo, route_argno, &route, &route_type);
+	int32		consumer_id;
+	bool		removed = false;
+
+	SPI_connect();
+	consumer_id = keystore_consumer_id(consumer, false);
+	if (consumer_id != 0)
+		inflight_check_key(consumer_id, consumer, key, "forget");
+	inflight_check_none(function_name);
+	if (consumer_id != 0)
+		removed = routed ? routed_forget_key(route, route_type, consumer, key) :
+			keystore_forget_key(consumer_id, key);
+	SPI_finish();
+	return removed;
 }
 
 /*
@@ -139,18 +227,8 @@ idem_apply_rows(PG_FUNCTION_ARGS)
 Datum
 idem_is_processed(PG_FUNCTION_ARGS)
 {
-	text	   *key = get_key_arg(fcinfo, 0);
-	char	   *consumer = get_consumer_arg(fcinfo, 1);
-	int32		consumer_id;
-	bool		exists = false;
-
-	SPI_connect();
-	consumer_id = keystore_consumer_id(consumer, false);
-	if (consumer_id != 0)
-		exists = keystore_key_exists(consumer_id, key);
-	SPI_finish();
-
-	PG_RETURN_BOOL(exists);
+	routed_refuse_unrouted();
+	PG_RETURN_BOOL(key_is_processed(fcinfo, -1));
 }
 
 /*
@@ -163,19 +241,27 @@ idem_is_processed(PG_FUNCTION_ARGS)
 Datum
 idem_forget(PG_FUNCTION_ARGS)
 {
-	text	   *key = get_key_arg(fcinfo, 0);
-	char	   *consumer = get_consumer_arg(fcinfo, 1);
-	int32		consumer_id;
-	bool		removed = false;
+	routed_refuse_unrouted();
+	PG_RETURN_BOOL(forget_message(fcinfo, -1, "idem_forget"));
+}
 
-	SPI_connect();
-	consumer_id = keystore_consumer_id(consumer, false);
-	if (consumer_id != 0)
-		inflight_check_key(consumer_id, consumer, key, "forget");
-	inflight_check_none("idem_forget");
-	if (consumer_id != 0)
-		removed = keystore_forget_key(consumer_id, key);
-	SPI_finish();
+/*
+ * idem_is_processed_routed(key, consumer, route): idem_is_processed for a
+ * key stored with its route; where keys are not routed, the route is not
+ * needed.
+ */
+Datum
+idem_is_processed_routed(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_BOOL(key_is_processed(fcinfo, 2));
+}
 
-	PG_RETURN_BOOL(removed);
+/*
+ * idem_forget_routed(key, consumer, route): idem_forget for a key stored
+ * with its route; where keys are not routed, the route is not needed.
+ */
+Datum
+idem_forget_routed(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_BOOL(forget_message(fcinfo, 2, "idem_forget_routed"));
 }

@@ -299,6 +299,20 @@ extern ParamListInfo business_plan_bind(BusinessPlan *bplan, ArrayType *params);
 extern uint64 business_plan_execute(BusinessPlan *bplan, ParamListInfo params);
 extern bool business_sql_is_call(const char *sql);
 
+/* routed.c */
+extern Oid	routed_keys_relid(void);
+extern void routed_refuse_unrouted(void);
+extern bool routed_get_route_arg(FunctionCallInfo fcinfo, int argno, Datum *route,
+								 Oid *route_type);
+extern bool routed_record_key(Datum route, Oid route_type, const char *consumer,
+							  text *key, const int32 *fingerprint,
+							  RecordedKey *recorded);
+extern bool routed_key_exists(Datum route, Oid route_type, const char *consumer,
+							  text *key);
+extern bool routed_forget_key(Datum route, Oid route_type, const char *consumer,
+							  text *key);
+extern uint64 routed_purge(const char *consumer);
+
 /* args.c */
 extern text *get_name_arg(FunctionCallInfo fcinfo, int argno, const char *argname,
 						  int max_bytes);

@@ -392,6 +392,7 @@ keystore_record_key_fp(int32 consumer_id, text *key, const int32 *fingerprint,
 	int32		processed_at;
 	bool		isnew;
 
+	routed_refuse_unrouted();
 	inflight_note_recording();
 	slot = keygen_lock_current();
 	processed_at = keystore_processed_at_now();
@@ -536,6 +537,7 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 	MemoryContext keycxt;
 	bool		insert_first = false;
 
+	routed_refuse_unrouted();
 	inflight_note_recording();
 
 	slot = keygen_lock_current();
@@ -614,6 +616,7 @@ keystore_insert_batch(int32 consumer_id, ArrayType *keys)
 	Datum		args[3];
 	KeyGenSlot	slot;
 
+	routed_refuse_unrouted();
 	inflight_note_recording();
 	args[0] = Int32GetDatum(consumer_id);
 	args[1] = Int32GetDatum(keystore_processed_at_now());
@@ -654,9 +657,12 @@ keystore_key_exists(int32 consumer_id, text *key)
 {
 	Datum		key_args[2];
 	KeyFastPath fp;
-	const KeyGenState *st = keygen_state_latest();
-	KeyGenSlot	slot = st->current;
+	const KeyGenState *st;
+	KeyGenSlot	slot;
 
+	routed_refuse_unrouted();
+	st = keygen_state_latest();
+	slot = st->current;
 	if (recorded_before(st, consumer_id, key, NULL, false))
 		return true;
 

@@ -262,6 +262,32 @@ purge_worker_generations(const char *dbname)
 }
 
 /*
+ * Removes the expired routed keys (routed.c) in a transaction of its own,
+ * where this node is the one that purges them.
+ */
+static void
+purge_worker_routed(const char *dbname)
+{
+	uint64		removed = 0;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "idem_consumer purge of routed keys");
+	if (OidIsValid(get_extension_oid("idem_consumer", true)))
+		removed = routed_purge(NULL);
+	SPI_finish();
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	pgstat_report_activity(STATE_IDLE, NULL);
+	if (removed > 0)
+		ereport(LOG,
+				(errmsg("idem_consumer purged " UINT64_FORMAT " routed keys in database \"%s\"",
+						removed, dbname)));
+}
+
+/*
  * Runs one purge of the worker's database, a transaction per chunk.
  */
 static void
@@ -273,6 +299,7 @@ purge_worker_run(MemoryContext loop_cxt, const char *dbname)
 	PurgeProgress progress = PURGE_CONTINUES;
 
 	purge_worker_generations(dbname);
+	purge_worker_routed(dbname);
 
 	while (progress != PURGE_RUN_DONE)
 	{

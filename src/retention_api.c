@@ -87,7 +87,8 @@ idem_reset_retention(PG_FUNCTION_ARGS)
 /*
  * idem_purge(consumer, batch_size): removes expired keys of one consumer,
  * or of all when consumer is NULL, at most batch_size per consumer, and
- * returns how many it removed; 0 means the run is complete.
+ * returns how many it removed; 0 means the run is complete.  Routed keys
+ * (routed.c) go all at once, whatever batch_size.
  */
 Datum
 idem_purge(PG_FUNCTION_ARGS)
@@ -95,6 +96,7 @@ idem_purge(PG_FUNCTION_ARGS)
 	int32		only_consumer = 0;
 	int32		batch_size;
 	uint64		total = 0;
+	char	   *consumer = NULL;
 
 	batch_size = get_count_arg(fcinfo, 1, "batch_size");
 	inflight_check_none("idem_purge");
@@ -102,7 +104,10 @@ idem_purge(PG_FUNCTION_ARGS)
 
 	SPI_connect();
 	if (!PG_ARGISNULL(0))
-		only_consumer = existing_consumer_id(get_consumer_arg(fcinfo, 0));
+	{
+		consumer = get_consumer_arg(fcinfo, 0);
+		only_consumer = existing_consumer_id(consumer);
+	}
 	else
 		keystore_check_every_consumer("purge the keys");
 
@@ -117,6 +122,7 @@ idem_purge(PG_FUNCTION_ARGS)
 			break;
 		CHECK_FOR_INTERRUPTS();
 	}
+	total += routed_purge(consumer);
 	SPI_finish();
 
 	PG_RETURN_INT64((int64) total);

@@ -275,3 +275,26 @@ EOF
     fi
     export PGHOST=$dir PGPORT=$port PGUSER=postgres
 }
+
+# pg_install_copy DIR: copies the PostgreSQL installation of PG_CONFIG,
+# with what is installed in it (idem_consumer), to DIR in Debian's layout
+# (lib/postgresql/MAJOR, share/postgresql/MAJOR and include/postgresql
+# under one prefix), whose programs find each other relative to
+# themselves; prints the copy's pg_config.  For test dependencies that
+# install into PostgreSQL (Citus), so that they never land in the
+# installation the machine and the other suites use.
+pg_install_copy() {
+    local copy=$1 bindir prefix
+    bindir=$("$PG_CONFIG" --bindir)
+    prefix=${bindir%/lib/postgresql/$PG_MAJOR/bin}
+    [ "$prefix" != "$bindir" ] && [ -d "$prefix/share/postgresql/$PG_MAJOR" ] &&
+        [ -d "$prefix/include/postgresql" ] ||
+        die "cannot copy the PostgreSQL installation of $PG_CONFIG: not in Debian's layout"
+    rm -rf "$copy" &&
+        mkdir -p "$copy/lib/postgresql" "$copy/share/postgresql" "$copy/include" &&
+        cp -a "$prefix/lib/postgresql/$PG_MAJOR" "$copy/lib/postgresql/" &&
+        cp -a "$prefix/share/postgresql/$PG_MAJOR" "$copy/share/postgresql/" &&
+        cp -a "$prefix/include/postgresql" "$copy/include/" ||
+        die "cannot copy the PostgreSQL installation of $PG_CONFIG to $copy"
+    echo "$copy/lib/postgresql/$PG_MAJOR/bin/pg_config"
+}

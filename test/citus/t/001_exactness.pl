@@ -1,7 +1,9 @@
-# Exactly-once effects on a Citus cluster under faults.
+# Exactly-once effects on a Citus cluster under faults, with routed keys
+# (src/routed.c).
 #
 # A coordinator and two workers (test/citus/cluster), the business table
-# distributed by order id.  For each fault, messages with unique keys are
+# distributed by order id, and idem_consumer's keys distributed with it by
+# idem_citus_distribute().  For each fault, messages with unique keys are
 # delivered by concurrent clients with redeliveries (some of them by two
 # clients at once); a client whose chunk of messages fails sends the whole
 # chunk again, as a broker redelivers what was not acknowledged.  Mid-load
@@ -13,16 +15,17 @@
 # more.  Each application of a message adds one to its row's counter, so
 # that a message applied twice is a row whose counter is above one.
 #
-# Two consumer shapes receive every fault's messages at once:
-#  (i)  idem_apply on the coordinator, its business SQL on the distributed
-#       table: the key is recorded on the coordinator, the payment on a
-#       worker, and a commit that reaches one and not the other applies the
-#       message twice on redelivery.  Reported, not asserted (a TODO).
-#  (ii) the key in a user table colocated with the business table (the
-#       order id in its unique key), recorded by a function delegated to
-#       the shard's worker in the same transaction as the payment: every
-#       message applied exactly once, asserted.
-# Every message must be applied at least once in both shapes.
+# Two consumer shapes receive every fault's messages at once, and both
+# must apply every message exactly once:
+#  (i)  idem_apply_routed on the coordinator, its business SQL on the
+#       distributed table: Citus sends the key and the payment to the
+#       worker of the order's shard, in one transaction there;
+#  (ii) idem_apply_routed in a function delegated to the shard's worker
+#       (create_distributed_function, force_delegation): the key and the
+#       payment are local writes of one transaction.
+# Without routed keys, shape (i) applied messages twice after the
+# coordinator's and a worker's immediate stops: its keys stayed on the
+# coordinator while the payments committed on a worker.
 use strict;
 use warnings;
 
@@ -91,6 +94,31 @@ sub query
 	return $out;
 }
 
+# the README's block on Citus, as a reader pastes it after making orders
+# (8 shards, as the tables below, so that they are colocated with it)
+my $readme_block = do {
+	open(my $rf, '<', "$here/../../../README.md") or die "README.md: $!";
+	my ($heading, $in, $text) = ('', 0, undef);
+	while (my $l = <$rf>)
+	{
+		if (!$in && $l =~ /^#+\s+(.*?)\s*$/) { $heading = $1; }
+		elsif (!$in && $l =~ /^```sql\s*$/ && $heading eq 'Scale-out on Citus') { $in = 1; $text = ''; }
+		elsif ($in && $l =~ /^```\s*$/) { last; }
+		elsif ($in) { $text .= $l; }
+	}
+	close $rf;
+	$text;
+};
+ok(defined $readme_block, 'README.md has a block on Citus');
+query("SET citus.shard_count = 8;
+       CREATE TABLE orders (order_id bigint PRIMARY KEY, paid boolean NOT NULL DEFAULT false);
+       INSERT INTO orders SELECT g FROM generate_series(1, 100) AS g;
+       $readme_block");
+is(query(q{SELECT paid FROM orders WHERE order_id = 42}), 't', "the README's block applied its message");
+is(query(q{SELECT idem_apply_routed('order-paid:e-7', 'payments',
+       'UPDATE orders SET paid = true WHERE order_id = $1::bigint', ARRAY['42'], route => 42::bigint)}),
+	'f', "the README's message delivered again is a duplicate");
+
 # the business tables, colocated, and shape (ii)'s keys and function
 query(<<'SQL');
 SET citus.shard_count = 8;
@@ -103,23 +131,15 @@ CREATE TABLE payments_i (
 SELECT create_distributed_table('payments_i', 'order_id');
 CREATE TABLE payments_ii (LIKE payments_i INCLUDING ALL);
 SELECT create_distributed_table('payments_ii', 'order_id', colocate_with => 'payments_i');
-CREATE TABLE keys_ii (
-    order_id bigint NOT NULL,
-    key text NOT NULL,
-    PRIMARY KEY (order_id, key));
-SELECT create_distributed_table('keys_ii', 'order_id', colocate_with => 'payments_i');
+SELECT idem_citus_distribute('payments_i');
 CREATE FUNCTION pay_ii(p_order_id bigint, p_key text, p_msg_id bigint, p_amount bigint)
 RETURNS boolean LANGUAGE plpgsql AS $f$
 BEGIN
-    INSERT INTO public.keys_ii (order_id, key) VALUES (p_order_id, p_key)
-        ON CONFLICT DO NOTHING;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    INSERT INTO public.payments_ii AS p (order_id, msg_id, amount)
-        VALUES (p_order_id, p_msg_id, p_amount)
-        ON CONFLICT (order_id, msg_id) DO UPDATE SET applications = p.applications + 1;
-    RETURN true;
+    RETURN public.idem_apply_routed(p_key, 'citus_ii',
+        'INSERT INTO public.payments_ii AS p (order_id, msg_id, amount) '
+        'VALUES ($1::bigint, $2::bigint, $3::bigint) '
+        'ON CONFLICT (order_id, msg_id) DO UPDATE SET applications = p.applications + 1',
+        ARRAY[p_order_id::text, p_msg_id::text, p_amount::text], route => p_order_id);
 END
 $f$;
 SELECT create_distributed_function('pay_ii(bigint,text,bigint,bigint)', 'p_order_id',
@@ -139,17 +159,108 @@ SELECT pg_reload_conf();
 SQL
 is(query(q{SELECT count(DISTINCT colocationid) || ' ' || count(*) FROM pg_dist_partition
              WHERE logicalrelid IN ('payments_i'::regclass, 'payments_ii'::regclass,
-                                    'keys_ii'::regclass) AND partmethod = 'h'}),
-	'1 3', 'payments_i, payments_ii and keys_ii are distributed by order id and colocated');
+                                    'idem_consumer.routed_keys'::regclass) AND partmethod = 'h'}),
+	'1 3', 'payments_i, payments_ii and the routed keys are distributed by order id and colocated');
 is(query(q{SELECT force_delegation AND distribution_argument_index = 0
              AND colocationid = (SELECT colocationid FROM pg_dist_partition
-                                 WHERE logicalrelid = 'keys_ii'::regclass)
+                                 WHERE logicalrelid = 'idem_consumer.routed_keys'::regclass)
            FROM pg_dist_object
            WHERE objid = 'public.pay_ii(bigint,text,bigint,bigint)'::regprocedure}),
-	't', 'pay_ii is distributed by its order id, colocated with keys_ii, delegation forced');
+	't', 'pay_ii is distributed by its order id, colocated with the routed keys, delegation forced');
 like(query(q{EXPLAIN (COSTS OFF) SELECT public.pay_ii(1, 'pay:1:0', 0, 1)}),
 	qr/Citus Adaptive.*Task Count: 1\n.*Node: host=\S+ port=(?:@{[$port + 1]}|@{[$port + 2]})\b/s,
 	'a call of pay_ii on the coordinator runs whole on the worker of its shard');
+
+# once keys are routed, a call without a route is refused on every node,
+# before it records anything
+query(<<'SQL');
+CREATE FUNCTION public.sqlstate_of(sql text) RETURNS text LANGUAGE plpgsql AS $f$
+BEGIN
+    EXECUTE sql;
+    RETURN 'ok';
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLSTATE;
+END
+$f$;
+SQL
+is(query(q{SELECT string_agg(result, ' ' ORDER BY nodeid) FROM run_command_on_all_nodes(
+             $c$SELECT public.sqlstate_of('SELECT idem_apply(''k'', ''citus_i'', ''SELECT 1'')')
+                || ',' || public.sqlstate_of('SELECT idem_is_processed(''k'', ''citus_i'')')
+                || ',' || public.sqlstate_of('SELECT idem_forget(''k'', ''citus_i'')')$c$)}),
+	'0A000,0A000,0A000 0A000,0A000,0A000 0A000,0A000,0A000',
+	'idem_apply, idem_is_processed and idem_forget without a route: 0A000 on the coordinator and both workers');
+is(query(q{SELECT public.sqlstate_of($$SELECT idem_apply_routed('k', 'citus_i', 'SELECT 1', NULL, route => 'x'::text)$$)
+              || ',' || public.sqlstate_of($$SELECT idem_apply_routed('k', 'citus_i', 'SELECT 1', NULL, route => NULL::bigint)$$)
+              || ',' || public.sqlstate_of($$SELECT idem_citus_distribute('pg_class')$$)}),
+	'42804,22004,22023',
+	'a route of another type, a null route, and distributing by a table Citus does not distribute are refused');
+query(q{CREATE TABLE other_colocation (id bigint PRIMARY KEY);
+        SELECT create_distributed_table('other_colocation', 'id', colocate_with => 'none');});
+is(query(q{SELECT public.sqlstate_of($$SELECT idem_citus_distribute('other_colocation')$$)
+              || ',' || idem_citus_distribute('payments_ii')::text}),
+	'55000,idem_consumer.routed_keys',
+	'the keys stay colocated with the tables they were distributed with; calling again for those keeps them');
+is(query(q{SELECT count(*) FROM idem_consumer.routed_keys WHERE key = 'k'}), '0',
+	'nothing was recorded by the refused calls');
+# a key lands in the shard of its route, with the payment
+query(q{SELECT idem_apply_routed('probe:1', 'citus_probe', 'SELECT 1', NULL, route => 42::bigint)});
+is(query(q{SELECT (SELECT get_shard_id_for_distribution_column('idem_consumer.routed_keys', 42)
+                   IN (SELECT shardid FROM pg_dist_shard_placement WHERE nodeport = p.nodeport
+                         AND shardid IN (SELECT shardid FROM pg_dist_shard
+                                          WHERE logicalrelid = 'idem_consumer.routed_keys'::regclass)))
+             FROM pg_dist_shard_placement AS p
+            WHERE p.shardid = get_shard_id_for_distribution_column('payments_i', 42)}),
+	't', 'the key of route 42 is on the node of the payments of order 42');
+is(query(q{SELECT idem_is_processed_routed('probe:1', 'citus_probe', 42::bigint)::text || ','
+              || idem_is_processed_routed('probe:1', 'citus_probe', 43::bigint)::text || ','
+              || idem_forget_routed('probe:1', 'citus_probe', 42::bigint)::text || ','
+              || idem_is_processed_routed('probe:1', 'citus_probe', 42::bigint)::text}),
+	'true,false,true,false', 'a routed key is found by its route only, and forgotten');
+
+# a role other than the owner of the key store: refused with a clear error
+# on the coordinator, where Citus would refuse its transaction (the key
+# written as the owner, the payment as the role), served by a function
+# delegated to the shard's worker
+query(<<'SQL');
+CREATE ROLE team_pay LOGIN;
+GRANT SELECT, UPDATE ON orders TO team_pay;
+SELECT run_command_on_all_nodes($c$GRANT EXECUTE ON FUNCTION
+    idem_apply_routed(text, text, text, text[], anyelement, timestamptz, text) TO team_pay$c$);
+SELECT run_command_on_all_nodes($c$SELECT idem_consumer_create('citus_team', 'team_pay')$c$);
+CREATE FUNCTION team_pay(p_order bigint, p_key text) RETURNS boolean LANGUAGE plpgsql AS $f$
+BEGIN
+    RETURN public.idem_apply_routed(p_key, 'citus_team',
+        'UPDATE public.orders SET paid = true WHERE order_id = $1::bigint',
+        ARRAY[p_order::text], route => p_order);
+END
+$f$;
+SELECT create_distributed_function('team_pay(bigint,text)', 'p_order',
+    colocate_with => 'orders', force_delegation => true);
+SQL
+is(query(q{SET ROLE team_pay;
+           SELECT public.sqlstate_of($s$SELECT idem_apply_routed('team:5', 'citus_team',
+               'UPDATE public.orders SET paid = true WHERE order_id = $1::bigint', ARRAY['5'], route => 5::bigint)$s$)}),
+	'0A000', 'a role other than the owner of the key store: idem_apply_routed on the coordinator refused');
+is(query(q{SELECT paid FROM orders WHERE order_id = 5}), 'f', 'and nothing applied');
+is(query(q{SET ROLE team_pay; SELECT team_pay(5, 'team:5')}) . ','
+	  . query(q{SET ROLE team_pay; SELECT team_pay(5, 'team:5')}),
+	't,f', 'the same role through the delegated function: applied once, then a duplicate');
+is(query(q{SELECT paid FROM orders WHERE order_id = 5}) . ','
+	  . query(q{SELECT count(*) FROM idem_consumer.routed_keys WHERE consumer = 'citus_team'}),
+	't,1', 'its payment and its key are recorded');
+
+# retention: the coordinator purges the expired routed keys from their
+# shards; the workers leave them to it
+query(q{SELECT idem_apply_routed('probe:2', 'citus_probe', 'SELECT 1', NULL, route => 42::bigint),
+               idem_apply_routed('probe:3', 'citus_probe', 'SELECT 1', NULL, route => 43::bigint)});
+query(q{UPDATE idem_consumer.routed_keys SET processed_at = processed_at - 30 * 86400
+         WHERE consumer = 'citus_probe' AND key = 'probe:2'});
+is(query(q{SELECT string_agg(result, ' ' ORDER BY nodeport) FROM run_command_on_workers('SELECT idem_purge()')}),
+	'0 0', 'the workers leave the routed keys to the purge of the coordinator');
+is(query(q{SELECT idem_purge('citus_probe')}), '1',
+	'the coordinator purges the routed key older than the window from its shard');
+is(query(q{SELECT string_agg(key, ',') FROM idem_consumer.routed_keys WHERE consumer = 'citus_probe'}),
+	'probe:3', 'the newer routed key stays');
 
 my $sql_i = 'INSERT INTO public.payments_i AS p (order_id, msg_id, amount) '
   . 'VALUES ($1::bigint, $2::bigint, $3::bigint) '
@@ -164,8 +275,8 @@ sub statement
 	my ($shape, $m) = @_;
 	my ($o, $a) = (order_of($m), amount_of($m));
 	return "SELECT public.pay_ii($o, 'pay:$o:$m', $m, $a);" if $shape eq 'ii';
-	return "SELECT idem_apply('pay:$o:$m', 'citus_i', \$q\$$sql_i\$q\$, "
-	  . "ARRAY['$o', '$m', '$a']);";
+	return "SELECT idem_apply_routed('pay:$o:$m', 'citus_i', \$q\$$sql_i\$q\$, "
+	  . "ARRAY['$o', '$m', '$a'], route => ${o}::bigint);";
 }
 
 # deliver(NAME, DELIVERIES, FAULT, AT): the deliveries spread over the
@@ -354,22 +465,10 @@ for my $f (0 .. $#faults)
 		  sprintf("%-46s shape (%s): %d messages, %d deliveries, %d applied twice",
 			$what, $shape, $n, $deliveries, $twice);
 		is($rows, $n, "fault $what, shape ($shape): every message applied");
-		if ($shape eq 'ii')
-		{
-			is($twice, 0, "fault $what, shape (ii): no message applied twice");
-			is(query("SELECT count(*) FROM keys_ii WHERE key LIKE 'pay:%' AND "
-					  . "split_part(key, ':', 3)::bigint BETWEEN $msgs[0] AND $msgs[-1]"),
-				$n, "fault $what, shape (ii): one key per message");
-		}
-		else
-		{
-		  TODO:
-			{
-				local $TODO =
-				  'idem_apply on the coordinator keeps its keys apart from the distributed rows';
-				is($twice, 0, "fault $what, shape (i): no message applied twice");
-			}
-		}
+		is($twice, 0, "fault $what, shape ($shape): no message applied twice");
+		is(query("SELECT count(*) FROM idem_consumer.routed_keys WHERE consumer = 'citus_$shape' "
+				  . "AND split_part(key, ':', 3)::bigint BETWEEN $msgs[0] AND $msgs[-1]"),
+			$n, "fault $what, shape ($shape): one routed key per message");
 	}
 	diag(sprintf('fault %s: %.1f s', $what, $secs));
 }
@@ -377,6 +476,24 @@ for my $f (0 .. $#faults)
 # the shard placements are where the rebalancer left them, all healthy
 is(query('SELECT count(DISTINCT nodeport) FROM pg_dist_shard_placement'),
 	'2', 'the shards are on both workers after the rebalance');
+
+# the counters of every node, summed: calls delegated to both workers and
+# one on the coordinator, each message delivered twice
+query(<<'SQL');
+CREATE FUNCTION count_me(p_order bigint, p_key text) RETURNS boolean LANGUAGE plpgsql AS $f$
+BEGIN
+    RETURN public.idem_apply_routed(p_key, 'citus_stats', 'SELECT 1', NULL, route => p_order);
+END
+$f$;
+SELECT create_distributed_function('count_me(bigint,text)', 'p_order',
+    colocate_with => 'payments_i', force_delegation => true);
+SQL
+query("SELECT count_me($_, 'stats:$_')") for (1 .. 20, 1 .. 20);
+query(q{SELECT idem_apply_routed('stats:21', 'citus_stats', 'SELECT 1', NULL, route => 21::bigint)});
+query(q{SELECT idem_apply_routed('stats:21', 'citus_stats', 'SELECT 1', NULL, route => 21::bigint)});
+is(query(q{SELECT applied || ' ' || duplicates || ' ' || (nodes = 3)
+             FROM idem_citus_stats() WHERE consumer = 'citus_stats'}),
+	'21 21 true', 'idem_citus_stats sums the counters of the coordinator and both workers');
 
 diag($_) for @report;
 done_testing();

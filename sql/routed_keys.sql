@@ -1,0 +1,126 @@
+--
+-- Routed keys (src/routed.c): idem_apply_routed, idem_is_processed_routed
+-- and idem_forget_routed.  Without routed keys the route is not needed and
+-- they are the calls without it; once idem_consumer.routed_keys exists,
+-- keys go there with their route, and every call that would record, look
+-- up or forget a key without one is refused before it records anything.
+-- idem_citus_distribute() makes that table on a Citus coordinator
+-- (test/citus); here, on one server without Citus, the same table is made
+-- by hand, so that the routed statements run as on a node of a cluster.
+-- In a database of its own.
+--
+SELECT current_database() AS regression_db \gset
+CREATE DATABASE idem_routed;
+\c idem_routed
+SET client_min_messages = warning;
+CREATE EXTENSION idem_consumer;
+
+CREATE TABLE pay (order_id bigint, msg text);
+\set pay 'insert into pay values ($1::bigint, $2)'
+CREATE FUNCTION state_of(sql text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE sql;
+    RETURN 'ok';
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLSTATE || ': ' || SQLERRM;
+END
+$$;
+
+-- without routed keys: the route is not needed, the key store decides
+SELECT idem_apply_routed('m-1', 'shop', :'pay', ARRAY['7', 'm-1'], route => 7::bigint) AS first,
+       idem_apply_routed('m-1', 'shop', :'pay', ARRAY['7', 'm-1'], route => 7::bigint) AS again,
+       idem_apply('m-1', 'shop', :'pay', ARRAY['7', 'm-1']) AS without_route;
+SELECT consumer, key FROM idem_processed_keys;
+SELECT idem_is_processed_routed('m-1', 'shop', 7), idem_forget_routed('m-1', 'shop', 7),
+       idem_is_processed('m-1', 'shop');
+SELECT state_of($$SELECT idem_apply_routed('m-2', 'shop', 'select 1', NULL, route => NULL::int)$$);
+SELECT state_of($$SELECT idem_citus_distribute('pay')$$);
+SELECT state_of($$SELECT * FROM idem_citus_stats()$$);
+
+-- routed keys: the table idem_citus_distribute() makes, route bigint
+CREATE TABLE idem_consumer.routed_keys (
+    route bigint NOT NULL,
+    consumer text NOT NULL,
+    key text NOT NULL,
+    fingerprint integer,
+    processed_at integer NOT NULL,
+    PRIMARY KEY (route, consumer, key));
+REVOKE ALL ON idem_consumer.routed_keys FROM PUBLIC;
+
+SELECT idem_apply_routed('r-1', 'shop', :'pay', ARRAY['7', 'r-1'], route => 7::bigint) AS first,
+       idem_apply_routed('r-1', 'shop', :'pay', ARRAY['7', 'r-1'], route => 7::bigint) AS again,
+       idem_apply_routed('r-1', 'shop', :'pay', ARRAY['8', 'r-1'], route => 8) AS other_route;
+SELECT route, consumer, key, fingerprint IS NOT NULL AS has_fingerprint,
+       processed_at > 0 AS has_time FROM idem_consumer.routed_keys ORDER BY route;
+SELECT * FROM pay ORDER BY order_id, msg;
+-- the same key for another message: refused as key reuse
+SELECT state_of($$SELECT idem_apply_routed('r-1', 'shop', 'insert into pay values ($1::bigint, ''changed'')',
+                                         ARRAY['7'], route => 7::bigint)$$);
+SELECT idem_is_processed_routed('r-1', 'shop', 7::bigint) AS on_7,
+       idem_is_processed_routed('r-1', 'shop', 9::bigint) AS on_9,
+       idem_is_processed_routed('r-1', 'nobody', 7::bigint) AS unknown_consumer;
+-- a failed business statement records nothing
+SELECT state_of($$SELECT idem_apply_routed('r-2', 'shop', 'select 1 / 0', NULL, route => 7::bigint)$$);
+SELECT idem_is_processed_routed('r-2', 'shop', 7::bigint) AS recorded_after_failure;
+-- bad routes
+SELECT state_of($$SELECT idem_apply_routed('r-3', 'shop', 'select 1', NULL, route => 'seven'::text)$$);
+SELECT state_of($$SELECT idem_apply_routed('r-3', 'shop', 'select 1', NULL, route => NULL::bigint)$$);
+SELECT state_of($$SELECT idem_apply_routed('r-3', 'shop', 'select 1', NULL, route => now())$$);
+
+-- without a route, every call on keys is refused, and records nothing
+SELECT state_of($$SELECT idem_apply('r-4', 'shop', 'select 1')$$);
+SELECT state_of($$SELECT idem_apply_v('r-4', 'shop', 'select $1', 1)$$);
+SELECT state_of($$SELECT idem_try_apply('r-4', 'shop', 'select 1')$$);
+SELECT state_of($$SELECT * FROM idem_record_batch('shop', ARRAY['r-4', 'r-5'])$$);
+SELECT state_of($$SELECT idem_is_processed('r-1', 'shop')$$);
+SELECT state_of($$SELECT idem_forget('r-1', 'shop')$$);
+SELECT count(*) AS recorded_without_route FROM idem_processed_keys WHERE key LIKE 'r-%';
+SELECT count(*) AS routed FROM idem_consumer.routed_keys;
+
+-- business SQL may not forget a key, routed or not
+SELECT state_of($$SELECT idem_apply_routed('r-6', 'shop',
+    'select idem_forget_routed(''r-1'', ''shop'', 7::bigint)', NULL, route => 7::bigint)$$);
+SELECT idem_forget_routed('r-1', 'shop', 7::bigint) AS forgotten,
+       idem_forget_routed('r-1', 'shop', 7::bigint) AS forgotten_again,
+       idem_apply_routed('r-1', 'shop', :'pay', ARRAY['7', 'r-1 again'], route => 7::bigint) AS applied_again;
+
+-- retention: a routed key older than its consumer's window, counted back
+-- from that consumer's latest routed key, goes at the next purge
+SELECT idem_set_retention('shop', '1 day');
+UPDATE idem_consumer.routed_keys SET processed_at = processed_at - 2 * 86400
+ WHERE route = 8 AND key = 'r-1';
+SELECT idem_purge('shop') AS purged, idem_purge('shop') AS purged_again;
+SELECT route, key FROM idem_consumer.routed_keys WHERE consumer = 'shop' ORDER BY route, key;
+-- a window of forever keeps every key; the default window (7 days) not
+SELECT idem_apply_routed('r-8', 'shop', 'select 1', NULL, route => 9::bigint) AS newer;
+UPDATE idem_consumer.routed_keys SET processed_at = processed_at - 400 * 86400
+ WHERE route = 7 AND key = 'r-1';
+SELECT idem_set_retention('shop', NULL);
+SELECT idem_purge() AS purged_forever;
+SELECT idem_reset_retention('shop');
+SELECT idem_purge() AS purged_by_default;
+SELECT route, key FROM idem_consumer.routed_keys WHERE consumer = 'shop' ORDER BY route, key;
+
+-- a tenant: the business SQL runs with its rights, the routed keys are
+-- not its to read or change
+CREATE ROLE routed_tenant;
+GRANT EXECUTE ON FUNCTION idem_apply_routed(text, text, text, text[], anyelement, timestamptz, text),
+                          idem_is_processed_routed(text, text, anyelement)
+    TO routed_tenant;
+SELECT idem_consumer_create('tenant-shop', 'routed_tenant');
+SET ROLE routed_tenant;
+SELECT state_of($$SELECT idem_apply_routed('t-1', 'tenant-shop', 'insert into pay values (1, ''t'')', NULL, route => 1::bigint)$$);
+SELECT state_of($$SELECT idem_apply_routed('t-1', 'tenant-shop', 'select 1', NULL, route => 1::bigint)$$);
+SELECT state_of($$SELECT idem_apply_routed('t-2', 'shop', 'select 1', NULL, route => 1::bigint)$$);
+SELECT state_of($$SELECT count(*) FROM idem_consumer.routed_keys$$);
+SELECT state_of($$SELECT idem_forget_routed('t-1', 'tenant-shop', 1::bigint)$$);
+RESET ROLE;
+SELECT consumer, key FROM idem_consumer.routed_keys WHERE route = 1 ORDER BY key;
+
+-- without the table, keys are the key store's again
+DROP TABLE idem_consumer.routed_keys;
+SELECT idem_apply('r-7', 'shop', 'select 1') AS unrouted_again;
+
+\c :regression_db
+DROP DATABASE idem_routed;
+DROP ROLE routed_tenant;

@@ -1,0 +1,407 @@
+/*-------------------------------------------------------------------------
+ *
+ * routed.c
+ *	  Routed keys, for Citus: keys stored with a route, the value of the
+ *	  distribution column of the business row they protect, in
+ *	  idem_consumer.routed_keys, which idem_citus_distribute() (SQL) makes
+ *	  and distributes colocated with the business table.  Owns recording,
+ *	  probing, forgetting and purging routed keys, and the refusal of calls
+ *	  that would record or look up a key without its route once keys are
+ *	  routed.
+ *
+ * Why a routed key is exact.  routed_keys is unique on (route, consumer,
+ * key), and Citus colocates it with the business table: the key of a
+ * message and the rows its business SQL writes are in shards of one
+ * colocation group, placed on one node and moved together.  A key is
+ * recorded by one INSERT ... ON CONFLICT DO NOTHING in the caller's
+ * transaction, which Citus routes to the shard of its route, and the
+ * business SQL writes the rows of the same route:
+ *	- in a function delegated to the shard's node, both are local writes
+ *	  of one transaction;
+ *	- on the coordinator, Citus sends both over the one connection it uses
+ *	  for that colocated placement in the transaction, so they commit in
+ *	  one transaction of that node (or, if the transaction wrote to other
+ *	  nodes too, under Citus's two-phase commit).
+ * Either way the key commits if and only if the business rows do, on the
+ * node that holds them, whatever node or connection fails; a shard move
+ * copies both in one logical stream and switches them together.  What the
+ * coordinator records of its own (consumers, counters) decides nothing.
+ * Concurrent deliveries of one key meet at the shard's unique index as
+ * they would on one server (keystore.c): the second waits for the first
+ * transaction and then finds its key, or inserts its own.
+ *
+ * The keys are unique on the key itself, not on a hash: the route and the
+ * consumer's name mean the same on every node, while a consumer's id and
+ * the seed of the key hash are each node's own.  Keys and consumer names
+ * are short (IDEM_MAX_KEY_BYTES), so the index takes them whole.
+ *
+ * The statements run as the owner of the storage, like every statement of
+ * the key store, with the route's own type: the table's route column has
+ * the type of the business table's distribution column, and the call's
+ * argument is converted to it by the INSERT's assignment.
+ *
+ * The caller must be connected to SPI.
+ *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/routed.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/namespace.h"
+#include "catalog/pg_namespace.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "parser/parse_coerce.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+
+#include "keystore_internal.h"
+
+typedef enum RoutedStmt
+{
+	RK_INSERT,
+	RK_PROBE,
+	RK_FORGET,
+	RK_NUM_STMTS
+} RoutedStmt;
+
+/*
+ * The statements; argtypes[0], the route's, is set to the type of the
+ * call's route before they are prepared (routed_stmts_for).
+ */
+static StorageStmt routed_stmt_defs[RK_NUM_STMTS] = {
+	[RK_INSERT] = {
+		"INSERT INTO " STORAGE_SCHEMA ".routed_keys (route, consumer, key, fingerprint, processed_at)"
+		" VALUES ($1, $2, $3, $4, $5)"
+		" ON CONFLICT (route, consumer, key) DO NOTHING RETURNING 1",
+		5, {InvalidOid, TEXTOID, TEXTOID, INT4OID, INT4OID}
+	},
+	[RK_PROBE] = {
+		"SELECT fingerprint, processed_at FROM " STORAGE_SCHEMA ".routed_keys"
+		" WHERE route OPERATOR(pg_catalog.=) $1"
+		" AND consumer OPERATOR(pg_catalog.=) $2 AND key OPERATOR(pg_catalog.=) $3",
+		3, {InvalidOid, TEXTOID, TEXTOID}
+	},
+	[RK_FORGET] = {
+		"DELETE FROM " STORAGE_SCHEMA ".routed_keys"
+		" WHERE route OPERATOR(pg_catalog.=) $1"
+		" AND consumer OPERATOR(pg_catalog.=) $2 AND key OPERATOR(pg_catalog.=) $3"
+		" RETURNING 1",
+		3, {InvalidOid, TEXTOID, TEXTOID}
+	},
+};
+
+/* The statements of the purge, which take no route. */
+typedef enum RoutedPurgeStmt
+{
+	RP_LATEST,
+	RP_PURGE,
+	RP_NUM_STMTS
+} RoutedPurgeStmt;
+
+static const StorageStmt routed_purge_stmt_defs[RP_NUM_STMTS] = {
+	/* every consumer's latest activity, or consumer $1's */
+	[RP_LATEST] = {
+		"SELECT consumer, pg_catalog.max(processed_at) FROM " STORAGE_SCHEMA ".routed_keys"
+		" WHERE $1 IS NULL OR consumer OPERATOR(pg_catalog.=) $1"
+		" GROUP BY consumer",
+		1, {TEXTOID}
+	},
+	/* the keys older than the cutoffs $2 of the consumers $1 */
+	[RP_PURGE] = {
+		"DELETE FROM " STORAGE_SCHEMA ".routed_keys"
+		" WHERE processed_at OPERATOR(pg_catalog.<)"
+		" COALESCE($2[pg_catalog.array_position($1, consumer)], 0)",
+		2, {TEXTARRAYOID, INT4ARRAYOID}
+	},
+};
+
+static SPIPlanPtr routed_plans[RK_NUM_STMTS];
+static StorageStmtSet routed_stmts = STORAGE_STMT_SET(routed_stmt_defs, routed_plans);
+static SPIPlanPtr routed_purge_plans[RP_NUM_STMTS];
+static StorageStmtSet routed_purge_stmts = STORAGE_STMT_SET(routed_purge_stmt_defs,
+															routed_purge_plans);
+
+/* the route type the plans were prepared for */
+static Oid	routed_plans_type = InvalidOid;
+
+/*
+ * The routed keys' table, or InvalidOid if keys are not routed in this
+ * database.  A catalog lookup each call: the table appears at
+ * idem_citus_distribute(), which sends no invalidation of the storage.
+ */
+Oid
+routed_keys_relid(void)
+{
+	Oid			nspid = get_namespace_oid(STORAGE_SCHEMA, true);
+
+	return OidIsValid(nspid) ? get_relname_relid("routed_keys", nspid) : InvalidOid;
+}
+
+/*
+ * Raises an error if keys are routed in this database.  Every entry of the
+ * key store that records, looks up or forgets a key without its route
+ * calls it.
+ */
+void
+routed_refuse_unrouted(void)
+{
+	if (OidIsValid(routed_keys_relid()))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("a key cannot be recorded, looked up or forgotten without its route: the keys of this database are routed"),
+				 errdetail("idem_citus_distribute() made the keys live beside the business rows they protect; a key without its route would be recorded or looked up apart from them."),
+				 errhint("Use idem_apply_routed(), idem_is_processed_routed() or idem_forget_routed() with route => the business row's distribution column value.")));
+}
+
+/*
+ * Reads the route argument at argno: fills *route and *route_type and
+ * returns true when keys are routed in this database, returns false when
+ * they are not (the route is then not needed, and ignored, so that the
+ * same consumer runs on one server and on Citus).  A NULL route, or one of
+ * a type that cannot be stored in the route column, is refused.
+ */
+bool
+routed_get_route_arg(FunctionCallInfo fcinfo, int argno, Datum *route, Oid *route_type)
+{
+	Oid			relid = routed_keys_relid();
+	Oid			argtype = get_fn_expr_argtype(fcinfo->flinfo, argno);
+	Oid			column_type;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("route must not be null"),
+				 errhint("Pass the value of the business row's distribution column.")));
+	if (!OidIsValid(relid))
+		return false;
+
+	column_type = get_atttype(relid, get_attnum(relid, "route"));
+	if (!OidIsValid(argtype) ||
+		!can_coerce_type(1, &argtype, &column_type, COERCION_ASSIGNMENT))
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("route of type %s cannot be stored as the keys' route, of type %s",
+						OidIsValid(argtype) ? format_type_be(argtype) : "unknown",
+						format_type_be(column_type)),
+				 errhint("Pass the business row's distribution column value with its type, for example route => 42::%s.",
+						 format_type_be(column_type))));
+	*route = PG_GETARG_DATUM(argno);
+	*route_type = argtype;
+	return true;
+}
+
+/*
+ * Runs statement stmt with the route of type route_type first, preparing
+ * the statements again if the last call's route had another type.
+ */
+static void
+routed_run(RoutedStmt stmt, Oid route_type, Datum *args, const char *nulls)
+{
+	storage_stmts_current(&routed_stmts);
+	if (route_type != routed_plans_type)
+	{
+		for (int i = 0; i < RK_NUM_STMTS; i++)
+		{
+			if (routed_plans[i] != NULL)
+				SPI_freeplan(routed_plans[i]);
+			routed_plans[i] = NULL;
+			routed_stmt_defs[i].argtypes[0] = route_type;
+		}
+		routed_plans_type = route_type;
+	}
+	storage_stmt_run(&routed_stmts, stmt, args, nulls, 0);
+}
+
+static int32 citus_local_group(void);
+
+/*
+ * Refuses, before anything is written, a routed apply on the Citus
+ * coordinator by another role than the owner of the key store.  The key is
+ * written as that owner and the business SQL as the caller, and Citus
+ * refuses a transaction that writes one group of colocated shards over the
+ * connections of two roles, with an error that names neither.  In a
+ * function delegated to the shard's worker both are local writes, which
+ * Citus allows.
+ */
+static void
+refuse_two_roles_on_coordinator(const char *consumer)
+{
+	Oid			owner = storage_locate()->owner;
+
+	if (GetUserId() == owner || citus_local_group() != 0)
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+			 errmsg("idem_apply_routed on the Citus coordinator runs only as the owner of the key store, role \"%s\"",
+					GetUserNameFromId(owner, false)),
+			 errdetail("The key of consumer \"%s\" would be written as \"%s\" and the business SQL as \"%s\", and Citus refuses a transaction that writes colocated shards as two roles.",
+					   consumer, GetUserNameFromId(owner, false),
+					   GetUserNameFromId(GetUserId(), false)),
+			 errhint("Call it inside a function delegated to the shard's worker (create_distributed_function(..., force_delegation => true)), where any role with the grants may.")));
+}
+
+/*
+ * Records (route, consumer, key) with the fingerprint, if any; returns
+ * false if it was recorded already, and then fills *recorded.
+ */
+bool
+routed_record_key(Datum route, Oid route_type, const char *consumer, text *key,
+				  const int32 *fingerprint, RecordedKey *recorded)
+{
+	Datum		args[5];
+	char		nulls[5] = "     ";
+	bool		isnull;
+	Datum		value;
+
+	refuse_two_roles_on_coordinator(consumer);
+	args[0] = route;
+	args[1] = CStringGetTextDatum(consumer);
+	args[2] = PointerGetDatum(key);
+	args[3] = fingerprint ? Int32GetDatum(*fingerprint) : (Datum) 0;
+	nulls[3] = fingerprint ? ' ' : 'n';
+	args[4] = Int32GetDatum(keystore_processed_at_now());
+	routed_run(RK_INSERT, route_type, args, nulls);
+	if (SPI_processed == 1)
+		return true;
+
+	/*
+	 * The key was there, committed before our insert (or before our
+	 * snapshot, under REPEATABLE READ, or the insert would have failed): a
+	 * plain read sees it.
+	 */
+	routed_run(RK_PROBE, route_type, args, NULL);
+	if (SPI_processed != 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("could not read the routed key of consumer \"%s\" that a concurrent transaction recorded",
+						consumer),
+				 errhint("Retry the transaction.")));
+	value = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	recorded->has_fingerprint = !isnull;
+	recorded->fingerprint = isnull ? 0 : DatumGetInt32(value);
+	recorded->processed_at = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
+														 SPI_tuptable->tupdesc, 2,
+														 &isnull));
+	return false;
+}
+
+/*
+ * Whether (route, consumer, key) is recorded and visible to the current
+ * transaction.
+ */
+bool
+routed_key_exists(Datum route, Oid route_type, const char *consumer, text *key)
+{
+	Datum		args[3] = {route, CStringGetTextDatum(consumer), PointerGetDatum(key)};
+
+	routed_run(RK_PROBE, route_type, args, NULL);
+	return SPI_processed > 0;
+}
+
+/*
+ * Removes (route, consumer, key); returns whether it was recorded.
+ */
+bool
+routed_forget_key(Datum route, Oid route_type, const char *consumer, text *key)
+{
+	Datum		args[3] = {route, CStringGetTextDatum(consumer), PointerGetDatum(key)};
+
+	routed_run(RK_FORGET, route_type, args, NULL);
+	return SPI_processed > 0;
+}
+
+/*
+ * The Citus group of this node: 0 on the coordinator, -1 without Citus.
+ */
+static int32
+citus_local_group(void)
+{
+	bool		isnull;
+	Datum		group;
+
+	if (!OidIsValid(get_relname_relid("pg_dist_local_group", PG_CATALOG_NAMESPACE)))
+		return -1;
+	if (SPI_execute("SELECT groupid FROM pg_catalog.pg_dist_local_group", true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "could not read pg_dist_local_group");
+	if (SPI_processed != 1)
+		return -1;
+	group = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	return isnull ? -1 : DatumGetInt32(group);
+}
+
+/*
+ * Whether this node purges the routed keys: on Citus, only the coordinator,
+ * whose consumers' windows decide, so that nodes with other settings do
+ * not each purge by their own; without Citus, this server.
+ */
+static bool
+routed_purge_here(void)
+{
+	return citus_local_group() <= 0;
+}
+
+/*
+ * Removes the routed keys that have expired by the rule of retention.c (a
+ * key older than its consumer's window counted back from that consumer's
+ * latest routed key), of one consumer or of all (consumer NULL); returns
+ * how many.  Consumers take their windows from this node's settings: a
+ * consumer not registered here follows idem_consumer.retention.  Two scans
+ * of the routed keys, which Citus runs on every shard at once: one for the
+ * latest activity of each consumer, one that deletes, so a purge costs in
+ * proportion to the keys stored, not to the keys it removes.
+ */
+uint64
+routed_purge(const char *consumer)
+{
+	Datum		args[2];
+	char		nulls[2] = "  ";
+	RetentionWindows *windows;
+	SPITupleTable *latest;
+	Datum	   *names;
+	Datum	   *cutoffs;
+	int			n = 0;
+	uint64		nconsumers;
+
+	if (!OidIsValid(routed_keys_relid()) || !routed_purge_here())
+		return 0;
+
+	args[0] = consumer ? CStringGetTextDatum(consumer) : (Datum) 0;
+	nulls[0] = consumer ? ' ' : 'n';
+	storage_stmt_run(&routed_purge_stmts, RP_LATEST, args, nulls, 0);
+	latest = SPI_tuptable;
+	nconsumers = SPI_processed;
+	names = palloc(sizeof(Datum) * Max(nconsumers, 1));
+	cutoffs = palloc(sizeof(Datum) * Max(nconsumers, 1));
+	windows = retention_windows_load();
+	for (uint64 i = 0; i < nconsumers; i++)
+	{
+		bool		isnull;
+		char	   *name = TextDatumGetCString(SPI_getbinval(latest->vals[i],
+															 latest->tupdesc, 1, &isnull));
+		int32		last = DatumGetInt32(SPI_getbinval(latest->vals[i],
+													   latest->tupdesc, 2, &isnull));
+		int32		cutoff = retention_cutoff(windows,
+											  keystore_consumer_id(name, false), last);
+
+		if (cutoff <= 0)
+			continue;
+		names[n] = CStringGetTextDatum(name);
+		cutoffs[n] = Int32GetDatum(cutoff);
+		n++;
+	}
+	if (n == 0)
+		return 0;
+
+	args[0] = PointerGetDatum(construct_array(names, n, TEXTOID, -1, false, TYPALIGN_INT));
+	args[1] = PointerGetDatum(construct_array(cutoffs, n, INT4OID, sizeof(int32), true,
+											  TYPALIGN_INT));
+	storage_stmt_run(&routed_purge_stmts, RP_PURGE, args, NULL, 0);
+	return SPI_processed;
+}
