@@ -19,6 +19,13 @@
  * same invalidations and by those of their own tables: this is the one
  * place that looks the storage up in the catalogs.
  *
+ * A storage table that Citus distributes is refused here too: Citus keeps a
+ * distributed or reference table's rows in its shards and leaves the table
+ * itself, the shell, to its planner, so the fast paths, which write a
+ * table's heap and index directly, would write rows Citus never reads.
+ * Keys go to Citus only as routed keys (routed.c), which no fast path
+ * writes.
+ *
  * This file reads the catalogs, and the seed from its table, only; it runs
  * no statement.
  *
@@ -38,6 +45,7 @@
 #include "catalog/pg_am.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_index.h"
+#include "catalog/pg_namespace.h"
 #include "catalog/pg_proc.h"
 #include "common/hashfn.h"
 #include "funcapi.h"
@@ -103,7 +111,12 @@ storage_relcache_callback(Datum arg, Oid relid)
 	if (relid == InvalidOid || relid == storage.seed_relid)
 		storage.seed_known = false;
 
-	if (storage.located && storage_table)
+	/* Citus invalidates a table it distributes: checked again then */
+	if (storage.located &&
+		(storage_table ||
+		 (OidIsValid(relid) &&
+		  (relid == storage.dead_letters_relid ||
+		   relid == storage.parts.effects_relid))))
 		storage.recheck = true;
 	if (storage_table ||
 		(OidIsValid(relid) &&
@@ -282,6 +295,47 @@ locate_generations(Oid nspid)
 }
 
 /*
+ * Raises an error if Citus distributes a table of schema nspid other than
+ * the routed keys (see the header).  Citus's catalog exists only with
+ * Citus; it is small, and read only when the storage is located.
+ */
+static void
+refuse_citus_storage(Oid nspid)
+{
+	Oid			dist_relid = get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE);
+	Oid			routed = get_relname_relid("routed_keys", nspid);
+	AttrNumber	relid_attnum;
+	Relation	dist;
+	SysScanDesc scan;
+	HeapTuple	tuple;
+
+	if (!OidIsValid(dist_relid))
+		return;
+	relid_attnum = get_attnum(dist_relid, "logicalrelid");
+	if (relid_attnum == InvalidAttrNumber)
+		return;
+	dist = table_open(dist_relid, AccessShareLock);
+	scan = systable_beginscan(dist, InvalidOid, false, NULL, 0, NULL);
+	while ((tuple = systable_getnext(scan)) != NULL)
+	{
+		bool		isnull;
+		Oid			relid = DatumGetObjectId(heap_getattr(tuple, relid_attnum,
+														  RelationGetDescr(dist), &isnull));
+
+		if (isnull || relid == routed || get_rel_namespace(relid) != nspid)
+			continue;
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("table %s.%s of extension \"idem_consumer\" is distributed by Citus",
+						STORAGE_SCHEMA, get_rel_name(relid)),
+				 errdetail("Citus keeps its rows in shards; idem_consumer would write and read the table itself, apart from them, and apply messages twice."),
+				 errhint("Undo it with undistribute_table(), and store keys beside the business rows with idem_citus_distribute().")));
+	}
+	systable_endscan(scan);
+	table_close(dist, AccessShareLock);
+}
+
+/*
  * Finds the storage tables of this database, or raises a clear error.
  */
 static void
@@ -306,6 +360,7 @@ locate_storage(void)
 				 errhint("Recreate the extension with DROP EXTENSION idem_consumer; CREATE EXTENSION idem_consumer;")));
 
 	storage.info.owner = storage_table_owner(storage.info.keys_relid);
+	refuse_citus_storage(nspid);
 	locate_generations(nspid);
 	storage.info.consumers_have_owners =
 		get_attnum(storage.info.consumers_relid, "owner") != InvalidAttrNumber;
@@ -328,15 +383,18 @@ storage_locate(void)
 	{
 		Oid			owner = storage_table_owner(storage.info.keys_relid);
 
-		storage.recheck = false;
 		if (!OidIsValid(owner) ||
 			!OidIsValid(storage_table_owner(storage.info.consumers_relid)))
+		{
 			storage.located = false;
+			storage.recheck = false;
+		}
 		else
 		{
 			KeyGeneration before[KEYGEN_NUM];
 
 			storage.info.owner = owner;
+			refuse_citus_storage(get_rel_namespace(storage.info.keys_relid));
 			memcpy(before, storage.info.gens, sizeof(before));
 			locate_generations(get_rel_namespace(storage.info.keys_relid));
 			/* a generation added (the update to 1.2): statements anew */
@@ -347,6 +405,8 @@ storage_locate(void)
 			storage.info.keys_have_fingerprints =
 				get_attnum(storage.info.keys_relid, "fingerprint") != InvalidAttrNumber;
 			storage.info.consumers_version++;
+			/* only now: an error above checks again at the next call */
+			storage.recheck = false;
 		}
 	}
 	if (!storage.located)

@@ -495,5 +495,15 @@ is(query(q{SELECT applied || ' ' || duplicates || ' ' || (nodes = 3)
              FROM idem_citus_stats() WHERE consumer = 'citus_stats'}),
 	'21 21 true', 'idem_citus_stats sums the counters of the coordinator and both workers');
 
+# a table of idem_consumer made a Citus table by hand is refused on every
+# node, before anything is written: the fast paths would write its shell
+query(q{SELECT create_reference_table('idem_consumer.key_collisions_16')});
+is(query(q{SELECT string_agg(result, ' ' ORDER BY nodeid) FROM run_command_on_all_nodes(
+             $c$SELECT public.sqlstate_of('SELECT idem_apply_routed(''refused'', ''citus_i'', ''SELECT 1'', NULL, route => 1::bigint)')$c$)}),
+	'55000 55000 55000',
+	'a storage table distributed by hand: every call refused on the coordinator and both workers');
+is(query(q{SELECT count(*) FROM idem_consumer.routed_keys WHERE key = 'refused'}), '0',
+	'and nothing recorded');
+
 diag($_) for @report;
 done_testing();
