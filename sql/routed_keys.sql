@@ -117,6 +117,9 @@ SELECT state_of($$SELECT idem_forget_routed('t-1', 'tenant-shop', 1::bigint)$$);
 RESET ROLE;
 SELECT consumer, key FROM idem_consumer.routed_keys WHERE route = 1 ORDER BY key;
 
+-- the routed keys are the database's, not the extension's: they keep
+-- DROP EXTENSION from dropping them with it
+SELECT state_of('DROP EXTENSION idem_consumer');
 -- without the table, keys are the key store's again
 DROP TABLE idem_consumer.routed_keys;
 SELECT idem_apply('r-7', 'shop', 'select 1') AS unrouted_again;
