@@ -256,7 +256,7 @@ routed_record_key(Datum route, Oid route_type, const char *consumer, text *key,
 				  const int32 *fingerprint, RecordedKey *recorded)
 {
 	Datum		args[5];
-	char		nulls[5] = "     ";
+	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
 	bool		isnull;
 	Datum		value;
 
@@ -361,7 +361,7 @@ uint64
 routed_purge(const char *consumer)
 {
 	Datum		args[2];
-	char		nulls[2] = "  ";
+	char		nulls[2] = {' ', ' '};
 	RetentionWindows *windows;
 	SPITupleTable *latest;
 	Datum	   *names;
