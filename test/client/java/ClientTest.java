@@ -265,6 +265,52 @@ public class ClientTest {
     }
 
     // docs/clients.md's JDBC example, as written there (DocsExample.java)
+    // Routed keys (docs/citus.md) with the route bound by setLong: stored
+    // with it, a redelivery a duplicate, the same key under another route
+    // another key; a call without a route 0A000.  In a database of its own,
+    // its routed_keys made by hand as idem_citus_distribute() makes it.
+    static void routedKeys() throws Exception {
+        String db = "client_routed_jdbc";
+        exec("drop database if exists " + db);
+        exec("create database " + db);
+        String url = "jdbc:postgresql://127.0.0.1:" + System.getenv("PGPORT") + "/" + db;
+        Properties p = new Properties();
+        p.setProperty("user", System.getenv("PGUSER"));
+        p.setProperty("options", "-c statement_timeout=20s");
+        try (Connection c = DriverManager.getConnection(url, p); Statement s = c.createStatement()) {
+            s.execute("create extension idem_consumer");
+            s.execute("create table payments (order_id bigint, msg text)");
+            s.execute("create table idem_consumer.routed_keys (route bigint not null,"
+                      + " consumer text not null, key text not null, fingerprint integer,"
+                      + " processed_at integer not null, primary key (route, consumer, key))");
+            String call = "select idem_apply_routed(?, ?, ?, ?, route => ?)";
+            String sql = "insert into public.payments (order_id, msg) values ($1::bigint, $2)";
+            List<Object> applied = new ArrayList<>();
+            for (long route : new long[] {7, 7, 8}) {
+                try (PreparedStatement ps = c.prepareStatement(call)) {
+                    ps.setString(1, "r-1");
+                    ps.setString(2, "routed");
+                    ps.setString(3, sql);
+                    ps.setArray(4, c.createArrayOf("text", new String[] {String.valueOf(route), "r-1"}));
+                    ps.setLong(5, route);
+                    try (ResultSet rs = ps.executeQuery()) {
+                        rs.next();
+                        applied.add(rs.getBoolean(1));
+                    }
+                }
+            }
+            equal(applied, List.of(true, false, true), "applied, again, under another route");
+            try (ResultSet rs = s.executeQuery(
+                    "select string_agg(route || ':' || key, ',' order by route) from idem_consumer.routed_keys")) {
+                rs.next();
+                equal(rs.getString(1), "7:r-1,8:r-1", "routed keys");
+            }
+            failsWith("0A000", () -> s.executeQuery("select idem_apply('r-2', 'routed', 'select 1')").close());
+        } finally {
+            exec("drop database " + db);
+        }
+    }
+
     static void docsExample() throws Exception {
         exec("drop table if exists payments, orders");
         exec("create table orders (id bigint primary key, paid numeric not null default 0)");
@@ -281,10 +327,10 @@ public class ClientTest {
 
     public static void main(String[] args) throws Exception {
         String[] names = {"typedRedeliveryIsDuplicate", "otherValueIsKeyReuse", "eventBeforeItsOrder",
-                          "tryApplyRows", "typedRowsForm", "textArrayForm", "docsExample"};
+                          "tryApplyRows", "typedRowsForm", "textArrayForm", "routedKeys", "docsExample"};
         Body[] bodies = {ClientTest::typedRedeliveryIsDuplicate, ClientTest::otherValueIsKeyReuse,
                          ClientTest::eventBeforeItsOrder, ClientTest::tryApplyRows, ClientTest::typedRowsForm,
-                         ClientTest::textArrayForm, ClientTest::docsExample};
+                         ClientTest::textArrayForm, ClientTest::routedKeys, ClientTest::docsExample};
         int passed = 0, failed = 0, n = 0;
         ExecutorService pool = Executors.newSingleThreadExecutor(r -> {
             Thread t = new Thread(r);

@@ -183,6 +183,45 @@ class Scenarios:
                          ["4.01", "2026-03-01 11:00:00+00:00", "{}", "text form", "3"]))
         assert self.paid(3) == decimal.Decimal("4.0"), self.paid(3)
 
+    def test_routed_keys(self):
+        """Routed keys (docs/citus.md) with the route bound as the driver
+        binds an int: stored with it, a redelivery a duplicate, the same key
+        under another route another key; a call without a route 0A000.  In
+        a database of its own, its routed_keys made by hand as
+        idem_citus_distribute() makes it on Citus."""
+        db = f"client_routed_{self.NAME}"
+        self.execute(f"drop database if exists {db}")
+        self.execute(f"create database {db}")
+        conn = self.connect(db)
+        try:
+            cur = conn.cursor()
+            cur.execute("create extension idem_consumer")
+            cur.execute("create table payments (order_id bigint, msg text)")
+            cur.execute("create table idem_consumer.routed_keys (route bigint not null,"
+                        " consumer text not null, key text not null, fingerprint integer,"
+                        " processed_at integer not null, primary key (route, consumer, key))")
+            sql = "insert into public.payments (order_id, msg) values ($1::bigint, $2)"
+            applied = []
+            for route in (7, 7, 8):
+                cur.execute("select idem_apply_routed(%s, %s, %s, %s, route => %s)",
+                            ("r-1", "routed", sql, [str(route), "r-1"], route))
+                applied.append(cur.fetchone()[0])
+            assert applied == [True, False, True], applied
+            cur.execute("select route, key from idem_consumer.routed_keys order by route")
+            assert cur.fetchall() == [(7, "r-1"), (8, "r-1")]
+            cur.execute("select count(*) from payments")
+            assert cur.fetchone()[0] == 2
+            try:
+                cur.execute("select idem_apply(%s, %s, %s)", ("r-2", "routed", "select 1"))
+            except Exception as exc:     # the driver's own error class
+                assert self.sqlstate(exc) == "0A000", exc
+            else:
+                raise AssertionError("a call without a route was not refused")
+            cur.close()
+        finally:
+            conn.close()
+            self.execute(f"drop database {db}")
+
     def test_docs_examples(self):
         """docs/clients.md's Python examples as written there: the text[]
         form, the typed form and the typed rows form, each a message of its

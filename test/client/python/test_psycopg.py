@@ -13,9 +13,10 @@ class Psycopg3(Scenarios):
     NAME = "psycopg3"
     TEXT = "%s::text"
 
-    def connect(self):
+    def connect(self, dbname=None):
         # PGHOST, PGPORT, PGUSER and PGDATABASE come from the environment
-        return psycopg.connect("", autocommit=True, options="-c statement_timeout=20s")
+        extra = {"dbname": dbname} if dbname else {}
+        return psycopg.connect("", autocommit=True, options="-c statement_timeout=20s", **extra)
 
     def sqlstate(self, exc):
         return getattr(exc, "sqlstate", None)

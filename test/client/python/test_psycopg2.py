@@ -12,9 +12,10 @@ from scenarios import Scenarios
 class Psycopg2(Scenarios):
     NAME = "psycopg2"
 
-    def connect(self):
+    def connect(self, dbname=None):
         # PGHOST, PGPORT, PGUSER and PGDATABASE come from the environment
-        conn = psycopg2.connect("", options="-c statement_timeout=20s")
+        extra = {"dbname": dbname} if dbname else {}
+        conn = psycopg2.connect("", options="-c statement_timeout=20s", **extra)
         conn.autocommit = True
         return conn
 

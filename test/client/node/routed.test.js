@@ -1,0 +1,84 @@
+// Routed keys from node-postgres (docs/citus.md): idem_apply_routed with a
+// route bound as node-postgres binds a number, untyped, needs a cast
+// (PostgreSQL cannot type the polymorphic route: 42804, and nothing is
+// recorded); with route => $n::bigint the
+// key is stored with its route, a redelivery is a duplicate, the same key
+// under another route another key; every call without a route is refused
+// (0A000).  In a database of its own, whose routed_keys is made by hand as
+// idem_citus_distribute() makes it on Citus, so that routed keys do not
+// change the other tests' database.
+//
+// Connects with the usual PGHOST / PGPORT / PGUSER / PGDATABASE variables.
+'use strict';
+
+const test = require('node:test');
+const assert = require('node:assert');
+const { Client } = require('pg');
+
+const DB = 'client_routed_node';
+const CONSUMER = 'payments-node-routed';
+const PAY_SQL = 'insert into public.payments (order_id, msg) values ($1::bigint, $2)';
+const BOUNDED = { timeout: 60000 };
+
+let admin;
+let db;
+
+test.before(async () => {
+  admin = new Client();
+  await admin.connect();
+  await admin.query(`drop database if exists ${DB}`);
+  await admin.query(`create database ${DB}`);
+  db = new Client({ database: DB });
+  await db.connect();
+  await db.query('create extension idem_consumer');
+  await db.query('create table payments (order_id bigint, msg text)');
+  await db.query(`create table idem_consumer.routed_keys (
+      route bigint not null, consumer text not null, key text not null,
+      fingerprint integer, processed_at integer not null,
+      primary key (route, consumer, key))`);
+});
+
+test.after(async () => {
+  await db.end();
+  await admin.query(`drop database ${DB}`);
+  await admin.end();
+});
+
+async function routedKeys() {
+  const { rows } = await db.query(
+    'select route::text, key from idem_consumer.routed_keys order by route, key');
+  return rows.map((r) => `${r.route}:${r.key}`);
+}
+
+test('a number bound untyped cannot be a route without a cast, and records nothing', BOUNDED, async () => {
+  await assert.rejects(
+    db.query('select idem_apply_routed($1, $2, $3, $4, route => $5)',
+      ['r-1', CONSUMER, PAY_SQL, ['7', 'r-1'], 7]),
+    (err) => err.code === '42804' && /polymorphic type/.test(err.message));
+  assert.deepStrictEqual(await routedKeys(), []);
+});
+
+test('cast to bigint: stored with its route, a duplicate again, another key under another route', BOUNDED, async () => {
+  const call = 'select idem_apply_routed($1, $2, $3, $4, route => $5::bigint) as applied';
+  const apply = async (route) =>
+    (await db.query(call, ['r-2', CONSUMER, PAY_SQL, [String(route), 'r-2'], route])).rows[0].applied;
+  assert.strictEqual(await apply(7), true);
+  assert.strictEqual(await apply(7), false);
+  assert.strictEqual(await apply(8), true);
+  assert.deepStrictEqual(await routedKeys(), ['7:r-2', '8:r-2']);
+  const { rows } = await db.query('select count(*)::int as n from payments');
+  assert.strictEqual(rows[0].n, 2);
+  const probe = 'select idem_is_processed_routed($1, $2, $3::bigint) as p';
+  assert.strictEqual((await db.query(probe, ['r-2', CONSUMER, 7])).rows[0].p, true);
+  assert.strictEqual((await db.query(probe, ['r-2', CONSUMER, 9])).rows[0].p, false);
+});
+
+test('a call without a route is refused with 0A000', BOUNDED, async () => {
+  await assert.rejects(
+    db.query('select idem_apply($1, $2, $3, $4)', ['r-3', CONSUMER, PAY_SQL, ['7', 'r-3']]),
+    (err) => err.code === '0A000');
+  await assert.rejects(
+    db.query('select idem_is_processed($1, $2)', ['r-2', CONSUMER]),
+    (err) => err.code === '0A000');
+  assert.deepStrictEqual(await routedKeys(), ['7:r-2', '8:r-2']);
+});
