@@ -213,6 +213,42 @@ purge_worker_sleep(long ms)
 }
 
 /*
+ * Runs step(arg) in a transaction of its own, connected to SPI, reported as
+ * activity; returns what it returns, 0 when the extension is not installed
+ * in the worker's database.
+ */
+static uint64
+purge_worker_in_transaction(const char *activity, uint64 (*step) (int), int arg)
+{
+	uint64		done = 0;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, activity);
+	if (OidIsValid(get_extension_oid("idem_consumer", true)))
+		done = step(arg);
+	SPI_finish();
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	pgstat_report_activity(STATE_IDLE, NULL);
+	return done;
+}
+
+/*
+ * Step step of purge_worker_generations, when keys expire by generation.
+ */
+static uint64
+generation_step(int step)
+{
+	if (!keygen_retention_by_generation())
+		return 0;
+	return step == 0 ? keygen_switch_if_due(1000) :
+		step == 2 ? keygen_build_filters() : keygen_retire();
+}
+
+/*
  * Switches generations of keys, drops the expired ones and builds the
  * filters of the sealed ones left when keys expire by generation
  * (idem_consumer.key_generation_interval), each in a transaction of its
@@ -230,21 +266,8 @@ purge_worker_generations(const char *dbname)
 	 */
 	for (int step = 0; step < 4; step++)
 	{
-		int			done = 0;
-
-		SetCurrentStatementStartTimestamp();
-		StartTransactionCommand();
-		SPI_connect();
-		PushActiveSnapshot(GetTransactionSnapshot());
-		pgstat_report_activity(STATE_RUNNING, "idem_consumer key generations");
-		if (OidIsValid(get_extension_oid("idem_consumer", true)) &&
-			keygen_retention_by_generation())
-			done = step == 0 ? keygen_switch_if_due(1000) :
-				step == 2 ? keygen_build_filters() : keygen_retire();
-		SPI_finish();
-		PopActiveSnapshot();
-		CommitTransactionCommand();
-		pgstat_report_activity(STATE_IDLE, NULL);
+		int			done = (int) purge_worker_in_transaction("idem_consumer key generations",
+															 generation_step, step);
 
 		if (done > 0 && step == 0)
 			ereport(LOG,
@@ -261,6 +284,13 @@ purge_worker_generations(const char *dbname)
 	}
 }
 
+/* purge_worker_routed's step: the expired routed keys of every consumer */
+static uint64
+routed_step(int unused)
+{
+	return routed_purge(NULL);
+}
+
 /*
  * Removes the expired routed keys (routed.c) in a transaction of its own,
  * where this node is the one that purges them.
@@ -268,19 +298,9 @@ purge_worker_generations(const char *dbname)
 static void
 purge_worker_routed(const char *dbname)
 {
-	uint64		removed = 0;
+	uint64		removed = purge_worker_in_transaction("idem_consumer purge of routed keys",
+													  routed_step, 0);
 
-	SetCurrentStatementStartTimestamp();
-	StartTransactionCommand();
-	SPI_connect();
-	PushActiveSnapshot(GetTransactionSnapshot());
-	pgstat_report_activity(STATE_RUNNING, "idem_consumer purge of routed keys");
-	if (OidIsValid(get_extension_oid("idem_consumer", true)))
-		removed = routed_purge(NULL);
-	SPI_finish();
-	PopActiveSnapshot();
-	CommitTransactionCommand();
-	pgstat_report_activity(STATE_IDLE, NULL);
 	if (removed > 0)
 		ereport(LOG,
 				(errmsg("idem_consumer purged " UINT64_FORMAT " routed keys in database \"%s\"",

@@ -107,21 +107,17 @@ storage_relcache_callback(Datum arg, Oid relid)
 		relid == storage.info.keys_relid ||
 		relid == storage.info.consumers_relid ||
 		generation_table(relid);
+	bool		part_table = OidIsValid(relid) &&
+		(relid == storage.dead_letters_relid ||
+		 relid == storage.parts.effects_relid);
 
 	if (relid == InvalidOid || relid == storage.seed_relid)
 		storage.seed_known = false;
 
 	/* Citus invalidates a table it distributes: checked again then */
-	if (storage.located &&
-		(storage_table ||
-		 (OidIsValid(relid) &&
-		  (relid == storage.dead_letters_relid ||
-		   relid == storage.parts.effects_relid))))
+	if (storage.located && (storage_table || part_table))
 		storage.recheck = true;
-	if (storage_table ||
-		(OidIsValid(relid) &&
-		 (relid == storage.dead_letters_relid ||
-		  relid == storage.parts.effects_relid)))
+	if (storage_table || part_table)
 		storage.parts_known = false;
 }
 
