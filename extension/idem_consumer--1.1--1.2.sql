@@ -794,6 +794,142 @@ COMMENT ON FUNCTION idem_forget_routed(text, text, anyelement) IS
     'idem_forget for a key stored with its route';
 REVOKE ALL ON FUNCTION idem_forget_routed(text, text, anyelement) FROM PUBLIC;
 
+--
+-- The routed tables, made by idem_citus_distribute(), which names the
+-- table to colocate them with; without one they stay local:
+--  - routed_keys (route, consumer, key, fingerprint, processed_at), the
+--    keys;
+--  - routed_dead_letters, the dead-letter queue of routed messages, keyed
+--    like the keys, so that an entry lives and moves with its key and the
+--    business rows, and what idem_try_apply_routed parks, a replay applies
+--    and the purge expires commits or not with them on one node.  Its
+--    consumer is a name and its role a role name: ids and OIDs are each
+--    node's own;
+--  - the view idem_routed_dead_letters, read like idem_dead_letters, made
+--    once the tables are distributed, so that Citus makes it on every node.
+-- The route has the type of the business table's distribution column.
+-- Owned by the owner of the storage, like every table of the key store.
+--
+CREATE FUNCTION idem_consumer.routed_storage_create(route_type regtype,
+                                                    colocate_with regclass DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    storage_owner text := (SELECT c.relowner::pg_catalog.regrole::pg_catalog.text
+                             FROM pg_catalog.pg_class AS c
+                            WHERE c.oid OPERATOR(pg_catalog.=)
+                                  'idem_consumer.processed_keys'::pg_catalog.regclass);
+    ext_schema name := (SELECT n.nspname FROM pg_catalog.pg_extension AS e
+                          JOIN pg_catalog.pg_namespace AS n
+                            ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
+                         WHERE e.extname OPERATOR(pg_catalog.=) 'idem_consumer');
+BEGIN
+    EXECUTE pg_catalog.format(
+        'CREATE TABLE idem_consumer.routed_keys (
+             route %s NOT NULL,
+             consumer text NOT NULL,
+             key text NOT NULL,
+             fingerprint integer,
+             processed_at integer NOT NULL,
+             PRIMARY KEY (route, consumer, key))', route_type);
+    EXECUTE pg_catalog.format(
+        'CREATE TABLE idem_consumer.routed_dead_letters (
+             route %s NOT NULL,
+             consumer text NOT NULL,
+             key text NOT NULL,
+             sql text NOT NULL,
+             params text[],
+             event_time timestamptz,
+             settings text[] NOT NULL,
+             sqlstate text NOT NULL CHECK (octet_length(sqlstate) = 5),
+             message text NOT NULL,
+             detail text,
+             hint text,
+             context text,
+             first_failed_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+             last_failed_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+             attempts integer NOT NULL DEFAULT 1 CHECK (attempts >= 1),
+             dead_lettered_by text NOT NULL,
+             status text NOT NULL DEFAULT ''pending''
+                 CHECK (status IN (''pending'', ''replayed'', ''discarded'')),
+             resolved_at timestamptz,
+             resolved_by text,
+             discard_reason text,
+             PRIMARY KEY (route, consumer, key),
+             CHECK ((status = ''pending'') = (resolved_at IS NULL AND resolved_by IS NULL)),
+             CHECK ((status = ''discarded'') = (discard_reason IS NOT NULL)))', route_type);
+    EXECUTE pg_catalog.format('ALTER TABLE idem_consumer.routed_keys OWNER TO %s', storage_owner);
+    EXECUTE pg_catalog.format('ALTER TABLE idem_consumer.routed_dead_letters OWNER TO %s',
+                              storage_owner);
+    REVOKE ALL ON idem_consumer.routed_keys, idem_consumer.routed_dead_letters FROM PUBLIC;
+    COMMENT ON TABLE idem_consumer.routed_keys IS
+        'keys recorded with their route, colocated with the business rows they protect';
+    COMMENT ON TABLE idem_consumer.routed_dead_letters IS
+        'dead-letter entries of routed messages, colocated with their keys';
+    IF colocate_with IS NOT NULL THEN
+        EXECUTE 'SELECT pg_catalog.create_distributed_table($1, ''route'', colocate_with => $2)'
+            USING 'idem_consumer.routed_keys', colocate_with::pg_catalog.text;
+        EXECUTE 'SELECT pg_catalog.create_distributed_table($1, ''route'', colocate_with => $2)'
+            USING 'idem_consumer.routed_dead_letters', 'idem_consumer.routed_keys';
+    END IF;
+
+    -- a security barrier: the rights filter runs before any function of
+    -- the caller's WHERE, as in idem_dead_letters
+    EXECUTE pg_catalog.format(
+        'CREATE VIEW %I.idem_routed_dead_letters WITH (security_barrier) AS
+             SELECT d.route, d.consumer, d.key, d.status, d.sqlstate, d.message,
+                    d.detail, d.hint, d.context, d.attempts, d.first_failed_at,
+                    d.last_failed_at, d.event_time, d.sql, d.params, d.settings,
+                    d.dead_lettered_by, d.resolved_at, d.resolved_by,
+                    d.discard_reason
+               FROM idem_consumer.routed_dead_letters AS d
+               LEFT JOIN idem_consumer.consumers AS c
+                 ON c.name OPERATOR(pg_catalog.=) d.consumer
+              WHERE c.owner IS NULL OR pg_catalog.pg_has_role(c.owner, ''USAGE'')',
+        ext_schema);
+    EXECUTE pg_catalog.format('ALTER VIEW %I.idem_routed_dead_letters OWNER TO %s',
+                              ext_schema, storage_owner);
+    EXECUTE pg_catalog.format('REVOKE ALL ON %I.idem_routed_dead_letters FROM PUBLIC',
+                              ext_schema);
+    EXECUTE pg_catalog.format('COMMENT ON VIEW %I.idem_routed_dead_letters IS %L',
+                              ext_schema,
+                              'dead-letter entries of routed messages, of the consumers the current role may act on');
+END
+$$;
+COMMENT ON FUNCTION idem_consumer.routed_storage_create(regtype, regclass) IS
+    'make the routed tables with the route of the given type, distributed colocated with the given table, or local without one';
+REVOKE ALL ON FUNCTION idem_consumer.routed_storage_create(regtype, regclass) FROM PUBLIC;
+
+CREATE FUNCTION idem_try_apply_routed(key text, consumer text, sql text, params text[],
+                                      route anyelement,
+                                      event_time timestamptz DEFAULT NULL,
+                                      fingerprint text DEFAULT NULL)
+RETURNS idem_outcome
+AS 'MODULE_PATHNAME', 'idem_try_apply_routed'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_try_apply_routed(text, text, text, text[], anyelement, timestamptz, text) IS
+    'idem_try_apply with the key and a dead-letter entry stored beside the business row of route (Citus)';
+REVOKE ALL ON FUNCTION idem_try_apply_routed(text, text, text, text[], anyelement, timestamptz, text)
+    FROM PUBLIC;
+
+CREATE FUNCTION idem_dlq_replay_routed(key text, consumer text, route anyelement)
+RETURNS idem_outcome
+AS 'MODULE_PATHNAME', 'idem_dlq_replay_routed'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_dlq_replay_routed(text, text, anyelement) IS
+    'idem_dlq_replay for the pending entry of a key stored with its route';
+REVOKE ALL ON FUNCTION idem_dlq_replay_routed(text, text, anyelement) FROM PUBLIC;
+
+CREATE FUNCTION idem_dlq_discard_routed(key text, consumer text, route anyelement, reason text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_dlq_discard_routed'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_dlq_discard_routed(text, text, anyelement, text) IS
+    'idem_dlq_discard for the pending entry of a key stored with its route';
+REVOKE ALL ON FUNCTION idem_dlq_discard_routed(text, text, anyelement, text) FROM PUBLIC;
+
 CREATE FUNCTION idem_citus_distribute(colocate_with regclass)
 RETURNS regclass
 LANGUAGE plpgsql
@@ -866,22 +1002,7 @@ BEGIN
                   HINT = 'Distribute the keys before consumers start, or once the keys recorded without a route have expired.';
     END IF;
 
-    EXECUTE pg_catalog.format(
-        'CREATE TABLE idem_consumer.routed_keys (
-             route %s NOT NULL,
-             consumer text NOT NULL,
-             key text NOT NULL,
-             fingerprint integer,
-             processed_at integer NOT NULL,
-             PRIMARY KEY (route, consumer, key))', route_type);
-    EXECUTE pg_catalog.format('ALTER TABLE idem_consumer.routed_keys OWNER TO %s',
-        (SELECT c.relowner::pg_catalog.regrole::pg_catalog.text FROM pg_catalog.pg_class AS c
-          WHERE c.oid OPERATOR(pg_catalog.=) 'idem_consumer.processed_keys'::pg_catalog.regclass));
-    REVOKE ALL ON idem_consumer.routed_keys FROM PUBLIC;
-    COMMENT ON TABLE idem_consumer.routed_keys IS
-        'keys recorded with their route, colocated with the business rows they protect';
-    EXECUTE 'SELECT pg_catalog.create_distributed_table($1, ''route'', colocate_with => $2)'
-        USING 'idem_consumer.routed_keys', colocate_with::pg_catalog.text;
+    PERFORM idem_consumer.routed_storage_create(route_type::pg_catalog.regtype, colocate_with);
     RETURN 'idem_consumer.routed_keys'::pg_catalog.regclass;
 END
 $$;

@@ -5,8 +5,9 @@
 -- keys go there with their route, and every call that would record, look
 -- up or forget a key without one is refused before it records anything.
 -- idem_citus_distribute() makes that table on a Citus coordinator
--- (test/citus); here, on one server without Citus, the same table is made
--- by hand, so that the routed statements run as on a node of a cluster.
+-- (test/citus); here, on one server without Citus, the same tables are
+-- made, not distributed, so that the routed statements run as on a node of
+-- a cluster.
 -- In a database of its own.
 --
 SELECT current_database() AS regression_db \gset
@@ -37,15 +38,15 @@ SELECT state_of($$SELECT idem_apply_routed('m-2', 'shop', 'select 1', NULL, rout
 SELECT state_of($$SELECT idem_citus_distribute('pay')$$);
 SELECT state_of($$SELECT * FROM idem_citus_stats()$$);
 
--- routed keys: the table idem_citus_distribute() makes, route bigint
-CREATE TABLE idem_consumer.routed_keys (
-    route bigint NOT NULL,
-    consumer text NOT NULL,
-    key text NOT NULL,
-    fingerprint integer,
-    processed_at integer NOT NULL,
-    PRIMARY KEY (route, consumer, key));
-REVOKE ALL ON idem_consumer.routed_keys FROM PUBLIC;
+-- routed keys: the tables idem_citus_distribute() makes, route bigint,
+-- not distributed
+SELECT idem_consumer.routed_storage_create('bigint');
+SELECT c.relname, pg_get_userbyid(c.relowner) = pg_get_userbyid(k.relowner) AS storage_owner,
+       c.relacl IS NOT NULL AS revoked
+  FROM pg_class AS c, pg_class AS k
+ WHERE c.relname IN ('routed_keys', 'routed_dead_letters', 'idem_routed_dead_letters')
+   AND k.oid = 'idem_consumer.processed_keys'::regclass
+ ORDER BY c.relname;
 
 SELECT idem_apply_routed('r-1', 'shop', :'pay', ARRAY['7', 'r-1'], route => 7::bigint) AS first,
        idem_apply_routed('r-1', 'shop', :'pay', ARRAY['7', 'r-1'], route => 7::bigint) AS again,
@@ -120,8 +121,9 @@ SELECT consumer, key FROM idem_consumer.routed_keys WHERE route = 1 ORDER BY key
 -- the routed keys are the database's, not the extension's: they keep
 -- DROP EXTENSION from dropping them with it
 SELECT state_of('DROP EXTENSION idem_consumer');
--- without the table, keys are the key store's again
-DROP TABLE idem_consumer.routed_keys;
+-- without the tables, keys are the key store's again
+DROP VIEW idem_routed_dead_letters;
+DROP TABLE idem_consumer.routed_keys, idem_consumer.routed_dead_letters;
 SELECT idem_apply('r-7', 'shop', 'select 1') AS unrouted_again;
 
 \c :regression_db

@@ -25,6 +25,7 @@
 
 #include "executor/spi.h"
 #include "fmgr.h"
+#include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 
@@ -95,9 +96,12 @@ apply_message(FunctionCallInfo fcinfo, int event_time_argno,
 												bound_params);
 	inflight_check_key(consumer_id, consumer, key, "record");
 	if (routed)
+	{
+		routed_refuse_two_roles("idem_apply_routed", consumer, GetUserId());
 		applied = routed_record_key(route, route_type, consumer, key,
 									check_fingerprint ? &fingerprint : NULL,
 									&recorded);
+	}
 	else
 		applied = keystore_record_key_fp(consumer_id, key,
 										 check_fingerprint ? &fingerprint : NULL,

@@ -26,6 +26,7 @@
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/syscache.h"
@@ -42,11 +43,15 @@ static const char *const outcome_labels[] = {
 	[OUTCOME_DEAD_LETTERED] = "dead_lettered",
 };
 
-/* One entry of idem_consumer.dead_letters, as a replay or discard needs it. */
+/*
+ * One entry of idem_consumer.dead_letters, or of routed_dead_letters, as a
+ * replay or discard needs it.
+ */
 typedef struct DeadLetterEntry
 {
-	int64		id;
-	int32		consumer_id;
+	const char *name;			/* for messages: "entry 12" */
+	DeadLetterPlace place;
+	int64		id;				/* unless routed */
 	text	   *key;
 	char	   *sql;
 	ArrayType  *params;			/* NULL if none */
@@ -54,11 +59,14 @@ typedef struct DeadLetterEntry
 	char	   *status;
 	char	   *resolved_by;	/* NULL while pending */
 	char	   *discard_reason; /* NULL unless discarded */
+	char	   *dead_lettered_by;	/* if routed: the role its SQL runs as */
 } DeadLetterEntry;
 
 PG_FUNCTION_INFO_V1(idem_dlq_replay);
 PG_FUNCTION_INFO_V1(idem_dlq_replay_consumer);
 PG_FUNCTION_INFO_V1(idem_dlq_discard);
+PG_FUNCTION_INFO_V1(idem_dlq_replay_routed);
+PG_FUNCTION_INFO_V1(idem_dlq_discard_routed);
 
 /*
  * Returns the OIDs of the labels of idem_outcome, cached for the call site.
@@ -132,19 +140,55 @@ error_values(ErrorData *edata, Datum *values, char *nulls)
 }
 
 /*
+ * Stores a routed message whose business SQL failed permanently as a new
+ * pending entry beside its key.  The role its SQL runs as on a replay is
+ * kept by name, which Citus gives the same role on every node.
+ */
+static void
+routed_dead_letter_insert(const DeadLetterPlace *place, text *key, const char *sql,
+						  ArrayType *params, NullableDatum event_time,
+						  ErrorData *edata)
+{
+	Datum		values[STORAGE_MAX_ARGS];
+	char		nulls[STORAGE_MAX_ARGS];
+
+	memset(nulls, ' ', sizeof(nulls));
+	values[0] = place->route;
+	values[1] = CStringGetTextDatum(place->consumer);
+	values[2] = PointerGetDatum(key);
+	values[3] = CStringGetTextDatum(sql);
+	values[4] = PointerGetDatum(params);
+	nulls[4] = params != NULL ? ' ' : 'n';
+	values[5] = event_time.value;
+	nulls[5] = event_time.isnull ? 'n' : ' ';
+	values[6] = PointerGetDatum(business_run_capture_settings());
+	error_values(edata, &values[7], &nulls[7]);
+	values[12] = current_user_datum();
+	routed_execute(RK_DL_INSERT, place->route_type, values, nulls);
+}
+
+/*
  * Stores a message whose business SQL failed permanently as a new pending
  * dead-letter entry, with the rows it demands (0: none).
  */
 void
-dead_letter_insert(int32 consumer_id, text *key, const char *sql,
+dead_letter_insert(const DeadLetterPlace *place, text *key, const char *sql,
 				   ArrayType *params, NullableDatum event_time,
 				   ErrorData *edata, int64 expect_rows)
 {
 	Datum		values[STORAGE_MAX_ARGS];
 	char		nulls[STORAGE_MAX_ARGS];
 
+	/* idem_try_apply_routed demands no rows */
+	if (place->routed)
+	{
+		Assert(expect_rows == 0);
+		routed_dead_letter_insert(place, key, sql, params, event_time, edata);
+		return;
+	}
+
 	memset(nulls, ' ', sizeof(nulls));
-	values[0] = Int32GetDatum(consumer_id);
+	values[0] = Int32GetDatum(place->consumer_id);
 	values[1] = PointerGetDatum(key);
 	values[2] = CStringGetTextDatum(sql);
 	values[3] = PointerGetDatum(params);
@@ -201,14 +245,24 @@ dead_letter_expect_rows(int64 id)
  * Returns the status of a key's dead-letter entry, or NULL if it has none.
  */
 char *
-dead_letter_status(int32 consumer_id, text *key)
+dead_letter_status(const DeadLetterPlace *place, text *key)
 {
-	Datum		args[2];
+	Datum		args[3];
 	bool		isnull;
 
-	args[0] = Int32GetDatum(consumer_id);
-	args[1] = PointerGetDatum(key);
-	dead_letter_execute(DL_KEY_STATUS, args, NULL, 1);
+	if (place->routed)
+	{
+		args[0] = place->route;
+		args[1] = CStringGetTextDatum(place->consumer);
+		args[2] = PointerGetDatum(key);
+		routed_execute(RK_DL_STATUS, place->route_type, args, NULL);
+	}
+	else
+	{
+		args[0] = Int32GetDatum(place->consumer_id);
+		args[1] = PointerGetDatum(key);
+		dead_letter_execute(DL_KEY_STATUS, args, NULL, 1);
+	}
 	if (SPI_processed == 0)
 		return NULL;
 	return TextDatumGetCString(SPI_getbinval(SPI_tuptable->vals[0],
@@ -231,27 +285,60 @@ result_copy(int colno)
 }
 
 /*
+ * Returns a text column of the first row of the last storage statement's
+ * result as a string, NULL for an SQL NULL.
+ */
+static char *
+result_string(int colno)
+{
+	text	   *t = (text *) result_copy(colno);
+
+	return t != NULL ? text_to_cstring(t) : NULL;
+}
+
+/*
  * Reads the entry a locking read returned, in DEAD_LETTER_COLUMNS order.
  */
 static void
 entry_from_result(DeadLetterEntry *entry)
 {
 	bool		isnull;
-	text	   *t;
 
+	memset(entry, 0, sizeof(*entry));
 	entry->id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
 											SPI_tuptable->tupdesc, 1, &isnull));
-	entry->consumer_id = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
-													 SPI_tuptable->tupdesc, 2, &isnull));
+	entry->name = psprintf("entry " INT64_FORMAT, entry->id);
+	entry->place.consumer_id = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
+														   SPI_tuptable->tupdesc, 2,
+														   &isnull));
 	entry->key = (text *) result_copy(3);
-	entry->sql = text_to_cstring((text *) result_copy(4));
+	entry->sql = result_string(4);
 	entry->params = (ArrayType *) result_copy(5);
 	entry->settings = (ArrayType *) result_copy(6);
-	entry->status = text_to_cstring((text *) result_copy(7));
-	t = (text *) result_copy(8);
-	entry->resolved_by = t != NULL ? text_to_cstring(t) : NULL;
-	t = (text *) result_copy(9);
-	entry->discard_reason = t != NULL ? text_to_cstring(t) : NULL;
+	entry->status = result_string(7);
+	entry->resolved_by = result_string(8);
+	entry->discard_reason = result_string(9);
+}
+
+/*
+ * Reads the routed entry RK_DL_LOCK returned, of the key and the place
+ * given.
+ */
+static void
+routed_entry_from_result(DeadLetterEntry *entry, const DeadLetterPlace *place,
+						 text *key)
+{
+	memset(entry, 0, sizeof(*entry));
+	entry->name = psprintf("entry of key \"%s\"", text_to_cstring(key));
+	entry->place = *place;
+	entry->key = key;
+	entry->sql = result_string(1);
+	entry->params = (ArrayType *) result_copy(2);
+	entry->settings = (ArrayType *) result_copy(3);
+	entry->status = result_string(4);
+	entry->resolved_by = result_string(5);
+	entry->discard_reason = result_string(6);
+	entry->dead_lettered_by = result_string(7);
 }
 
 /*
@@ -289,7 +376,7 @@ lock_entry(int64 id, DeadLetterEntry *entry)
 		{
 			entry_from_result(entry);
 			/* its consumer may have changed owner meanwhile */
-			if (keystore_may_act_on_consumer_id(entry->consumer_id))
+			if (keystore_may_act_on_consumer_id(entry->place.consumer_id))
 				return;
 		}
 	}
@@ -310,12 +397,12 @@ check_pending(const DeadLetterEntry *entry)
 	if (strcmp(entry->status, "replayed") == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("dead-letter entry %lld is not pending", (long long) entry->id),
+				 errmsg("dead-letter %s is not pending", entry->name),
 				 errdetail("It was replayed successfully by role \"%s\".",
 						   entry->resolved_by)));
 	ereport(ERROR,
 			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-			 errmsg("dead-letter entry %lld is not pending", (long long) entry->id),
+			 errmsg("dead-letter %s is not pending", entry->name),
 			 errdetail("It was discarded by role \"%s\" with the reason \"%s\".",
 					   entry->resolved_by, entry->discard_reason)));
 }
@@ -333,14 +420,61 @@ replay_run_as(const DeadLetterEntry *entry, char **consumer_name)
 	char	   *consumer;
 	char	   *parked_by;
 
+	if (entry->place.routed)
+	{
+		Oid			run_as;
+
+		*consumer_name = unconstify(char *, entry->place.consumer);
+		run_as = replay_role_check(entry->name, entry->place.consumer,
+								   get_role_oid(entry->dead_lettered_by, true),
+								   entry->dead_lettered_by);
+		routed_refuse_two_roles("idem_dlq_replay_routed", entry->place.consumer,
+								run_as);
+		return run_as;
+	}
+
 	dead_letter_execute(DL_ROLE, &arg, NULL, 1);
 	roleid = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 	consumer = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
 	parked_by = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3);
 	*consumer_name = consumer;
-	return replay_role_check(entry->id, consumer,
+	return replay_role_check(entry->name, consumer,
 							 isnull ? InvalidOid : DatumGetObjectId(roleid),
 							 parked_by);
+}
+
+/*
+ * Records the outcome of a run of an entry: replayed (edata NULL), or the
+ * new error and one more attempt.
+ */
+static void
+entry_mark_run(const DeadLetterEntry *entry, ErrorData *edata)
+{
+	Datum		values[STORAGE_MAX_ARGS];
+	char		nulls[STORAGE_MAX_ARGS];
+	int			first = entry->place.routed ? 3 : 1;
+
+	memset(nulls, ' ', sizeof(nulls));
+	if (entry->place.routed)
+	{
+		values[0] = entry->place.route;
+		values[1] = CStringGetTextDatum(entry->place.consumer);
+		values[2] = PointerGetDatum(entry->key);
+	}
+	else
+		values[0] = Int64GetDatum(entry->id);
+
+	if (edata == NULL)
+		values[first] = current_user_datum();
+	else
+		error_values(edata, &values[first], &nulls[first]);
+
+	if (entry->place.routed)
+		routed_execute(edata == NULL ? RK_DL_REPLAYED : RK_DL_FAILED_AGAIN,
+					   entry->place.route_type, values, nulls);
+	else
+		dead_letter_execute(edata == NULL ? DL_REPLAYED : DL_FAILED_AGAIN,
+							values, nulls, 0);
 }
 
 /*
@@ -353,18 +487,15 @@ static Outcome
 replay_entry(const DeadLetterEntry *entry)
 {
 	ErrorData  *edata;
-	Datum		values[STORAGE_MAX_ARGS];
-	char		nulls[STORAGE_MAX_ARGS];
 	Oid			run_as;
 	char	   *consumer;
 	uint64		rows;
+	int64		expect_rows;
 
 	/* the entry of a dead external effect: replaying it re-arms the effect */
-	if (effects_rearm(entry->id))
+	if (!entry->place.routed && effects_rearm(entry->id))
 	{
-		values[0] = Int64GetDatum(entry->id);
-		values[1] = current_user_datum();
-		dead_letter_execute(DL_REPLAYED, values, NULL, 0);
+		entry_mark_run(entry, NULL);
 		return OUTCOME_APPLIED;
 	}
 
@@ -377,24 +508,50 @@ replay_entry(const DeadLetterEntry *entry)
 	 * storage by hand all the same, record it again, so that a success
 	 * leaves the key applied.
 	 */
-	(void) keystore_record_key(entry->consumer_id, entry->key);
+	if (entry->place.routed)
+	{
+		RecordedKey recorded;
+
+		(void) routed_record_key(entry->place.route, entry->place.route_type,
+								 consumer, entry->key, NULL, &recorded);
+		expect_rows = 0;
+	}
+	else
+	{
+		(void) keystore_record_key(entry->place.consumer_id, entry->key);
+		expect_rows = dead_letter_expect_rows(entry->id);
+	}
 
 	/* a message parked by idem_try_apply_rows demands its rows again */
-	edata = business_run(entry->consumer_id, consumer, entry->key,
-							 entry->sql, entry->params, entry->settings,
-							 run_as, dead_letter_expect_rows(entry->id), &rows);
+	edata = business_run(entry->place.consumer_id, consumer, entry->key,
+						 entry->sql, entry->params, entry->settings,
+						 run_as, expect_rows, &rows);
+	entry_mark_run(entry, edata);
+	return edata == NULL ? OUTCOME_APPLIED : OUTCOME_DEAD_LETTERED;
+}
 
-	values[0] = Int64GetDatum(entry->id);
-	nulls[0] = ' ';
-	if (edata == NULL)
+/*
+ * Resolves a locked pending entry as discarded, for the reason given.
+ */
+static void
+entry_discard(const DeadLetterEntry *entry, text *reason)
+{
+	Datum		values[5];
+
+	if (entry->place.routed)
 	{
-		values[1] = current_user_datum();
-		dead_letter_execute(DL_REPLAYED, values, NULL, 0);
-		return OUTCOME_APPLIED;
+		values[0] = entry->place.route;
+		values[1] = CStringGetTextDatum(entry->place.consumer);
+		values[2] = PointerGetDatum(entry->key);
+		values[3] = current_user_datum();
+		values[4] = PointerGetDatum(reason);
+		routed_execute(RK_DL_DISCARDED, entry->place.route_type, values, NULL);
+		return;
 	}
-	error_values(edata, &values[1], &nulls[1]);
-	dead_letter_execute(DL_FAILED_AGAIN, values, nulls, 0);
-	return OUTCOME_DEAD_LETTERED;
+	values[0] = Int64GetDatum(entry->id);
+	values[1] = current_user_datum();
+	values[2] = PointerGetDatum(reason);
+	dead_letter_execute(DL_DISCARDED, values, NULL, 0);
 }
 
 /*
@@ -415,7 +572,8 @@ refuse_inside_business_sql(const char *function_name, const char *action,
 		return;
 	dead_letter_execute(DL_ENTRY_KEY, &arg, NULL, 1);
 	if (SPI_processed > 0)
-		inflight_check_dead_letter(function_name, action, id,
+		inflight_check_dead_letter(function_name, action,
+								   psprintf("entry " INT64_FORMAT, id),
 								   DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
 															   SPI_tuptable->tupdesc,
 															   1, &isnull)),
@@ -475,7 +633,7 @@ idem_dlq_replay_consumer(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("consumer \"%s\" does not exist", consumer),
 				 errhint("The view idem_dead_letters lists the consumers with entries.")));
-	inflight_check_dead_letter("idem_dlq_replay", "replay", 0, consumer_id, NULL);
+	inflight_check_dead_letter("idem_dlq_replay", "replay", NULL, consumer_id, NULL);
 
 	/* one SPI connection per entry, so that each entry's memory goes with it */
 	for (int n = 0; n < max_count; n++)
@@ -520,16 +678,114 @@ idem_dlq_discard(PG_FUNCTION_ARGS)
 	int64		id = get_id_arg(fcinfo, 0);
 	text	   *reason = get_name_arg(fcinfo, 1, "reason", IDEM_MAX_REASON_BYTES);
 	DeadLetterEntry entry;
-	Datum		values[3];
 
 	SPI_connect();
 	refuse_inside_business_sql("idem_dlq_discard", "discard", id);
 	lock_entry(id, &entry);
 	check_pending(&entry);
-	values[0] = Int64GetDatum(id);
-	values[1] = current_user_datum();
-	values[2] = PointerGetDatum(reason);
-	dead_letter_execute(DL_DISCARDED, values, NULL, 0);
+	entry_discard(&entry, reason);
+	SPI_finish();
+
+	PG_RETURN_VOID();
+}
+
+/*
+ * Locks and reads the entry of the key, consumer and route of a routed
+ * call (its first three arguments) for function_name's action, or raises
+ * an error if there is none.  Where keys are not routed, the route is not
+ * needed, and the entry is the node's entry of the key, checked and locked
+ * as by its id.  A routed entry is named by its consumer, so a consumer
+ * the caller may not act on is refused as idem_apply refuses it.
+ */
+static void
+lock_entry_of_key(FunctionCallInfo fcinfo, const char *function_name,
+				  const char *action, DeadLetterEntry *entry)
+{
+	text	   *key = get_key_arg(fcinfo, 0);
+	char	   *consumer = get_consumer_arg(fcinfo, 1);
+	DeadLetterPlace place = {0};
+	Datum		args[3];
+
+	place.consumer = consumer;
+	place.routed = routed_get_route_arg(fcinfo, 2, &place.route, &place.route_type);
+	if (!place.routed)
+	{
+		place.consumer_id = keystore_consumer_id(consumer, false);
+		if (place.consumer_id != 0)
+		{
+			args[0] = Int32GetDatum(place.consumer_id);
+			args[1] = PointerGetDatum(key);
+			dead_letter_execute(DL_KEY_STATUS, args, NULL, 1);
+			if (SPI_processed > 0)
+			{
+				bool		isnull;
+				int64		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+															 SPI_tuptable->tupdesc,
+															 2, &isnull));
+
+				refuse_inside_business_sql(function_name, action, id);
+				lock_entry(id, entry);
+				return;
+			}
+		}
+	}
+	else
+	{
+		place.consumer_id = keystore_consumer_id(consumer, true);
+		inflight_check_dead_letter(function_name, action,
+								   psprintf("entry of key \"%s\"", text_to_cstring(key)),
+								   place.consumer_id, key);
+		args[0] = place.route;
+		args[1] = CStringGetTextDatum(consumer);
+		args[2] = PointerGetDatum(key);
+		routed_execute(RK_DL_LOCK, place.route_type, args, NULL);
+		if (SPI_processed > 0)
+		{
+			routed_entry_from_result(entry, &place, key);
+			return;
+		}
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_UNDEFINED_OBJECT),
+			 errmsg("consumer \"%s\" has no dead-letter entry of key \"%s\"",
+					consumer, text_to_cstring(key)),
+			 errhint("The view %s lists the entries.",
+					 place.routed ? "idem_routed_dead_letters" : "idem_dead_letters")));
+}
+
+/*
+ * idem_dlq_replay_routed(key, consumer, route): idem_dlq_replay for the
+ * entry of a routed message, named by its key and route.
+ */
+Datum
+idem_dlq_replay_routed(PG_FUNCTION_ARGS)
+{
+	DeadLetterEntry entry;
+	Outcome		outcome;
+
+	SPI_connect();
+	lock_entry_of_key(fcinfo, "idem_dlq_replay_routed", "replay", &entry);
+	check_pending(&entry);
+	outcome = replay_entry(&entry);
+	SPI_finish();
+
+	PG_RETURN_DATUM(dead_letter_outcome_result(fcinfo, outcome));
+}
+
+/*
+ * idem_dlq_discard_routed(key, consumer, route, reason): idem_dlq_discard
+ * for the entry of a routed message.
+ */
+Datum
+idem_dlq_discard_routed(PG_FUNCTION_ARGS)
+{
+	text	   *reason = get_name_arg(fcinfo, 3, "reason", IDEM_MAX_REASON_BYTES);
+	DeadLetterEntry entry;
+
+	SPI_connect();
+	lock_entry_of_key(fcinfo, "idem_dlq_discard_routed", "discard", &entry);
+	check_pending(&entry);
+	entry_discard(&entry, reason);
 	SPI_finish();
 
 	PG_RETURN_VOID();

@@ -50,13 +50,29 @@ typedef enum DeadLetterStmt
 extern int	dead_letter_execute(DeadLetterStmt stmt, Datum *values,
 								const char *nulls, long tcount);
 
+/*
+ * Where the entry of a message goes: the node's own queue, dead_letters,
+ * under the consumer's id, or, where keys are routed (routed.c),
+ * routed_dead_letters under the route and the consumer's name, beside the
+ * message's key.
+ */
+typedef struct DeadLetterPlace
+{
+	int32		consumer_id;
+	const char *consumer;
+	bool		routed;
+	Datum		route;			/* if routed */
+	Oid			route_type;		/* if routed */
+} DeadLetterPlace;
+
 /* dead_letter.c */
 extern Oid *dead_letter_outcome_oids(FmgrInfo *flinfo, Oid enumtypoid);
 extern Datum dead_letter_outcome_result(FunctionCallInfo fcinfo, Outcome outcome);
-extern void dead_letter_insert(int32 consumer_id, text *key, const char *sql,
-							   ArrayType *params, NullableDatum event_time,
-							   ErrorData *edata, int64 expect_rows);
-extern char *dead_letter_status(int32 consumer_id, text *key);
+extern void dead_letter_insert(const DeadLetterPlace *place, text *key,
+							   const char *sql, ArrayType *params,
+							   NullableDatum event_time, ErrorData *edata,
+							   int64 expect_rows);
+extern char *dead_letter_status(const DeadLetterPlace *place, text *key);
 
 /* business_run.c */
 extern ErrorData *business_run(int32 consumer_id, const char *consumer, text *key,

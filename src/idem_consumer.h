@@ -300,7 +300,26 @@ extern uint64 business_plan_execute(BusinessPlan *bplan, ParamListInfo params);
 extern bool business_sql_is_call(const char *sql);
 
 /* routed.c */
+typedef enum RoutedStmt
+{
+	RK_INSERT,
+	RK_PROBE,
+	RK_FORGET,
+	RK_DL_INSERT,
+	RK_DL_STATUS,
+	RK_DL_LOCK,
+	RK_DL_FAILED_AGAIN,
+	RK_DL_REPLAYED,
+	RK_DL_DISCARDED,
+	RK_DL_DELETE_RESOLVED,
+	RK_NUM_STMTS
+} RoutedStmt;
+
 extern Oid	routed_keys_relid(void);
+extern void routed_execute(RoutedStmt stmt, Oid route_type, Datum *args,
+						   const char *nulls);
+extern void routed_refuse_two_roles(const char *function_name,
+									const char *consumer, Oid business_role);
 extern void routed_refuse_unrouted(void);
 extern bool routed_get_route_arg(FunctionCallInfo fcinfo, int argno, Datum *route,
 								 Oid *route_type);
@@ -346,7 +365,8 @@ extern void inflight_check_key(int32 consumer_id, const char *consumer, text *ke
 extern void inflight_check_keys(int32 consumer_id, const char *consumer, Datum *keys,
 								int nkeys, const char *action);
 extern void inflight_check_dead_letter(const char *function_name, const char *action,
-									   int64 entry_id, int32 consumer_id, text *key);
+									   const char *entry_name, int32 consumer_id,
+									   text *key);
 extern void inflight_check_none(const char *function_name);
 extern void inflight_note_recording(void);
 extern void inflight_check_not_recording(const char *function_name);
@@ -361,7 +381,7 @@ typedef struct ReplayRoleState
 extern bool replay_role_supported(void);
 extern void replay_role_require_supported(void);
 extern char *replay_role_search_path(void);
-extern Oid	replay_role_check(int64 entry_id, const char *consumer, Oid roleid,
+extern Oid	replay_role_check(const char *entry_name, const char *consumer, Oid roleid,
 							  const char *parked_by_name);
 extern ReplayRoleState replay_role_begin(Oid roleid);
 extern void replay_role_end(ReplayRoleState state);

@@ -226,12 +226,13 @@ inflight_check_keys(int32 consumer_id, const char *consumer, Datum *keys,
  * Raises object_in_use if a dead-letter entry may not be replayed or
  * discarded (action) because business SQL runs in this backend: the
  * entry's own message, or for a replay any message of its consumer, or
- * any business SQL at all.  entry_id is 0 and key NULL for a replay of a
- * consumer's entries; consumer_id 0 for an entry that does not exist.
+ * any business SQL at all.  entry_name names the entry ("entry 12");
+ * it is NULL and key NULL for a replay of a consumer's entries;
+ * consumer_id is 0 for an entry that does not exist.
  */
 void
 inflight_check_dead_letter(const char *function_name, const char *action,
-						   int64 entry_id, int32 consumer_id, text *key)
+						   const char *entry_name, int32 consumer_id, text *key)
 {
 	const InflightKey *running;
 
@@ -241,8 +242,8 @@ inflight_check_dead_letter(const char *function_name, const char *action,
 	if (key != NULL && inflight_find(consumer_id, key) != NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_IN_USE),
-				 errmsg("cannot %s dead-letter entry %lld while its message is being applied",
-						action, (long long) entry_id),
+				 errmsg("cannot %s dead-letter %s while its message is being applied",
+						action, entry_name),
 				 errdetail("The business SQL of the entry's message is running in this session and called %s.",
 						   function_name),
 				 errhint("Replay or discard dead-letter entries in a transaction of their own, not from business SQL.")));

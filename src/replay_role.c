@@ -103,7 +103,7 @@ replay_role_search_path(void)
  * for the messages.
  */
 Oid
-replay_role_check(int64 entry_id, const char *consumer, Oid roleid,
+replay_role_check(const char *entry_name, const char *consumer, Oid roleid,
 				  const char *parked_by_name)
 {
 	char	   *rolename;
@@ -112,8 +112,8 @@ replay_role_check(int64 entry_id, const char *consumer, Oid roleid,
 		!SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(roleid)))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
-				 errmsg("role that dead-lettered entry %lld of consumer \"%s\" no longer exists",
-						(long long) entry_id, consumer),
+				 errmsg("role that dead-lettered %s of consumer \"%s\" no longer exists",
+						entry_name, consumer),
 				 errdetail("The entry was dead-lettered by role \"%s\"; a replay runs its SQL as that role.",
 						   parked_by_name),
 				 errhint("Discard the entry with idem_dlq_discard and have the producer send the message again.")));
@@ -122,8 +122,8 @@ replay_role_check(int64 entry_id, const char *consumer, Oid roleid,
 	if (!role_can_become(roleid))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-				 errmsg("permission denied to replay dead-letter entry %lld of consumer \"%s\"",
-						(long long) entry_id, consumer),
+				 errmsg("permission denied to replay dead-letter %s of consumer \"%s\"",
+						entry_name, consumer),
 				 errdetail("A replay runs the entry's SQL as role \"%s\", which dead-lettered it.",
 						   rolename),
 				 errhint("Replay as a member of role \"%s\".", rolename)));

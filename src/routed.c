@@ -63,14 +63,6 @@
 
 #include "keystore_internal.h"
 
-typedef enum RoutedStmt
-{
-	RK_INSERT,
-	RK_PROBE,
-	RK_FORGET,
-	RK_NUM_STMTS
-} RoutedStmt;
-
 /*
  * The statements; argtypes[0], the route's, is set to the type of the
  * call's route before they are prepared (routed_stmts_for).
@@ -95,6 +87,78 @@ static StorageStmt routed_stmt_defs[RK_NUM_STMTS] = {
 		" RETURNING 1",
 		3, {InvalidOid, TEXTOID, TEXTOID}
 	},
+
+	/*
+	 * A message's dead-letter entry: a new one, or a new failure in the
+	 * place of a resolved entry that outlived its key (a key removed by
+	 * hand leaves its entry).  A pending entry stays as it is.  The times
+	 * are the new row's defaults: Citus refuses now() in DO UPDATE.
+	 */
+	[RK_DL_INSERT] = {
+		"INSERT INTO " STORAGE_SCHEMA ".routed_dead_letters AS d (route, consumer, key,"
+		" sql, params, event_time, settings, sqlstate, message, detail, hint, context,"
+		" dead_lettered_by)"
+		" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+		" ON CONFLICT (route, consumer, key) DO UPDATE SET sql = excluded.sql,"
+		" params = excluded.params, event_time = excluded.event_time,"
+		" settings = excluded.settings, sqlstate = excluded.sqlstate,"
+		" message = excluded.message, detail = excluded.detail, hint = excluded.hint,"
+		" context = excluded.context, first_failed_at = excluded.first_failed_at,"
+		" last_failed_at = excluded.last_failed_at, attempts = 1,"
+		" dead_lettered_by = excluded.dead_lettered_by, status = 'pending',"
+		" resolved_at = NULL, resolved_by = NULL, discard_reason = NULL"
+		" WHERE d.status OPERATOR(pg_catalog.<>) 'pending'",
+		13, {InvalidOid, TEXTOID, TEXTOID, TEXTOID, TEXTARRAYOID, TIMESTAMPTZOID,
+			TEXTARRAYOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID}
+	},
+	[RK_DL_STATUS] = {
+		"SELECT status FROM " STORAGE_SCHEMA ".routed_dead_letters"
+		" WHERE route OPERATOR(pg_catalog.=) $1"
+		" AND consumer OPERATOR(pg_catalog.=) $2 AND key OPERATOR(pg_catalog.=) $3",
+		3, {InvalidOid, TEXTOID, TEXTOID}
+	},
+	/* in the order of dead_letter.c's routed entries */
+	[RK_DL_LOCK] = {
+		"SELECT sql, params, settings, status, resolved_by, discard_reason,"
+		" dead_lettered_by"
+		" FROM " STORAGE_SCHEMA ".routed_dead_letters"
+		" WHERE route OPERATOR(pg_catalog.=) $1"
+		" AND consumer OPERATOR(pg_catalog.=) $2 AND key OPERATOR(pg_catalog.=) $3"
+		" FOR NO KEY UPDATE",
+		3, {InvalidOid, TEXTOID, TEXTOID}
+	},
+	[RK_DL_FAILED_AGAIN] = {
+		"UPDATE " STORAGE_SCHEMA ".routed_dead_letters"
+		" SET attempts = attempts OPERATOR(pg_catalog.+) 1, last_failed_at = pg_catalog.now(),"
+		" sqlstate = $4, message = $5, detail = $6, hint = $7, context = $8"
+		" WHERE route OPERATOR(pg_catalog.=) $1"
+		" AND consumer OPERATOR(pg_catalog.=) $2 AND key OPERATOR(pg_catalog.=) $3",
+		8, {InvalidOid, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID}
+	},
+	[RK_DL_REPLAYED] = {
+		"UPDATE " STORAGE_SCHEMA ".routed_dead_letters"
+		" SET status = 'replayed', attempts = attempts OPERATOR(pg_catalog.+) 1,"
+		" resolved_at = pg_catalog.now(), resolved_by = $4"
+		" WHERE route OPERATOR(pg_catalog.=) $1"
+		" AND consumer OPERATOR(pg_catalog.=) $2 AND key OPERATOR(pg_catalog.=) $3",
+		4, {InvalidOid, TEXTOID, TEXTOID, TEXTOID}
+	},
+	[RK_DL_DISCARDED] = {
+		"UPDATE " STORAGE_SCHEMA ".routed_dead_letters"
+		" SET status = 'discarded', resolved_at = pg_catalog.now(), resolved_by = $4,"
+		" discard_reason = $5"
+		" WHERE route OPERATOR(pg_catalog.=) $1"
+		" AND consumer OPERATOR(pg_catalog.=) $2 AND key OPERATOR(pg_catalog.=) $3",
+		5, {InvalidOid, TEXTOID, TEXTOID, TEXTOID, TEXTOID}
+	},
+	/* a forget takes a resolved entry with its key */
+	[RK_DL_DELETE_RESOLVED] = {
+		"DELETE FROM " STORAGE_SCHEMA ".routed_dead_letters"
+		" WHERE route OPERATOR(pg_catalog.=) $1"
+		" AND consumer OPERATOR(pg_catalog.=) $2 AND key OPERATOR(pg_catalog.=) $3"
+		" AND status OPERATOR(pg_catalog.<>) 'pending'",
+		3, {InvalidOid, TEXTOID, TEXTOID}
+	},
 };
 
 /* The statements of the purge, which take no route. */
@@ -102,6 +166,7 @@ typedef enum RoutedPurgeStmt
 {
 	RP_LATEST,
 	RP_PURGE,
+	RP_PURGE_ENTRIES,
 	RP_NUM_STMTS
 } RoutedPurgeStmt;
 
@@ -113,12 +178,32 @@ static const StorageStmt routed_purge_stmt_defs[RP_NUM_STMTS] = {
 		" GROUP BY consumer",
 		1, {TEXTOID}
 	},
-	/* the keys older than the cutoffs $2 of the consumers $1 */
+	/*
+	 * the keys older than the cutoffs $2 of the consumers $1, but for the
+	 * keys of pending dead letters, whose messages a replay still applies
+	 * (docs/retention.md); the entry and its key are in colocated shards,
+	 * so Citus runs the anti-join on each shard
+	 */
 	[RP_PURGE] = {
-		"DELETE FROM " STORAGE_SCHEMA ".routed_keys"
-		" WHERE processed_at OPERATOR(pg_catalog.<)"
-		" COALESCE($2[pg_catalog.array_position($1, consumer)], 0)",
+		"DELETE FROM " STORAGE_SCHEMA ".routed_keys AS k"
+		" WHERE k.processed_at OPERATOR(pg_catalog.<)"
+		" COALESCE($2[pg_catalog.array_position($1, k.consumer)], 0)"
+		" AND NOT EXISTS (SELECT FROM " STORAGE_SCHEMA ".routed_dead_letters AS d"
+		" WHERE d.route OPERATOR(pg_catalog.=) k.route"
+		" AND d.consumer OPERATOR(pg_catalog.=) k.consumer"
+		" AND d.key OPERATOR(pg_catalog.=) k.key"
+		" AND d.status OPERATOR(pg_catalog.=) 'pending')",
 		2, {TEXTARRAYOID, INT4ARRAYOID}
+	},
+	/* the resolved entries whose keys are gone: they expire with them */
+	[RP_PURGE_ENTRIES] = {
+		"DELETE FROM " STORAGE_SCHEMA ".routed_dead_letters AS d"
+		" WHERE d.status OPERATOR(pg_catalog.<>) 'pending'"
+		" AND NOT EXISTS (SELECT FROM " STORAGE_SCHEMA ".routed_keys AS k"
+		" WHERE k.route OPERATOR(pg_catalog.=) d.route"
+		" AND k.consumer OPERATOR(pg_catalog.=) d.consumer"
+		" AND k.key OPERATOR(pg_catalog.=) d.key)",
+		0, {InvalidOid}
 	},
 };
 
@@ -201,8 +286,8 @@ routed_get_route_arg(FunctionCallInfo fcinfo, int argno, Datum *route, Oid *rout
  * Runs statement stmt with the route of type route_type first, preparing
  * the statements again if the last call's route had another type.
  */
-static void
-routed_run(RoutedStmt stmt, Oid route_type, Datum *args, const char *nulls)
+void
+routed_execute(RoutedStmt stmt, Oid route_type, Datum *args, const char *nulls)
 {
 	storage_stmts_current(&routed_stmts);
 	if (route_type != routed_plans_type)
@@ -222,28 +307,29 @@ routed_run(RoutedStmt stmt, Oid route_type, Datum *args, const char *nulls)
 static int32 citus_local_group(void);
 
 /*
- * Refuses, before anything is written, a routed apply on the Citus
- * coordinator by another role than the owner of the key store.  The key is
- * written as that owner and the business SQL as the caller, and Citus
- * refuses a transaction that writes one group of colocated shards over the
- * connections of two roles, with an error that names neither.  In a
- * function delegated to the shard's worker both are local writes, which
- * Citus allows.
+ * Refuses, before anything is written, routed business SQL on the Citus
+ * coordinator run by another role than the owner of the key store.  The
+ * key and any dead-letter entry are written as that owner and the business
+ * SQL as business_role, and Citus refuses a transaction that writes one
+ * group of colocated shards over the connections of two roles, with an
+ * error that names neither.  In a function delegated to the shard's worker
+ * both are local writes, which Citus allows.
  */
-static void
-refuse_two_roles_on_coordinator(const char *consumer)
+void
+routed_refuse_two_roles(const char *function_name, const char *consumer,
+						Oid business_role)
 {
 	Oid			owner = storage_locate()->owner;
 
-	if (GetUserId() == owner || citus_local_group() != 0)
+	if (business_role == owner || citus_local_group() != 0)
 		return;
 	ereport(ERROR,
 			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-			 errmsg("idem_apply_routed on the Citus coordinator runs only as the owner of the key store, role \"%s\"",
-					GetUserNameFromId(owner, false)),
-			 errdetail("The key of consumer \"%s\" would be written as \"%s\" and the business SQL as \"%s\", and Citus refuses a transaction that writes colocated shards as two roles.",
+			 errmsg("%s on the Citus coordinator runs business SQL only as the owner of the key store, role \"%s\"",
+					function_name, GetUserNameFromId(owner, false)),
+			 errdetail("The key of consumer \"%s\" would be written as \"%s\" and the business SQL run as \"%s\", and Citus refuses a transaction that writes colocated shards as two roles.",
 					   consumer, GetUserNameFromId(owner, false),
-					   GetUserNameFromId(GetUserId(), false)),
+					   GetUserNameFromId(business_role, false)),
 			 errhint("Call it inside a function delegated to the shard's worker (create_distributed_function(..., force_delegation => true)), where any role with the grants may.")));
 }
 
@@ -260,14 +346,13 @@ routed_record_key(Datum route, Oid route_type, const char *consumer, text *key,
 	bool		isnull;
 	Datum		value;
 
-	refuse_two_roles_on_coordinator(consumer);
 	args[0] = route;
 	args[1] = CStringGetTextDatum(consumer);
 	args[2] = PointerGetDatum(key);
 	args[3] = fingerprint ? Int32GetDatum(*fingerprint) : (Datum) 0;
 	nulls[3] = fingerprint ? ' ' : 'n';
 	args[4] = Int32GetDatum(keystore_processed_at_now());
-	routed_run(RK_INSERT, route_type, args, nulls);
+	routed_execute(RK_INSERT, route_type, args, nulls);
 	if (SPI_processed == 1)
 		return true;
 
@@ -276,7 +361,7 @@ routed_record_key(Datum route, Oid route_type, const char *consumer, text *key,
 	 * snapshot, under REPEATABLE READ, or the insert would have failed): a
 	 * plain read sees it.
 	 */
-	routed_run(RK_PROBE, route_type, args, NULL);
+	routed_execute(RK_PROBE, route_type, args, NULL);
 	if (SPI_processed != 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
@@ -301,19 +386,33 @@ routed_key_exists(Datum route, Oid route_type, const char *consumer, text *key)
 {
 	Datum		args[3] = {route, CStringGetTextDatum(consumer), PointerGetDatum(key)};
 
-	routed_run(RK_PROBE, route_type, args, NULL);
+	routed_execute(RK_PROBE, route_type, args, NULL);
 	return SPI_processed > 0;
 }
 
 /*
- * Removes (route, consumer, key); returns whether it was recorded.
+ * Removes (route, consumer, key) and its resolved dead-letter entry;
+ * returns whether the key was recorded.  Refuses while the entry is
+ * pending, for the reason keystore_forget_key() gives.
  */
 bool
 routed_forget_key(Datum route, Oid route_type, const char *consumer, text *key)
 {
 	Datum		args[3] = {route, CStringGetTextDatum(consumer), PointerGetDatum(key)};
 
-	routed_run(RK_FORGET, route_type, args, NULL);
+	routed_execute(RK_DL_DELETE_RESOLVED, route_type, args, NULL);
+	if (SPI_processed == 0)
+	{
+		routed_execute(RK_DL_STATUS, route_type, args, NULL);
+		if (SPI_processed > 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("cannot forget a key whose message is dead-lettered"),
+					 errdetail("The dead-letter entry of key \"%s\" of consumer \"%s\" is pending.",
+							   text_to_cstring(key), consumer),
+					 errhint("Replay the entry with idem_dlq_replay_routed or discard it with idem_dlq_discard_routed first.")));
+	}
+	routed_execute(RK_FORGET, route_type, args, NULL);
 	return SPI_processed > 0;
 }
 
@@ -368,6 +467,7 @@ routed_purge(const char *consumer)
 	Datum	   *cutoffs;
 	int			n = 0;
 	uint64		nconsumers;
+	uint64		removed;
 
 	if (!OidIsValid(routed_keys_relid()) || !routed_purge_here())
 		return 0;
@@ -403,5 +503,8 @@ routed_purge(const char *consumer)
 	args[1] = PointerGetDatum(construct_array(cutoffs, n, INT4OID, sizeof(int32), true,
 											  TYPALIGN_INT));
 	storage_stmt_run(&routed_purge_stmts, RP_PURGE, args, NULL, 0);
-	return SPI_processed;
+	removed = SPI_processed;
+	if (removed > 0)
+		storage_stmt_run(&routed_purge_stmts, RP_PURGE_ENTRIES, NULL, NULL, 0);
+	return removed;
 }

@@ -23,8 +23,8 @@
  * distributed or reference table's rows in its shards and leaves the table
  * itself, the shell, to its planner, so the fast paths, which write a
  * table's heap and index directly, would write rows Citus never reads.
- * Keys go to Citus only as routed keys (routed.c), which no fast path
- * writes.
+ * Keys and their dead letters go to Citus only as the routed tables
+ * (routed.c), which no fast path writes.
  *
  * This file reads the catalogs, and the seed from its table, only; it runs
  * no statement.
@@ -292,14 +292,15 @@ locate_generations(Oid nspid)
 
 /*
  * Raises an error if Citus distributes a table of schema nspid other than
- * the routed keys (see the header).  Citus's catalog exists only with
+ * the routed tables (see the header).  Citus's catalog exists only with
  * Citus; it is small, and read only when the storage is located.
  */
 static void
 refuse_citus_storage(Oid nspid)
 {
 	Oid			dist_relid = get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE);
-	Oid			routed = get_relname_relid("routed_keys", nspid);
+	Oid			routed_keys = get_relname_relid("routed_keys", nspid);
+	Oid			routed_dead_letters = get_relname_relid("routed_dead_letters", nspid);
 	AttrNumber	relid_attnum;
 	Relation	dist;
 	SysScanDesc scan;
@@ -318,7 +319,8 @@ refuse_citus_storage(Oid nspid)
 		Oid			relid = DatumGetObjectId(heap_getattr(tuple, relid_attnum,
 														  RelationGetDescr(dist), &isnull));
 
-		if (isnull || relid == routed || get_rel_namespace(relid) != nspid)
+		if (isnull || relid == routed_keys || relid == routed_dead_letters ||
+			get_rel_namespace(relid) != nspid)
 			continue;
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),

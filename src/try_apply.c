@@ -37,12 +37,14 @@
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
+#include "miscadmin.h"
 #include "utils/resowner.h"
 
 #include "dead_letter.h"
 
 PG_FUNCTION_INFO_V1(idem_try_apply);
 PG_FUNCTION_INFO_V1(idem_try_apply_rows);
+PG_FUNCTION_INFO_V1(idem_try_apply_routed);
 
 /*
  * Returns the outcome of a redelivery of a recorded key whose dead-letter
@@ -113,12 +115,12 @@ fingerprint_of_try_call(text *explicit_fingerprint, const char *sql,
  * when it made the entry.
  */
 static Outcome
-park_key_reuse(const char *consumer, int32 consumer_id, text *key,
+park_key_reuse(const DeadLetterPlace *place, text *key,
 			   const char *sql, ArrayType *params, NullableDatum event_time,
 			   int64 expect_rows, int32 fingerprint,
 			   const RecordedKey *recorded, bool *redelivered)
 {
-	char	   *status = dead_letter_status(consumer_id, key);
+	char	   *status = dead_letter_status(place, key);
 	ErrorData  *edata;
 
 	/*
@@ -128,9 +130,8 @@ park_key_reuse(const char *consumer, int32 consumer_id, text *key,
 	if (status != NULL)
 		return redelivery_outcome(status);
 
-	edata = fingerprint_key_reuse_error(consumer, key, fingerprint, recorded);
-	dead_letter_insert(consumer_id, key, sql, params, event_time, edata,
-					   expect_rows);
+	edata = fingerprint_key_reuse_error(place->consumer, key, fingerprint, recorded);
+	dead_letter_insert(place, key, sql, params, event_time, edata, expect_rows);
 	*redelivered = false;
 	return OUTCOME_DEAD_LETTERED;
 }
@@ -139,14 +140,17 @@ park_key_reuse(const char *consumer, int32 consumer_id, text *key,
  * Like idem_apply, but a permanent failure of the business SQL parks the
  * message in the dead-letter queue instead of raising; returns applied,
  * duplicate or dead_lettered.  key, consumer, sql and params are the
- * first four arguments of the call, event_time and the fingerprint those
- * at the positions given (a fingerprint position past the last argument:
- * none).  The SQL must affect at least expect_rows rows (0: any number);
- * *rows is set to the rows it affected when applied.
+ * first four arguments of the call, event_time, the fingerprint and the
+ * route those at the positions given (a fingerprint position past the last
+ * argument: none; a route position of -1: none).  Where keys are routed
+ * (routed.c), the key and the entry are stored under the route.  The SQL
+ * must affect at least expect_rows rows (0: any number); *rows is set to
+ * the rows it affected when applied.
  */
 static Outcome
 try_apply_message(FunctionCallInfo fcinfo, int event_time_argno,
-				  int fingerprint_argno, int64 expect_rows, uint64 *rows)
+				  int fingerprint_argno, int route_argno, int64 expect_rows,
+				  uint64 *rows)
 {
 	text	   *key = get_key_arg(fcinfo, 0);
 	char	   *consumer = get_consumer_arg(fcinfo, 1);
@@ -154,7 +158,7 @@ try_apply_message(FunctionCallInfo fcinfo, int event_time_argno,
 	ArrayType  *params = PG_ARGISNULL(3) ? NULL : PG_GETARG_ARRAYTYPE_P(3);
 	NullableDatum event_time;
 	text	   *explicit_fingerprint = get_fingerprint_arg(fcinfo, fingerprint_argno);
-	int32		consumer_id;
+	DeadLetterPlace place = {0};
 	bool		check_fingerprint;
 	int32		fingerprint;
 	RecordedKey recorded = {0};
@@ -163,6 +167,9 @@ try_apply_message(FunctionCallInfo fcinfo, int event_time_argno,
 	int			call;
 
 	check_event_time_arg(fcinfo, event_time_argno);
+	place.consumer = consumer;
+	place.routed = route_argno >= 0 &&
+		routed_get_route_arg(fcinfo, route_argno, &place.route, &place.route_type);
 	event_time.isnull = PG_ARGISNULL(event_time_argno);
 	event_time.value = event_time.isnull ? (Datum) 0 : PG_GETARG_DATUM(event_time_argno);
 	if (params != NULL)
@@ -171,31 +178,39 @@ try_apply_message(FunctionCallInfo fcinfo, int event_time_argno,
 	expect_rows_check_sql(expect_rows, sql);
 
 	SPI_connect();
-	consumer_id = keystore_consumer_id_and_fp_check(consumer, true,
-														&check_fingerprint);
+	place.consumer_id = keystore_consumer_id_and_fp_check(consumer, true,
+														  &check_fingerprint);
 	call = stats_call_begin(consumer);
 
 	if (check_fingerprint)
 		fingerprint = fingerprint_of_try_call(explicit_fingerprint, sql, params);
-	inflight_check_key(consumer_id, consumer, key, "record");
-	redelivered = !keystore_record_key_fp(consumer_id, key,
-										  check_fingerprint ? &fingerprint : NULL,
-										  &recorded);
+	inflight_check_key(place.consumer_id, consumer, key, "record");
+	if (place.routed)
+	{
+		routed_refuse_two_roles("idem_try_apply_routed", consumer, GetUserId());
+		redelivered = !routed_record_key(place.route, place.route_type, consumer,
+										 key, check_fingerprint ? &fingerprint : NULL,
+										 &recorded);
+	}
+	else
+		redelivered = !keystore_record_key_fp(place.consumer_id, key,
+											  check_fingerprint ? &fingerprint : NULL,
+											  &recorded);
 	if (redelivered && check_fingerprint &&
 		!fingerprint_admits(explicit_fingerprint, fingerprint, &recorded,
 							sql, params))
 	{
 		/* another message under the key: a permanent failure of its own */
 		stats_call_key_reuse(call);
-		outcome = park_key_reuse(consumer, consumer_id, key, sql, params,
-								 event_time, expect_rows, fingerprint,
-								 &recorded, &redelivered);
+		outcome = park_key_reuse(&place, key, sql, params, event_time,
+								 expect_rows, fingerprint, &recorded,
+								 &redelivered);
 	}
 	else if (redelivered)
-		outcome = redelivery_outcome(dead_letter_status(consumer_id, key));
+		outcome = redelivery_outcome(dead_letter_status(&place, key));
 	else
 	{
-		ErrorData  *edata = business_run(consumer_id, consumer, key, sql,
+		ErrorData  *edata = business_run(place.consumer_id, consumer, key, sql,
 										 params, NULL, InvalidOid,
 										 expect_rows, rows);
 
@@ -203,7 +218,7 @@ try_apply_message(FunctionCallInfo fcinfo, int event_time_argno,
 			outcome = OUTCOME_APPLIED;
 		else
 		{
-			dead_letter_insert(consumer_id, key, sql, params, event_time, edata,
+			dead_letter_insert(&place, key, sql, params, event_time, edata,
 							   expect_rows);
 			outcome = OUTCOME_DEAD_LETTERED;
 		}
@@ -230,7 +245,7 @@ Datum
 idem_try_apply(PG_FUNCTION_ARGS)
 {
 	uint64		rows;
-	Outcome		outcome = try_apply_message(fcinfo, 4, 5, 0, &rows);
+	Outcome		outcome = try_apply_message(fcinfo, 4, 5, -1, 0, &rows);
 
 	PG_RETURN_DATUM(dead_letter_outcome_result(fcinfo, outcome));
 }
@@ -254,7 +269,7 @@ idem_try_apply_rows(PG_FUNCTION_ARGS)
 
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "return type must be a row type");
-	outcome = try_apply_message(fcinfo, 5, 6, expect_rows, &rows);
+	outcome = try_apply_message(fcinfo, 5, 6, -1, expect_rows, &rows);
 
 	values[0] = ObjectIdGetDatum(dead_letter_outcome_oids(fcinfo->flinfo,
 													TupleDescAttr(tupdesc, 0)->atttypid)[outcome]);
@@ -262,4 +277,19 @@ idem_try_apply_rows(PG_FUNCTION_ARGS)
 	nulls[1] = outcome != OUTCOME_APPLIED;
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(tupdesc),
 													  values, nulls)));
+}
+
+/*
+ * idem_try_apply_routed(key, consumer, sql, params, route, event_time,
+ * fingerprint): idem_try_apply with the key and any dead-letter entry
+ * stored under the route, where keys are routed (Citus); elsewhere the
+ * route is not needed, and idem_try_apply_routed is idem_try_apply.
+ */
+Datum
+idem_try_apply_routed(PG_FUNCTION_ARGS)
+{
+	uint64		rows;
+	Outcome		outcome = try_apply_message(fcinfo, 5, 6, 4, 0, &rows);
+
+	PG_RETURN_DATUM(dead_letter_outcome_result(fcinfo, outcome));
 }

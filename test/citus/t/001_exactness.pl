@@ -20,9 +20,14 @@
 #  (i)  idem_apply_routed on the coordinator, its business SQL on the
 #       distributed table: Citus sends the key and the payment to the
 #       worker of the order's shard, in one transaction there;
-#  (ii) idem_apply_routed in a function delegated to the shard's worker
-#       (create_distributed_function, force_delegation): the key and the
-#       payment are local writes of one transaction.
+#  (ii) idem_try_apply_routed in a function delegated to the shard's
+#       worker (create_distributed_function, force_delegation): the key and
+#       the payment are local writes of one transaction.  One message in 50
+#       fails permanently (its amount breaks a constraint of the table) and
+#       is parked in the routed dead letters, beside its key: it must be
+#       parked exactly once and not applied, through the faults and the
+#       shard moves, until the constraint goes and one statement on the
+#       coordinator replays every entry, which applies each once.
 # Without routed keys, shape (i) applied messages twice after the
 # coordinator's and a worker's immediate stops: its keys stayed on the
 # coordinator while the payments committed on a worker.
@@ -131,11 +136,12 @@ CREATE TABLE payments_i (
 SELECT create_distributed_table('payments_i', 'order_id');
 CREATE TABLE payments_ii (LIKE payments_i INCLUDING ALL);
 SELECT create_distributed_table('payments_ii', 'order_id', colocate_with => 'payments_i');
+ALTER TABLE payments_ii ADD CONSTRAINT parked_amount CHECK (amount <> 13);
 SELECT idem_citus_distribute('payments_i');
 CREATE FUNCTION pay_ii(p_order_id bigint, p_key text, p_msg_id bigint, p_amount bigint)
-RETURNS boolean LANGUAGE plpgsql AS $f$
+RETURNS idem_outcome LANGUAGE plpgsql AS $f$
 BEGIN
-    RETURN public.idem_apply_routed(p_key, 'citus_ii',
+    RETURN public.idem_try_apply_routed(p_key, 'citus_ii',
         'INSERT INTO public.payments_ii AS p (order_id, msg_id, amount) '
         'VALUES ($1::bigint, $2::bigint, $3::bigint) '
         'ON CONFLICT (order_id, msg_id) DO UPDATE SET applications = p.applications + 1',
@@ -268,6 +274,8 @@ my $sql_i = 'INSERT INTO public.payments_i AS p (order_id, msg_id, amount) '
 
 sub order_of { my ($m) = @_; return 1 + $m % $n_orders; }
 sub amount_of { my ($m) = @_; return 1 + $m % 50; }
+# the messages shape (ii) parks until the constraint goes
+sub parked { my ($m) = @_; return amount_of($m) == 13; }
 
 # one delivery: [shape, msg]; its statement
 sub statement
@@ -455,27 +463,67 @@ for my $f (0 .. $#faults)
 	my $secs = time - $t0;
 
 	my $range = "msg_id BETWEEN $msgs[0] AND $msgs[-1]";
+	my $n_parked = grep { parked($_) } @msgs;
 	for my $shape ('i', 'ii')
 	{
 		my ($rows, $twice, $extra) = split /\|/, query(
 			"SELECT count(*), count(*) FILTER (WHERE applications > 1), "
 			  . "coalesce(sum(applications - 1), 0) FROM payments_$shape WHERE $range");
 		my $deliveries = $sent->{$shape} + $sent2->{$shape};
+		my $expected = $shape eq 'ii' ? $n - $n_parked : $n;
 		push @report,
-		  sprintf("%-46s shape (%s): %d messages, %d deliveries, %d applied twice",
-			$what, $shape, $n, $deliveries, $twice);
-		is($rows, $n, "fault $what, shape ($shape): every message applied");
+		  sprintf("%-46s shape (%s): %d messages, %d deliveries, %d applied twice%s",
+			$what, $shape, $n, $deliveries, $twice,
+			$shape eq 'ii' ? ", $n_parked parked" : '');
+		is($rows, $expected,
+			"fault $what, shape ($shape): every message applied"
+			  . ($shape eq 'ii' ? ' but the parked ones' : ''));
 		is($twice, 0, "fault $what, shape ($shape): no message applied twice");
 		is(query("SELECT count(*) FROM idem_consumer.routed_keys WHERE consumer = 'citus_$shape' "
 				  . "AND split_part(key, ':', 3)::bigint BETWEEN $msgs[0] AND $msgs[-1]"),
 			$n, "fault $what, shape ($shape): one routed key per message");
 	}
+	is(query("SELECT count(*) || ' ' || count(*) FILTER (WHERE status = 'pending' AND sqlstate = '23514') "
+			  . "|| ' ' || count(*) FILTER (WHERE split_part(key, ':', 3)::bigint % 50 = 12) "
+			  . "FROM idem_routed_dead_letters WHERE consumer = 'citus_ii' "
+			  . "AND split_part(key, ':', 3)::bigint BETWEEN $msgs[0] AND $msgs[-1]"),
+		"$n_parked $n_parked $n_parked",
+		"fault $what, shape (ii): each failing message parked once, pending, and no other");
 	diag(sprintf('fault %s: %.1f s', $what, $secs));
 }
 
 # the shard placements are where the rebalancer left them, all healthy
 is(query('SELECT count(DISTINCT nodeport) FROM pg_dist_shard_placement'),
 	'2', 'the shards are on both workers after the rebalance');
+
+# the cause fixed, one statement on the coordinator replays every parked
+# message of shape (ii), on both workers, where their entries moved with
+# their keys; each is applied once, and a redelivery is a duplicate
+my @all_parked = grep { parked($_) }
+  map { my $f = $_; map { $f * 1_000_000 + $_ } 1 .. $n_messages * ($faults[$f][3] // 1) } 0 .. $#faults;
+is(query(q{SELECT count(DISTINCT p.nodeport) FROM idem_routed_dead_letters AS d
+             JOIN pg_dist_shard_placement AS p
+               ON p.shardid = get_shard_id_for_distribution_column('idem_consumer.routed_dead_letters', d.route)
+            WHERE d.consumer = 'citus_ii'}),
+	'2', "idem_routed_dead_letters on the coordinator shows the entries of both workers");
+query('ALTER TABLE payments_ii DROP CONSTRAINT parked_amount');
+is(query(q{WITH pending AS MATERIALIZED (
+               SELECT key, consumer, route FROM idem_routed_dead_letters
+                WHERE consumer = 'citus_ii' AND status = 'pending')
+           SELECT string_agg(outcome || ' ' || n, ',') FROM (
+               SELECT idem_dlq_replay_routed(key, consumer, route) AS outcome, count(*) AS n
+                 FROM pending GROUP BY 1) AS r}),
+	'applied ' . scalar(@all_parked), 'every parked message replayed in one statement: applied');
+my @parked_again = shuffle(map { [ 'ii', $_ ] } @all_parked);
+my (undef, $failed_again) = deliver('parked_again', \@parked_again);
+is($failed_again, 0, 'the replayed messages delivered again');
+is(query(q{SELECT count(*) || ' ' || count(*) FILTER (WHERE applications = 1)
+             FROM payments_ii WHERE amount = 13}),
+	scalar(@all_parked) . ' ' . scalar(@all_parked),
+	'each replayed message applied exactly once, redelivered after its replay');
+is(query(q{SELECT count(*) FILTER (WHERE status = 'replayed') || ' ' || count(*)
+             FROM idem_routed_dead_letters WHERE consumer = 'citus_ii'}),
+	scalar(@all_parked) . ' ' . scalar(@all_parked), 'and each entry is replayed');
 
 # the counters of every node, summed: calls delegated to both workers and
 # one on the coordinator, each message delivered twice
@@ -494,6 +542,62 @@ query(q{SELECT idem_apply_routed('stats:21', 'citus_stats', 'SELECT 1', NULL, ro
 is(query(q{SELECT applied || ' ' || duplicates || ' ' || (nodes = 3)
              FROM idem_citus_stats() WHERE consumer = 'citus_stats'}),
 	'21 21 true', 'idem_citus_stats sums the counters of the coordinator and both workers');
+# and dead letters: parked by delegated calls and on the coordinator
+query(<<'SQL');
+CREATE FUNCTION park_me(p_order bigint, p_key text) RETURNS idem_outcome LANGUAGE plpgsql AS $f$
+BEGIN
+    RETURN public.idem_try_apply_routed(p_key, 'citus_parked', 'SELECT 1 / 0', NULL, route => p_order);
+END
+$f$;
+SELECT create_distributed_function('park_me(bigint,text)', 'p_order',
+    colocate_with => 'payments_i', force_delegation => true);
+SQL
+query("SELECT park_me($_, 'parked:$_')") for (1 .. 20, 1 .. 20);
+query(q{SELECT idem_try_apply_routed('parked:21', 'citus_parked', 'SELECT 1 / 0', NULL, route => 21::bigint)}) for 1 .. 2;
+is(query(q{SELECT dead_lettered || ' ' || duplicates || ' ' || (nodes = 3)
+             FROM idem_citus_stats() WHERE consumer = 'citus_parked'}),
+	'21 21 true', 'idem_citus_stats sums the dead letters of the coordinator and both workers');
+is(query(q{SELECT count(*) FILTER (WHERE status = 'pending' AND sqlstate = '22012')
+             FROM idem_routed_dead_letters WHERE consumer = 'citus_parked'}),
+	'21', 'idem_routed_dead_letters lists each parked message once');
+
+# a tenant's parked message: its replay runs as the tenant, so on the
+# coordinator it is refused like the tenant's idem_apply_routed, and a
+# function delegated to the worker replays it.  It fails for want of a
+# grant, which is then given.
+query(<<'SQL');
+CREATE TABLE team_ledger (order_id bigint NOT NULL);
+SELECT create_distributed_table('team_ledger', 'order_id', colocate_with => 'orders');
+SELECT run_command_on_all_nodes($c$GRANT EXECUTE ON FUNCTION
+    idem_try_apply_routed(text, text, text, text[], anyelement, timestamptz, text),
+    idem_dlq_replay_routed(text, text, anyelement) TO team_pay$c$);
+CREATE FUNCTION team_park(p_order bigint, p_key text, p_sql text) RETURNS idem_outcome LANGUAGE plpgsql AS $f$
+BEGIN
+    RETURN public.idem_try_apply_routed(p_key, 'citus_team', p_sql, ARRAY[p_order::text], route => p_order);
+END
+$f$;
+SELECT create_distributed_function('team_park(bigint,text,text)', 'p_order',
+    colocate_with => 'orders', force_delegation => true);
+CREATE FUNCTION team_replay(p_order bigint, p_key text) RETURNS idem_outcome LANGUAGE plpgsql AS $f$
+BEGIN
+    RETURN public.idem_dlq_replay_routed(p_key, 'citus_team', p_order);
+END
+$f$;
+SELECT create_distributed_function('team_replay(bigint,text)', 'p_order',
+    colocate_with => 'orders', force_delegation => true);
+SQL
+is(query(q{SET ROLE team_pay;
+           SELECT team_park(6, 'team:6', 'INSERT INTO public.team_ledger VALUES ($1::bigint)')}),
+	'dead_lettered', "a tenant's message that fails for want of a grant parked through its delegated function");
+is(query(q{SELECT sqlstate || ' ' || dead_lettered_by FROM idem_routed_dead_letters WHERE key = 'team:6'}),
+	'42501 team_pay', 'its entry names the tenant');
+query('GRANT INSERT ON team_ledger TO team_pay');
+is(query(q{SELECT public.sqlstate_of($$SELECT idem_dlq_replay_routed('team:6', 'citus_team', 6::bigint)$$)}),
+	'0A000', "its replay on the coordinator refused: it would write the tenant's rows and the entry as two roles");
+is(query(q{SET ROLE team_pay; SELECT team_replay(6, 'team:6')}) . ','
+	  . query(q{SET ROLE team_pay; SELECT public.sqlstate_of($$SELECT team_replay(6, 'team:6')$$)}) . ','
+	  . query(q{SELECT count(*) FROM team_ledger WHERE order_id = 6}),
+	'applied,55000,1', 'the tenant replays it through a delegated function, as itself, once');
 
 # a table of idem_consumer made a Citus table by hand is refused on every
 # node, before anything is written: the fast paths would write its shell
