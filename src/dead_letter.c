@@ -2,14 +2,20 @@
  *
  * dead_letter.c
  *	  The dead-letter queue: its entries, and the operator functions
- *	  idem_dlq_replay() and idem_dlq_discard().
+ *	  idem_dlq_replay() and idem_dlq_discard(), and their routed forms for
+ *	  the entries stored beside routed keys (routed.c), which name an
+ *	  entry by its key and route instead of an id: ids would be each
+ *	  node's own.
  *
  * Replays lock their entry FOR NO KEY UPDATE before running it, so no two
  * sessions replay one entry; a batch replay skips the entries others hold.
  * A first run's business SQL runs as the current user; a replay's runs as
  * the role that dead-lettered the entry, and only for a caller who is a
  * member of that role (replay_role.c), through business_run.c.  Only the
- * statements on the storage run as its owner (keystore.c).
+ * statements on the storage run as its owner (keystore.c).  A routed
+ * entry keeps that role by name, which Citus gives the same role on every
+ * node; on the Citus coordinator its replay runs only as the owner of the
+ * storage, for the reason routed_refuse_two_roles() gives.
  *
  * Copyright (c) 2025-2026, idem_consumer maintainers
  *

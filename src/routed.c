@@ -5,9 +5,10 @@
  *	  distribution column of the business row they protect, in
  *	  idem_consumer.routed_keys, which idem_citus_distribute() (SQL) makes
  *	  and distributes colocated with the business table.  Owns recording,
- *	  probing, forgetting and purging routed keys, and the refusal of calls
- *	  that would record or look up a key without its route once keys are
- *	  routed.
+ *	  probing, forgetting and purging routed keys, the statements on the
+ *	  routed dead letters (idem_consumer.routed_dead_letters, keyed like
+ *	  the keys, used by dead_letter.c), and the refusal of calls that would
+ *	  record or look up a key without its route once keys are routed.
  *
  * Why a routed key is exact.  routed_keys is unique on (route, consumer,
  * key), and Citus colocates it with the business table: the key of a
@@ -26,6 +27,8 @@
  * node that holds them, whatever node or connection fails; a shard move
  * copies both in one logical stream and switches them together.  What the
  * coordinator records of its own (consumers, counters) decides nothing.
+ * A dead-letter entry is keyed and colocated like its key, and written in
+ * the same transaction, so it too commits and moves with the key.
  * Concurrent deliveries of one key meet at the shard's unique index as
  * they would on one server (keystore.c): the second waits for the first
  * transaction and then finds its key, or inserts its own.

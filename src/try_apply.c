@@ -1,9 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * try_apply.c
- *	  idem_try_apply() and idem_try_apply_rows(): idem_apply(), except that
- *	  a message whose business SQL fails permanently is parked in the
- *	  dead-letter queue instead of raising.
+ *	  idem_try_apply(), idem_try_apply_rows() and idem_try_apply_routed():
+ *	  idem_apply(), except that a message whose business SQL fails
+ *	  permanently is parked in the dead-letter queue instead of raising.
  *
  * A message is dead-lettered inside the caller's transaction.  Its key is
  * recorded in processed_keys as idem_apply() records it, but outside the
@@ -11,7 +11,10 @@
  * keeps the key, and the key and the dead-letter row then commit or roll
  * back with the rest of the caller's transaction.  A redelivery finds the
  * key recorded like any duplicate; the dead-letter row, at most one per
- * (consumer, key), tells a parked message from an applied one.
+ * (consumer, key), tells a parked message from an applied one.  Where keys
+ * are routed (routed.c), the key and the row are both stored under the
+ * message's route, in colocated shards of one node, so the same holds
+ * there: they commit together and move together.
  *
  * What the call itself gets wrong is no failure of the message and is
  * raised before anything is recorded: bad arguments, and SQL text that does

@@ -267,8 +267,10 @@ public class ClientTest {
     // docs/clients.md's JDBC example, as written there (DocsExample.java)
     // Routed keys (docs/citus.md) with the route bound by setLong: stored
     // with it, a redelivery a duplicate, the same key under another route
-    // another key; a call without a route 0A000.  In a database of its own,
-    // its routed_keys made by hand as idem_citus_distribute() makes it.
+    // another key; a call without a route 0A000; a failing message parked
+    // under its route and applied once by its replay.  In a database of its
+    // own, its routed tables made, not distributed, by the function
+    // idem_citus_distribute() uses.
     static void routedKeys() throws Exception {
         String db = "client_routed_jdbc";
         exec("drop database if exists " + db);
@@ -280,9 +282,7 @@ public class ClientTest {
         try (Connection c = DriverManager.getConnection(url, p); Statement s = c.createStatement()) {
             s.execute("create extension idem_consumer");
             s.execute("create table payments (order_id bigint, msg text)");
-            s.execute("create table idem_consumer.routed_keys (route bigint not null,"
-                      + " consumer text not null, key text not null, fingerprint integer,"
-                      + " processed_at integer not null, primary key (route, consumer, key))");
+            s.execute("select idem_consumer.routed_storage_create('bigint')");
             String call = "select idem_apply_routed(?, ?, ?, ?, route => ?)";
             String sql = "insert into public.payments (order_id, msg) values ($1::bigint, $2)";
             List<Object> applied = new ArrayList<>();
@@ -306,6 +306,37 @@ public class ClientTest {
                 equal(rs.getString(1), "7:r-1,8:r-1", "routed keys");
             }
             failsWith("0A000", () -> s.executeQuery("select idem_apply('r-2', 'routed', 'select 1')").close());
+
+            s.execute("alter table payments add constraint no_bad check (msg <> 'bad')");
+            String tryApply = "select idem_try_apply_routed(?, ?, ?, ?, route => ?)";
+            List<Object> outcomes = new ArrayList<>();
+            for (int i = 0; i < 3; i++) {
+                if (i == 2) {
+                    s.execute("alter table payments drop constraint no_bad");
+                    try (ResultSet rs = s.executeQuery(
+                            "select idem_dlq_replay_routed('d-1', 'routed', 9::bigint)")) {
+                        rs.next();
+                        outcomes.add(rs.getString(1));
+                    }
+                }
+                try (PreparedStatement ps = c.prepareStatement(tryApply)) {
+                    ps.setString(1, "d-1");
+                    ps.setString(2, "routed");
+                    ps.setString(3, sql);
+                    ps.setArray(4, c.createArrayOf("text", new String[] {"9", "bad"}));
+                    ps.setLong(5, 9L);
+                    try (ResultSet rs = ps.executeQuery()) {
+                        rs.next();
+                        outcomes.add(rs.getString(1));
+                    }
+                }
+            }
+            equal(outcomes, List.of("dead_lettered", "dead_lettered", "applied", "duplicate"),
+                  "parked, parked again, replayed, then a duplicate");
+            try (ResultSet rs = s.executeQuery("select count(*) from payments where msg = 'bad'")) {
+                rs.next();
+                equal(rs.getLong(1), 1L, "the parked message applied once");
+            }
         } finally {
             exec("drop database " + db);
         }

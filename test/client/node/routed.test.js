@@ -4,9 +4,11 @@
 // recorded); with route => $n::bigint the
 // key is stored with its route, a redelivery is a duplicate, the same key
 // under another route another key; every call without a route is refused
-// (0A000).  In a database of its own, whose routed_keys is made by hand as
-// idem_citus_distribute() makes it on Citus, so that routed keys do not
-// change the other tests' database.
+// (0A000); a failing message is parked under its route by
+// idem_try_apply_routed and applied once by idem_dlq_replay_routed.  In a
+// database of its own, whose routed tables are made, not distributed, by
+// the function idem_citus_distribute() makes them with on Citus, so that
+// routed keys do not change the other tests' database.
 //
 // Connects with the usual PGHOST / PGPORT / PGUSER / PGDATABASE variables.
 'use strict';
@@ -32,10 +34,7 @@ test.before(async () => {
   await db.connect();
   await db.query('create extension idem_consumer');
   await db.query('create table payments (order_id bigint, msg text)');
-  await db.query(`create table idem_consumer.routed_keys (
-      route bigint not null, consumer text not null, key text not null,
-      fingerprint integer, processed_at integer not null,
-      primary key (route, consumer, key))`);
+  await db.query("select idem_consumer.routed_storage_create('bigint')");
 });
 
 test.after(async () => {
@@ -81,4 +80,23 @@ test('a call without a route is refused with 0A000', BOUNDED, async () => {
     db.query('select idem_is_processed($1, $2)', ['r-2', CONSUMER]),
     (err) => err.code === '0A000');
   assert.deepStrictEqual(await routedKeys(), ['7:r-2', '8:r-2']);
+});
+
+test('a failing message is parked under its route, and its replay applies it once', BOUNDED, async () => {
+  await db.query("alter table payments add constraint no_bad check (msg <> 'bad')");
+  const tryApply = async () => (await db.query(
+    'select idem_try_apply_routed($1, $2, $3, $4, route => $5::bigint) as outcome',
+    ['d-1', CONSUMER, PAY_SQL, ['9', 'bad'], 9])).rows[0].outcome;
+  assert.strictEqual(await tryApply(), 'dead_lettered');
+  assert.strictEqual(await tryApply(), 'dead_lettered');
+  const { rows: entries } = await db.query(
+    "select route::text, status, sqlstate from idem_routed_dead_letters where key = 'd-1'");
+  assert.deepStrictEqual(entries, [{ route: '9', status: 'pending', sqlstate: '23514' }]);
+  await db.query('alter table payments drop constraint no_bad');
+  const replay = 'select idem_dlq_replay_routed($1, $2, $3::bigint) as outcome';
+  assert.strictEqual((await db.query(replay, ['d-1', CONSUMER, 9])).rows[0].outcome, 'applied');
+  await assert.rejects(db.query(replay, ['d-1', CONSUMER, 9]), (err) => err.code === '55000');
+  assert.strictEqual(await tryApply(), 'duplicate');
+  const { rows } = await db.query("select count(*)::int as n from payments where msg = 'bad'");
+  assert.strictEqual(rows[0].n, 1);
 });

@@ -186,9 +186,10 @@ class Scenarios:
     def test_routed_keys(self):
         """Routed keys (docs/citus.md) with the route bound as the driver
         binds an int: stored with it, a redelivery a duplicate, the same key
-        under another route another key; a call without a route 0A000.  In
-        a database of its own, its routed_keys made by hand as
-        idem_citus_distribute() makes it on Citus."""
+        under another route another key; a call without a route 0A000; a
+        failing message parked under its route and applied once by its
+        replay.  In a database of its own, its routed tables made, not
+        distributed, by the function idem_citus_distribute() uses."""
         db = f"client_routed_{self.NAME}"
         self.execute(f"drop database if exists {db}")
         self.execute(f"create database {db}")
@@ -197,9 +198,7 @@ class Scenarios:
             cur = conn.cursor()
             cur.execute("create extension idem_consumer")
             cur.execute("create table payments (order_id bigint, msg text)")
-            cur.execute("create table idem_consumer.routed_keys (route bigint not null,"
-                        " consumer text not null, key text not null, fingerprint integer,"
-                        " processed_at integer not null, primary key (route, consumer, key))")
+            cur.execute("select idem_consumer.routed_storage_create('bigint')")
             sql = "insert into public.payments (order_id, msg) values ($1::bigint, $2)"
             applied = []
             for route in (7, 7, 8):
@@ -217,6 +216,23 @@ class Scenarios:
                 assert self.sqlstate(exc) == "0A000", exc
             else:
                 raise AssertionError("a call without a route was not refused")
+            cur.execute("alter table payments add constraint no_bad check (msg <> 'bad')")
+            outcomes = []
+            for _ in range(2):
+                cur.execute("select idem_try_apply_routed(%s, %s, %s, %s, route => %s)",
+                            ("d-1", "routed", sql, ["9", "bad"], 9))
+                outcomes.append(cur.fetchone()[0])
+            assert outcomes == ["dead_lettered", "dead_lettered"], outcomes
+            cur.execute("select route, status, sqlstate from idem_routed_dead_letters")
+            assert cur.fetchall() == [(9, "pending", "23514")]
+            cur.execute("alter table payments drop constraint no_bad")
+            cur.execute("select idem_dlq_replay_routed(%s, %s, %s)", ("d-1", "routed", 9))
+            assert cur.fetchone()[0] == "applied"
+            cur.execute("select idem_try_apply_routed(%s, %s, %s, %s, route => %s)",
+                        ("d-1", "routed", sql, ["9", "bad"], 9))
+            assert cur.fetchone()[0] == "duplicate"
+            cur.execute("select count(*) from payments where msg = 'bad'")
+            assert cur.fetchone()[0] == 1
             cur.close()
         finally:
             conn.close()
