@@ -914,6 +914,14 @@ COMMENT ON FUNCTION idem_try_apply_routed(text, text, text, text[], anyelement, 
 REVOKE ALL ON FUNCTION idem_try_apply_routed(text, text, text, text[], anyelement, timestamptz, text)
     FROM PUBLIC;
 
+CREATE FUNCTION idem_record_batch_routed(consumer text, keys text[], routes anyarray)
+RETURNS TABLE (key text, route anyelement)
+AS 'MODULE_PATHNAME', 'idem_record_batch_routed'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 100;
+COMMENT ON FUNCTION idem_record_batch_routed(text, text[], anyarray) IS
+    'idem_record_batch with each key stored under its route, the element of routes at its position (Citus); returns each new key with its route';
+REVOKE ALL ON FUNCTION idem_record_batch_routed(text, text[], anyarray) FROM PUBLIC;
+
 CREATE FUNCTION idem_dlq_replay_routed(key text, consumer text, route anyelement)
 RETURNS idem_outcome
 AS 'MODULE_PATHNAME', 'idem_dlq_replay_routed'

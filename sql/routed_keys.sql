@@ -35,6 +35,9 @@ SELECT consumer, key FROM idem_processed_keys;
 SELECT idem_is_processed_routed('m-1', 'shop', 7), idem_forget_routed('m-1', 'shop', 7),
        idem_is_processed('m-1', 'shop');
 SELECT state_of($$SELECT idem_apply_routed('m-2', 'shop', 'select 1', NULL, route => NULL::int)$$);
+SELECT * FROM idem_record_batch_routed('shop', ARRAY['m-3', 'm-3'], ARRAY[1, 2]);
+SELECT idem_is_processed('m-3', 'shop') AS in_the_key_store;
+SELECT state_of($$SELECT * FROM idem_record_batch_routed('shop', ARRAY['m-4'], ARRAY[1, 2])$$);
 SELECT state_of($$SELECT idem_citus_distribute('pay')$$);
 SELECT state_of($$SELECT * FROM idem_citus_stats()$$);
 
@@ -77,6 +80,31 @@ SELECT state_of($$SELECT idem_is_processed('r-1', 'shop')$$);
 SELECT state_of($$SELECT idem_forget('r-1', 'shop')$$);
 SELECT count(*) AS recorded_without_route FROM idem_processed_keys WHERE key LIKE 'r-%';
 SELECT count(*) AS routed FROM idem_consumer.routed_keys;
+
+-- batches: each key under the route at its position, the new ones
+-- returned once with their routes; a key is new under another route
+SELECT * FROM idem_record_batch_routed('batch', ARRAY['b-1', 'b-2', 'b-1', 'b-3', 'b-3'],
+                                       ARRAY[7, 8, 7, 7, 8]) ORDER BY 1, 2;
+SELECT * FROM idem_record_batch_routed('batch', ARRAY['b-1', 'b-4', 'b-2'],
+                                       ARRAY[7, 7, 9]::bigint[]) ORDER BY 1, 2;
+SELECT route, key FROM idem_consumer.routed_keys WHERE consumer = 'batch' ORDER BY route, key;
+SELECT applied, duplicates FROM idem_stats WHERE consumer = 'batch';
+-- a batch applied by one statement, joined with its new keys and routes
+INSERT INTO pay
+SELECT m.order_id, m.key
+  FROM (VALUES (7, 'b-5'), (8, 'b-6'), (7, 'b-1'), (9, 'b-1')) AS m (order_id, key)
+  JOIN idem_record_batch_routed('batch', ARRAY['b-5', 'b-6', 'b-1', 'b-1'], ARRAY[7, 8, 7, 9]) AS k
+    ON k.key = m.key AND k.route = m.order_id;
+SELECT order_id, msg FROM pay WHERE msg LIKE 'b-%' ORDER BY msg;
+-- bad batches record nothing
+SELECT state_of($$SELECT * FROM idem_record_batch_routed('batch', ARRAY['b-9'], ARRAY[1, 2])$$);
+SELECT state_of($$SELECT * FROM idem_record_batch_routed('batch', ARRAY['b-9', 'b-8'], ARRAY[1, NULL])$$);
+SELECT state_of($$SELECT * FROM idem_record_batch_routed('batch', ARRAY['b-9'], NULL::bigint[])$$);
+SELECT state_of($$SELECT * FROM idem_record_batch_routed('batch', ARRAY['b-9'], ARRAY['seven'])$$);
+SELECT state_of($$SELECT * FROM idem_record_batch_routed('batch', ARRAY['b-9'], ARRAY[[1]])$$);
+SELECT state_of($$SELECT * FROM idem_record_batch_routed('batch', ARRAY['b-9', NULL], ARRAY[1, 2])$$);
+SELECT count(*) AS empty_batch FROM idem_record_batch_routed('batch', '{}', '{}'::bigint[]);
+SELECT count(*) AS recorded FROM idem_consumer.routed_keys WHERE key IN ('b-8', 'b-9');
 
 -- business SQL may not forget a key, routed or not
 SELECT state_of($$SELECT idem_apply_routed('r-6', 'shop',

@@ -1,9 +1,10 @@
 /*-------------------------------------------------------------------------
  *
  * batch.c
- *	  The SQL-callable idem_record_batch(): records a batch of keys in one
- *	  call and returns those that were new, so that a consumer applies a
- *	  whole batch of messages in one statement.
+ *	  The SQL-callable idem_record_batch() and idem_record_batch_routed():
+ *	  records a batch of keys in one call and returns those that were new,
+ *	  so that a consumer applies a whole batch of messages in one
+ *	  statement.
  *
  * The guarantees are idem_apply()'s: the keys are recorded in the caller's
  * transaction, a key recorded by a concurrent transaction is waited for
@@ -22,6 +23,14 @@
  * Only such keys, hash collisions in practice, go through the per-key path
  * of idem_apply().
  *
+ * Where keys are routed (routed.c), a batch's keys are spread over the
+ * shards of their routes, and the order that keeps two batches from
+ * deadlocking is taken over the whole cluster: route by route, in the
+ * order of the routes, each route's keys in the order of their bytes, one
+ * statement per key, which Citus sends to the key's shard.  One statement
+ * for the whole batch would let Citus write its shards in parallel, in no
+ * order, and two batches could then each hold a key the other waits for.
+ *
  * Copyright (c) 2025-2026, idem_consumer maintainers
  *
  * IDENTIFICATION
@@ -35,14 +44,17 @@
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
+#include "miscadmin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/tuplestore.h"
+#include "utils/typcache.h"
 
 #include "idem_consumer.h"
 
 PG_FUNCTION_INFO_V1(idem_record_batch);
 PG_FUNCTION_INFO_V1(idem_record_batch_fingerprinted);
+PG_FUNCTION_INFO_V1(idem_record_batch_routed);
 
 /*
  * Appends one key to the function's result.
@@ -143,28 +155,16 @@ record_batch_sql(ReturnSetInfo *rsinfo, int32 consumer_id,
 }
 
 /*
- * idem_record_batch(consumer, keys): records every key of the batch for
- * consumer; returns the keys that were not recorded before, each once.
+ * Records the keys of a batch for consumer in the key store and returns
+ * the new ones, each once; keys is non-empty, with its nkeys elems.
  */
-Datum
-idem_record_batch(PG_FUNCTION_ARGS)
+static void
+record_batch(ReturnSetInfo *rsinfo, const char *consumer, ArrayType *keys,
+			 Datum *elems, int nkeys)
 {
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	char	   *consumer;
-	ArrayType  *keys;
-	Datum	   *elems;
-	int			nkeys;
 	int32		consumer_id;
 	int64		nnew;
 	int			call;
-
-	consumer = text_to_cstring(get_name_arg(fcinfo, 0, "consumer",
-											 IDEM_MAX_CONSUMER_BYTES));
-	keys = get_keys_arg(fcinfo, 1, &elems, &nkeys);
-
-	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
-	if (keys == NULL)
-		return (Datum) 0;
 
 	SPI_connect();
 	consumer_id = keystore_consumer_id(consumer, true);
@@ -182,7 +182,188 @@ idem_record_batch(PG_FUNCTION_ARGS)
 
 	/* every element is a delivery: the new keys applied, the rest duplicates */
 	stats_call_end(call, (int) nnew, nkeys - (int) nnew, 0, DT_NOBEGIN);
+}
 
+/*
+ * idem_record_batch(consumer, keys): records every key of the batch for
+ * consumer; returns the keys that were not recorded before, each once.
+ */
+Datum
+idem_record_batch(PG_FUNCTION_ARGS)
+{
+	char	   *consumer;
+	ArrayType  *keys;
+	Datum	   *elems;
+	int			nkeys;
+
+	consumer = text_to_cstring(get_name_arg(fcinfo, 0, "consumer",
+											 IDEM_MAX_CONSUMER_BYTES));
+	keys = get_keys_arg(fcinfo, 1, &elems, &nkeys);
+
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	if (keys != NULL)
+		record_batch((ReturnSetInfo *) fcinfo->resultinfo, consumer, keys,
+					 elems, nkeys);
+	return (Datum) 0;
+}
+
+/* A key of a routed batch with its route. */
+typedef struct RoutedBatchKey
+{
+	Datum		route;
+	text	   *key;
+} RoutedBatchKey;
+
+/*
+ * Compares two keys of a routed batch by their routes, in the type's
+ * order, then by the bytes of the keys.
+ */
+static int
+routed_batch_key_cmp(const void *a, const void *b, void *arg)
+{
+	TypeCacheEntry *typentry = (TypeCacheEntry *) arg;
+	const RoutedBatchKey *ka = (const RoutedBatchKey *) a;
+	const RoutedBatchKey *kb = (const RoutedBatchKey *) b;
+	int			cmp;
+	int			la = VARSIZE_ANY_EXHDR(ka->key);
+	int			lb = VARSIZE_ANY_EXHDR(kb->key);
+
+	cmp = DatumGetInt32(FunctionCall2Coll(&typentry->cmp_proc_finfo,
+										  typentry->typcollation,
+										  ka->route, kb->route));
+	if (cmp != 0)
+		return cmp;
+	cmp = memcmp(VARDATA_ANY(ka->key), VARDATA_ANY(kb->key), Min(la, lb));
+	return cmp != 0 ? cmp : (la > lb) - (la < lb);
+}
+
+/*
+ * Appends a new key of a routed batch, with its route, to the result.
+ */
+static void
+return_routed_key(ReturnSetInfo *rsinfo, text *key, Datum route)
+{
+	Datum		values[2] = {PointerGetDatum(key), route};
+	bool		nulls[2] = {false, false};
+
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+}
+
+/*
+ * Records a routed batch's keys in the key store, where keys are not
+ * routed: the routes are not needed.  A key repeated under several routes
+ * is one message there, returned once with the route of its first place.
+ */
+static int64
+record_batch_unrouted(ReturnSetInfo *rsinfo, int32 consumer_id, Datum *elems,
+					  Datum *routes, int nkeys)
+{
+	text	  **key_texts = palloc(nkeys * sizeof(text *));
+	bool	   *isnew = palloc(nkeys * sizeof(bool));
+	int64		nnew = 0;
+
+	for (int i = 0; i < nkeys; i++)
+		key_texts[i] = DatumGetTextPP(elems[i]);
+	(void) keystore_record_keys(consumer_id, key_texts, nkeys, NULL, NULL,
+								false, isnew, NULL);
+	for (int i = 0; i < nkeys; i++)
+	{
+		if (!isnew[i])
+			continue;
+		return_routed_key(rsinfo, key_texts[i], routes[i]);
+		nnew++;
+	}
+	return nnew;
+}
+
+/*
+ * Records a routed batch's keys under their routes, in the order that
+ * keeps two batches from deadlocking over the whole cluster (see the
+ * header): sorted by route, then by the bytes of the key.  A key repeated
+ * under one route is one message, returned once.
+ */
+static int64
+record_batch_routed(ReturnSetInfo *rsinfo, const char *consumer, Datum *elems,
+					Datum *routes, Oid route_type, int nkeys)
+{
+	TypeCacheEntry *typentry;
+	RoutedBatchKey *batch;
+	int64		nnew = 0;
+
+	typentry = lookup_type_cache(route_type, TYPECACHE_CMP_PROC_FINFO);
+	if (!OidIsValid(typentry->cmp_proc_finfo.fn_oid))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_FUNCTION),
+				 errmsg("routes of type %s cannot be ordered", format_type_be(route_type)),
+				 errhint("Pass the routes with the type of the distribution column.")));
+	batch = palloc(nkeys * sizeof(RoutedBatchKey));
+	for (int i = 0; i < nkeys; i++)
+	{
+		batch[i].route = routes[i];
+		batch[i].key = DatumGetTextPP(elems[i]);
+	}
+	qsort_arg(batch, nkeys, sizeof(RoutedBatchKey), routed_batch_key_cmp, typentry);
+
+	for (int i = 0; i < nkeys; i++)
+	{
+		RecordedKey recorded;
+
+		CHECK_FOR_INTERRUPTS();
+		if (i > 0 && routed_batch_key_cmp(&batch[i - 1], &batch[i], typentry) == 0)
+			continue;
+		if (!routed_record_key(batch[i].route, route_type, consumer, batch[i].key,
+							   NULL, &recorded))
+			continue;
+		return_routed_key(rsinfo, batch[i].key, batch[i].route);
+		nnew++;
+	}
+	return nnew;
+}
+
+/*
+ * idem_record_batch_routed(consumer, keys, routes): idem_record_batch
+ * with each key stored under its route, the element of routes at its
+ * position, where keys are routed (Citus); returns each new key with its
+ * route, so that the same key under two routes, two messages, is told
+ * apart.  Elsewhere the routes are not needed, and the keys go to the key
+ * store as idem_record_batch records them.
+ */
+Datum
+idem_record_batch_routed(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	char	   *consumer;
+	Datum	   *elems;
+	int			nkeys;
+	Datum	   *routes;
+	Oid			route_type;
+	bool		routed;
+	int32		consumer_id;
+	int64		nnew;
+	int			call;
+
+	consumer = text_to_cstring(get_name_arg(fcinfo, 0, "consumer",
+											 IDEM_MAX_CONSUMER_BYTES));
+	(void) get_keys_arg(fcinfo, 1, &elems, &nkeys);
+	routed = routed_get_routes_arg(fcinfo, 2, nkeys, &routes, &route_type);
+
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	if (nkeys == 0)
+		return (Datum) 0;
+
+	SPI_connect();
+	consumer_id = keystore_consumer_id(consumer, true);
+	inflight_check_keys(consumer_id, consumer, elems, nkeys, "record");
+	if (routed)
+		routed_refuse_two_roles("idem_record_batch_routed", consumer, GetUserId());
+	call = stats_call_begin(consumer);
+	if (routed)
+		nnew = record_batch_routed(rsinfo, consumer, elems, routes, route_type, nkeys);
+	else
+		nnew = record_batch_unrouted(rsinfo, consumer_id, elems, routes, nkeys);
+	SPI_finish();
+
+	stats_call_end(call, (int) nnew, nkeys - (int) nnew, 0, DT_NOBEGIN);
 	return (Datum) 0;
 }
 

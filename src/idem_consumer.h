@@ -323,6 +323,8 @@ extern void routed_refuse_two_roles(const char *function_name,
 extern void routed_refuse_unrouted(void);
 extern bool routed_get_route_arg(FunctionCallInfo fcinfo, int argno, Datum *route,
 								 Oid *route_type);
+extern bool routed_get_routes_arg(FunctionCallInfo fcinfo, int argno, int nkeys,
+								  Datum **routes, Oid *route_type);
 extern bool routed_record_key(Datum route, Oid route_type, const char *consumer,
 							  text *key, const int32 *fingerprint,
 							  RecordedKey *recorded);

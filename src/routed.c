@@ -249,6 +249,26 @@ routed_refuse_unrouted(void)
 }
 
 /*
+ * Raises an error unless a route of type argtype can be stored in the
+ * route column of the routed keys' table relid.
+ */
+static void
+check_route_type(Oid relid, Oid argtype)
+{
+	Oid			column_type = get_atttype(relid, get_attnum(relid, "route"));
+
+	if (!OidIsValid(argtype) ||
+		!can_coerce_type(1, &argtype, &column_type, COERCION_ASSIGNMENT))
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("route of type %s cannot be stored as the keys' route, of type %s",
+						OidIsValid(argtype) ? format_type_be(argtype) : "unknown",
+						format_type_be(column_type)),
+				 errhint("Pass the business row's distribution column value with its type, for example route => 42::%s.",
+						 format_type_be(column_type))));
+}
+
+/*
  * Reads the route argument at argno: fills *route and *route_type and
  * returns true when keys are routed in this database, returns false when
  * they are not (the route is then not needed, and ignored, so that the
@@ -260,7 +280,6 @@ routed_get_route_arg(FunctionCallInfo fcinfo, int argno, Datum *route, Oid *rout
 {
 	Oid			relid = routed_keys_relid();
 	Oid			argtype = get_fn_expr_argtype(fcinfo->flinfo, argno);
-	Oid			column_type;
 
 	if (PG_ARGISNULL(argno))
 		ereport(ERROR,
@@ -270,18 +289,69 @@ routed_get_route_arg(FunctionCallInfo fcinfo, int argno, Datum *route, Oid *rout
 	if (!OidIsValid(relid))
 		return false;
 
-	column_type = get_atttype(relid, get_attnum(relid, "route"));
-	if (!OidIsValid(argtype) ||
-		!can_coerce_type(1, &argtype, &column_type, COERCION_ASSIGNMENT))
-		ereport(ERROR,
-				(errcode(ERRCODE_DATATYPE_MISMATCH),
-				 errmsg("route of type %s cannot be stored as the keys' route, of type %s",
-						OidIsValid(argtype) ? format_type_be(argtype) : "unknown",
-						format_type_be(column_type)),
-				 errhint("Pass the business row's distribution column value with its type, for example route => 42::%s.",
-						 format_type_be(column_type))));
+	check_route_type(relid, argtype);
 	*route = PG_GETARG_DATUM(argno);
 	*route_type = argtype;
+	return true;
+}
+
+/*
+ * Reads the routes argument of a batch at argno, one route per key of the
+ * nkeys: fills *routes and *route_type and returns true when keys are
+ * routed in this database, returns false when they are not (the routes
+ * are then not needed, and ignored).  Routes that are not one per key,
+ * a NULL route, or routes of a type that cannot be stored in the route
+ * column are refused either way, but for the type.
+ */
+bool
+routed_get_routes_arg(FunctionCallInfo fcinfo, int argno, int nkeys, Datum **routes,
+					  Oid *route_type)
+{
+	ArrayType  *array;
+	Oid			elemtype;
+	int16		typlen;
+	bool		typbyval;
+	char		typalign;
+	bool	   *nulls;
+	int			nroutes = 0;
+	Oid			relid;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("routes must not be null"),
+				 errhint("Pass the distribution column value of each key's business row, in the order of the keys.")));
+	array = PG_GETARG_ARRAYTYPE_P(argno);
+	elemtype = ARR_ELEMTYPE(array);
+	if (ARR_NDIM(array) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("routes must be a one-dimensional array"),
+				 errdetail("The array has %d dimensions.", ARR_NDIM(array))));
+	*routes = NULL;
+	if (ARR_NDIM(array) == 1)
+	{
+		get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
+		deconstruct_array(array, elemtype, typlen, typbyval, typalign,
+						  routes, &nulls, &nroutes);
+	}
+	if (nroutes != nkeys)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("routes must have one element per key"),
+				 errdetail("keys has %d elements, routes %d.", nkeys, nroutes)));
+	for (int i = 0; i < nroutes; i++)
+		if (nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("route must not be null"),
+					 errdetail("Element %d of routes is null.", ARR_LBOUND(array)[0] + i)));
+
+	relid = routed_keys_relid();
+	if (!OidIsValid(relid))
+		return false;
+	check_route_type(relid, elemtype);
+	*route_type = elemtype;
 	return true;
 }
 

@@ -599,6 +599,60 @@ is(query(q{SET ROLE team_pay; SELECT team_replay(6, 'team:6')}) . ','
 	  . query(q{SELECT count(*) FROM team_ledger WHERE order_id = 6}),
 	'applied,55000,1', 'the tenant replays it through a delegated function, as itself, once');
 
+# batches on the coordinator: 4 clients each apply 25 batches of 30
+# messages drawn from 200 over 40 orders, each batch in its own order, in
+# one statement per batch (the business rows joined with the new keys and
+# their routes).  Their keys overlap across shards and workers all the
+# time; recorded in one order over the whole cluster, no two batches wait
+# for each other in a circle (a deadlock would fail its client, 40P01),
+# and each message is applied once.
+query(<<'SQL');
+SET citus.shard_count = 8;
+CREATE TABLE payments_b (LIKE payments_i INCLUDING ALL);
+SELECT create_distributed_table('payments_b', 'order_id', colocate_with => 'payments_i');
+SQL
+my $n_batch_msgs = 200;
+my %batch_delivered;
+my @batch_pids;
+for my $c (0 .. $n_clients - 1)
+{
+	my $file = "$work/batches.$c.sql";
+	open(my $fh, '>', $file) or die;
+	for my $b (1 .. 25)
+	{
+		my @msgs = map { 1 + int(rand($n_batch_msgs)) } 1 .. 30;
+		$batch_delivered{$_} = 1 for @msgs;
+		my $keys = join(',', map { "'batch:" . (1 + $_ % 40) . ":$_'" } @msgs);
+		my $routes = join(',', map { 1 + $_ % 40 } @msgs);
+		print $fh "INSERT INTO public.payments_b AS p (order_id, msg_id, amount) "
+		  . "SELECT k.route, split_part(k.key, ':', 3)::bigint, 1 "
+		  . "FROM idem_record_batch_routed('citus_batch', ARRAY[$keys], ARRAY[$routes]::bigint[]) AS k "
+		  . "ON CONFLICT (order_id, msg_id) DO UPDATE SET applications = p.applications + 1;\n";
+	}
+	close $fh;
+	my $pid = fork() // die "fork: $!";
+	if ($pid == 0)
+	{
+		$SIG{TERM} = $SIG{INT} = 'DEFAULT';
+		my $ok = system("@psql -o /dev/null -f '$file' 2>'$work/batches.$c.log'") == 0;
+		POSIX::_exit($ok ? 0 : 1);
+	}
+	push @batch_pids, $pid;
+}
+my $batch_failed = 0;
+for my $pid (@batch_pids)
+{
+	waitpid($pid, 0);
+	$batch_failed++ if $? != 0;
+}
+diag("a batch client failed:\n" . `cat '$work'/batches.*.log`) if $batch_failed;
+is($batch_failed, 0, 'overlapping batches on the coordinator: every client applied its batches, no deadlock');
+is(query(q{SELECT count(*) || ' ' || count(*) FILTER (WHERE applications = 1) FROM payments_b}),
+	scalar(keys %batch_delivered) . ' ' . scalar(keys %batch_delivered),
+	'each message of the batches applied exactly once');
+is(query(q{SELECT count(*) FROM idem_consumer.routed_keys WHERE consumer = 'citus_batch'}),
+	scalar(keys %batch_delivered), 'one routed key per message of the batches');
+
 # a table of idem_consumer made a Citus table by hand is refused on every
 # node, before anything is written: the fast paths would write its shell
 query(q{SELECT create_reference_table('idem_consumer.key_collisions_16')});
