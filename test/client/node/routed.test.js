@@ -82,6 +82,16 @@ test('a call without a route is refused with 0A000', BOUNDED, async () => {
   assert.deepStrictEqual(await routedKeys(), ['7:r-2', '8:r-2']);
 });
 
+test('a batch: each key under its route, the new ones returned with their routes', BOUNDED, async () => {
+  const batch = 'select key, route::text from idem_record_batch_routed($1, $2, $3::bigint[]) order by 2, 1';
+  const { rows: first } = await db.query(batch, [CONSUMER, ['b-1', 'b-2', 'b-1'], [7, 7, 8]]);
+  assert.deepStrictEqual(first, [
+    { key: 'b-1', route: '7' }, { key: 'b-2', route: '7' }, { key: 'b-1', route: '8' }]);
+  const { rows: again } = await db.query(batch, [CONSUMER, ['b-2', 'b-3', 'b-1'], [7, 7, 8]]);
+  assert.deepStrictEqual(again, [{ key: 'b-3', route: '7' }]);
+  await assert.rejects(db.query(batch, [CONSUMER, ['b-4'], [7, 8]]), (err) => err.code === '22023');
+});
+
 test('a failing message is parked under its route, and its replay applies it once', BOUNDED, async () => {
   await db.query("alter table payments add constraint no_bad check (msg <> 'bad')");
   const tryApply = async () => (await db.query(

@@ -233,6 +233,11 @@ class Scenarios:
             assert cur.fetchone()[0] == "duplicate"
             cur.execute("select count(*) from payments where msg = 'bad'")
             assert cur.fetchone()[0] == 1
+            batch = "select key, route from idem_record_batch_routed(%s, %s, %s) order by 2, 1"
+            cur.execute(batch, ("routed", ["b-1", "b-2", "b-1"], [7, 7, 8]))
+            assert cur.fetchall() == [("b-1", 7), ("b-2", 7), ("b-1", 8)]
+            cur.execute(batch, ("routed", ["b-2", "b-3", "b-1"], [7, 7, 8]))
+            assert cur.fetchall() == [("b-3", 7)]
             cur.close()
         finally:
             conn.close()
