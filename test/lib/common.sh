@@ -87,8 +87,9 @@ ensure_packages() {
         # columnar's zstd and lz4, libpq and OpenSSL to link, the GSSAPI
         # headers that libpq-int.h includes and the ICU headers that
         # pg_locale.h includes when the server was built with them
-        # (Debian's is)
+        # (Debian's is); and libcurl from 18 on (test/citus/build-citus)
         pkgs="$pkgs libpq-dev libssl-dev libzstd-dev liblz4-dev libkrb5-dev libicu-dev"
+        [ "$PG_MAJOR" -ge 18 ] && pkgs="$pkgs libcurl4-openssl-dev"
         # shellcheck disable=SC2086
         apt_install_missing $pkgs
         pg_paths

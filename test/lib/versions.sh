@@ -4,8 +4,9 @@
 # Owns: one Debian root per major version that Debian 12 does not ship
 # (17 from Debian 13 "trixie", 18 from "sid"), made with debootstrap once
 # and reused by later runs, and a run of test/run-tests' server-side
-# suites (regress, isolation, isolation-sql-path, tap) inside it, on a copy
-# of the working tree, against that version's Debian packages.
+# suites (regress, isolation, isolation-sql-path, tap, debian, and citus
+# on the newest) inside it, on a copy of the working tree and of the Citus
+# sources beside it, against that version's Debian packages.
 #
 # Source it from bash after common.sh.
 
@@ -16,9 +17,22 @@ DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 # version included; the client, Node.js, broker, PGXN and Prometheus
 # suites run on 15 only.
 VERSION_SUITES="regress isolation isolation-sql-path tap debian"
+# The Citus suite runs on 15 (Citus 13.2.2) and on the newest major
+# (Citus 14.0.1, the release of 16 to 18), not on each: a Citus build and
+# its fault loads take about 6 minutes, and CI has 45 for everything.
+CITUS_VERSION=18
+version_suites_of() {
+    if [ "$1" = "$CITUS_VERSION" ]; then
+        echo "$VERSION_SUITES citus"
+    else
+        echo "$VERSION_SUITES"
+    fi
+}
 # Bounds one version's run, the root's creation and packages included (a
-# run from nothing took 6 minutes on 2 cores; CI has 45 for everything).
+# run from nothing took 6 minutes on 2 cores, 12 with Citus; CI has 45 for
+# everything).
 VERSION_TIMEOUT=${VERSION_TIMEOUT:-900}
+VERSION_CITUS_TIMEOUT=${VERSION_CITUS_TIMEOUT:-1500}
 
 # debian_release_of MAJOR: the Debian release whose packages give MAJOR.
 debian_release_of() {
@@ -94,13 +108,29 @@ copy_tree_into() {
     fi
 }
 
+# copy_citus_sources_into ROOT: the Citus sources of ../shared/vendor/citus
+# (test/citus/build-citus) as ROOT/root/shared/vendor/citus, beside the
+# tree's copy, where the suite looks for them; nothing if they are absent,
+# and the suite then says so.
+copy_citus_sources_into() {
+    local vendor dest=$1/root/shared/vendor/citus
+    vendor=$(cd "$REPO_ROOT/.." && pwd)/shared/vendor/citus
+    [ -d "$vendor" ] || return 0
+    as_root rm -rf "$dest"
+    as_root mkdir -p "$dest"
+    as_root cp "$vendor"/* "$dest/"
+}
+
 # run_version_suite MAJOR: the server-side suites on PostgreSQL MAJOR in
 # its Debian root; adds their results to the totals and records the line
 # "PostgreSQL MAJOR: N passed, N failed" in version_lines.
 run_version_suite() {
-    local major=$1 t0=$SECONDS root log status pass fail result lock lock_fd
+    local major=$1 t0=$SECONDS root log status pass fail result lock lock_fd suites bound
+    suites=$(version_suites_of "$major")
+    bound=$VERSION_TIMEOUT
+    [[ " $suites " == *" citus "* ]] && bound=$VERSION_CITUS_TIMEOUT
     echo
-    echo "== PostgreSQL $major: $VERSION_SUITES (Debian $(debian_release_of "$major"))"
+    echo "== PostgreSQL $major: $suites (Debian $(debian_release_of "$major"))"
     log="$WORK/pg$major.log"
     # one run at a time per root: another checkout on this machine would
     # replace the tree under a running one.  Held until this script exits,
@@ -116,22 +146,23 @@ run_version_suite() {
     if root=$(ensure_version_root "$major"); then
         enter_version_root "$root"
         copy_tree_into "$root"
+        copy_citus_sources_into "$root"
         local -a sudo=()
         [ "$(id -u)" -eq 0 ] || sudo=(sudo)
         # what the root's creation left of the bound
-        local left=$((VERSION_TIMEOUT - (SECONDS - t0)))
+        local left=$((bound - (SECONDS - t0)))
         [ "$left" -lt 60 ] && left=60
         timeout -k 30 "$left" "${sudo[@]}" chroot "$root" env -i \
             PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
             HOME=/root LANG=C.UTF-8 TERM=dumb PG_MAJOR="$major" \
             SUITE_TIMEOUT="$SUITE_TIMEOUT" \
-            bash /root/idem_consumer/test/run-tests $VERSION_SUITES {lock_fd}<&- 2>&1 | tee "$log"
+            bash /root/idem_consumer/test/run-tests $suites {lock_fd}<&- 2>&1 | tee "$log"
         status=${PIPESTATUS[0]}
     else
         echo "could not make the Debian root of PostgreSQL $major" | tee "$log"
         status=1
     fi
-    [ "$status" -eq 124 ] && echo "--- PostgreSQL $major: killed after $VERSION_TIMEOUT s"
+    [ "$status" -eq 124 ] && echo "--- PostgreSQL $major: killed after $bound s"
     result=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1)
     pass=$(sed -E 's/^([0-9]+) passed.*/\1/' <<<"${result:-0 passed, 0 failed}")
     fail=$(sed -E 's/.* ([0-9]+) failed$/\1/' <<<"${result:-0 passed, 0 failed}")
