@@ -57,24 +57,27 @@ PG_FUNCTION_INFO_V1(idem_record_batch_fingerprinted);
 PG_FUNCTION_INFO_V1(idem_record_batch_routed);
 
 /*
- * Appends one key to the function's result.
+ * Appends one key to the function's result, with its route when the
+ * result has a column for it (idem_record_batch_routed).
  */
 static inline void
-return_key(ReturnSetInfo *rsinfo, Datum key)
+return_key(ReturnSetInfo *rsinfo, Datum key, Datum route)
 {
-	bool		isnull = false;
+	Datum		values[2] = {key, route};
+	bool		nulls[2] = {false, false};
 
-	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, &key, &isnull);
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 }
 
 /*
- * Records a batch key by key in keystore.c and returns the new keys; with
+ * Records a batch key by key in keystore.c and returns the new keys, each
+ * with the element of routes at its place when routes is given; with
  * require_fastpath, returns -1, doing nothing, when the fast path cannot be
  * used.
  */
 static int64
 record_batch_by_key(ReturnSetInfo *rsinfo, int32 consumer_id,
-					Datum *elems, int nkeys, bool require_fastpath)
+					Datum *elems, Datum *routes, int nkeys, bool require_fastpath)
 {
 	text	  **key_texts = palloc(nkeys * sizeof(text *));
 	bool	   *isnew = palloc(nkeys * sizeof(bool));
@@ -90,7 +93,7 @@ record_batch_by_key(ReturnSetInfo *rsinfo, int32 consumer_id,
 	{
 		if (isnew[i])
 		{
-			return_key(rsinfo, elems[i]);
+			return_key(rsinfo, elems[i], routes ? routes[i] : (Datum) 0);
 			nnew++;
 		}
 	}
@@ -117,7 +120,7 @@ record_batch_sql(ReturnSetInfo *rsinfo, int32 consumer_id,
 
 		inserted[i] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
 									1, &isnull);
-		return_key(rsinfo, inserted[i]);
+		return_key(rsinfo, inserted[i], (Datum) 0);
 	}
 	nnew = (int64) ninserted;
 
@@ -146,7 +149,7 @@ record_batch_sql(ReturnSetInfo *rsinfo, int32 consumer_id,
 		{
 			if (keystore_record_key(consumer_id, unresolved[i]))
 			{
-				return_key(rsinfo, PointerGetDatum(unresolved[i]));
+				return_key(rsinfo, PointerGetDatum(unresolved[i]), (Datum) 0);
 				nnew++;
 			}
 		}
@@ -171,10 +174,10 @@ record_batch(ReturnSetInfo *rsinfo, const char *consumer, ArrayType *keys,
 	inflight_check_keys(consumer_id, consumer, elems, nkeys, "record");
 	call = stats_call_begin(consumer);
 
-	nnew = record_batch_by_key(rsinfo, consumer_id, elems, nkeys, true);
+	nnew = record_batch_by_key(rsinfo, consumer_id, elems, NULL, nkeys, true);
 	/* the set-based statements know only the generation of new keys */
 	if (nnew < 0 && keystore_sealed_live())
-		nnew = record_batch_by_key(rsinfo, consumer_id, elems, nkeys, false);
+		nnew = record_batch_by_key(rsinfo, consumer_id, elems, NULL, nkeys, false);
 	else if (nnew < 0)
 		nnew = record_batch_sql(rsinfo, consumer_id, keys, nkeys);
 
@@ -238,45 +241,6 @@ routed_batch_key_cmp(const void *a, const void *b, void *arg)
 }
 
 /*
- * Appends a new key of a routed batch, with its route, to the result.
- */
-static void
-return_routed_key(ReturnSetInfo *rsinfo, text *key, Datum route)
-{
-	Datum		values[2] = {PointerGetDatum(key), route};
-	bool		nulls[2] = {false, false};
-
-	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-}
-
-/*
- * Records a routed batch's keys in the key store, where keys are not
- * routed: the routes are not needed.  A key repeated under several routes
- * is one message there, returned once with the route of its first place.
- */
-static int64
-record_batch_unrouted(ReturnSetInfo *rsinfo, int32 consumer_id, Datum *elems,
-					  Datum *routes, int nkeys)
-{
-	text	  **key_texts = palloc(nkeys * sizeof(text *));
-	bool	   *isnew = palloc(nkeys * sizeof(bool));
-	int64		nnew = 0;
-
-	for (int i = 0; i < nkeys; i++)
-		key_texts[i] = DatumGetTextPP(elems[i]);
-	(void) keystore_record_keys(consumer_id, key_texts, nkeys, NULL, NULL,
-								false, isnew, NULL);
-	for (int i = 0; i < nkeys; i++)
-	{
-		if (!isnew[i])
-			continue;
-		return_routed_key(rsinfo, key_texts[i], routes[i]);
-		nnew++;
-	}
-	return nnew;
-}
-
-/*
  * Records a routed batch's keys under their routes, in the order that
  * keeps two batches from deadlocking over the whole cluster (see the
  * header): sorted by route, then by the bytes of the key.  A key repeated
@@ -314,7 +278,7 @@ record_batch_routed(ReturnSetInfo *rsinfo, const char *consumer, Datum *elems,
 		if (!routed_record_key(batch[i].route, route_type, consumer, batch[i].key,
 							   NULL, &recorded))
 			continue;
-		return_routed_key(rsinfo, batch[i].key, batch[i].route);
+		return_key(rsinfo, PointerGetDatum(batch[i].key), batch[i].route);
 		nnew++;
 	}
 	return nnew;
@@ -360,7 +324,11 @@ idem_record_batch_routed(PG_FUNCTION_ARGS)
 	if (routed)
 		nnew = record_batch_routed(rsinfo, consumer, elems, routes, route_type, nkeys);
 	else
-		nnew = record_batch_unrouted(rsinfo, consumer_id, elems, routes, nkeys);
+		/*
+		 * the key store, where a key repeated under several routes is one
+		 * message, returned once with the route of its first place
+		 */
+		nnew = record_batch_by_key(rsinfo, consumer_id, elems, routes, nkeys, false);
 	SPI_finish();
 
 	stats_call_end(call, (int) nnew, nkeys - (int) nnew, 0, DT_NOBEGIN);

@@ -66,6 +66,11 @@
 
 #include "keystore_internal.h"
 
+/* the row of the route, consumer and key of the statement's first arguments */
+#define ROUTED_KEY_IS_ARGS \
+	" WHERE route OPERATOR(pg_catalog.=) $1" \
+	" AND consumer OPERATOR(pg_catalog.=) $2 AND key OPERATOR(pg_catalog.=) $3"
+
 /*
  * The statements; argtypes[0], the route's, is set to the type of the
  * call's route before they are prepared (routed_stmts_for).
@@ -79,14 +84,12 @@ static StorageStmt routed_stmt_defs[RK_NUM_STMTS] = {
 	},
 	[RK_PROBE] = {
 		"SELECT fingerprint, processed_at FROM " STORAGE_SCHEMA ".routed_keys"
-		" WHERE route OPERATOR(pg_catalog.=) $1"
-		" AND consumer OPERATOR(pg_catalog.=) $2 AND key OPERATOR(pg_catalog.=) $3",
+		ROUTED_KEY_IS_ARGS,
 		3, {InvalidOid, TEXTOID, TEXTOID}
 	},
 	[RK_FORGET] = {
 		"DELETE FROM " STORAGE_SCHEMA ".routed_keys"
-		" WHERE route OPERATOR(pg_catalog.=) $1"
-		" AND consumer OPERATOR(pg_catalog.=) $2 AND key OPERATOR(pg_catalog.=) $3"
+		ROUTED_KEY_IS_ARGS
 		" RETURNING 1",
 		3, {InvalidOid, TEXTOID, TEXTOID}
 	},
@@ -116,8 +119,7 @@ static StorageStmt routed_stmt_defs[RK_NUM_STMTS] = {
 	},
 	[RK_DL_STATUS] = {
 		"SELECT status FROM " STORAGE_SCHEMA ".routed_dead_letters"
-		" WHERE route OPERATOR(pg_catalog.=) $1"
-		" AND consumer OPERATOR(pg_catalog.=) $2 AND key OPERATOR(pg_catalog.=) $3",
+		ROUTED_KEY_IS_ARGS,
 		3, {InvalidOid, TEXTOID, TEXTOID}
 	},
 	/* in the order of dead_letter.c's routed entries */
@@ -125,8 +127,7 @@ static StorageStmt routed_stmt_defs[RK_NUM_STMTS] = {
 		"SELECT sql, params, settings, status, resolved_by, discard_reason,"
 		" dead_lettered_by"
 		" FROM " STORAGE_SCHEMA ".routed_dead_letters"
-		" WHERE route OPERATOR(pg_catalog.=) $1"
-		" AND consumer OPERATOR(pg_catalog.=) $2 AND key OPERATOR(pg_catalog.=) $3"
+		ROUTED_KEY_IS_ARGS
 		" FOR NO KEY UPDATE",
 		3, {InvalidOid, TEXTOID, TEXTOID}
 	},
@@ -134,31 +135,27 @@ static StorageStmt routed_stmt_defs[RK_NUM_STMTS] = {
 		"UPDATE " STORAGE_SCHEMA ".routed_dead_letters"
 		" SET attempts = attempts OPERATOR(pg_catalog.+) 1, last_failed_at = pg_catalog.now(),"
 		" sqlstate = $4, message = $5, detail = $6, hint = $7, context = $8"
-		" WHERE route OPERATOR(pg_catalog.=) $1"
-		" AND consumer OPERATOR(pg_catalog.=) $2 AND key OPERATOR(pg_catalog.=) $3",
+		ROUTED_KEY_IS_ARGS,
 		8, {InvalidOid, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID}
 	},
 	[RK_DL_REPLAYED] = {
 		"UPDATE " STORAGE_SCHEMA ".routed_dead_letters"
 		" SET status = 'replayed', attempts = attempts OPERATOR(pg_catalog.+) 1,"
 		" resolved_at = pg_catalog.now(), resolved_by = $4"
-		" WHERE route OPERATOR(pg_catalog.=) $1"
-		" AND consumer OPERATOR(pg_catalog.=) $2 AND key OPERATOR(pg_catalog.=) $3",
+		ROUTED_KEY_IS_ARGS,
 		4, {InvalidOid, TEXTOID, TEXTOID, TEXTOID}
 	},
 	[RK_DL_DISCARDED] = {
 		"UPDATE " STORAGE_SCHEMA ".routed_dead_letters"
 		" SET status = 'discarded', resolved_at = pg_catalog.now(), resolved_by = $4,"
 		" discard_reason = $5"
-		" WHERE route OPERATOR(pg_catalog.=) $1"
-		" AND consumer OPERATOR(pg_catalog.=) $2 AND key OPERATOR(pg_catalog.=) $3",
+		ROUTED_KEY_IS_ARGS,
 		5, {InvalidOid, TEXTOID, TEXTOID, TEXTOID, TEXTOID}
 	},
 	/* a forget takes a resolved entry with its key */
 	[RK_DL_DELETE_RESOLVED] = {
 		"DELETE FROM " STORAGE_SCHEMA ".routed_dead_letters"
-		" WHERE route OPERATOR(pg_catalog.=) $1"
-		" AND consumer OPERATOR(pg_catalog.=) $2 AND key OPERATOR(pg_catalog.=) $3"
+		ROUTED_KEY_IS_ARGS
 		" AND status OPERATOR(pg_catalog.<>) 'pending'",
 		3, {InvalidOid, TEXTOID, TEXTOID}
 	},
