@@ -857,22 +857,52 @@ BEGIN
              resolved_at timestamptz,
              resolved_by text,
              discard_reason text,
+             kind text NOT NULL DEFAULT ''message'' CHECK (kind IN (''message'', ''effect'')),
              PRIMARY KEY (route, consumer, key),
              CHECK ((status = ''pending'') = (resolved_at IS NULL AND resolved_by IS NULL)),
              CHECK ((status = ''discarded'') = (discard_reason IS NOT NULL)))', route_type);
+    -- the columns and states of idem_consumer.effects (1.1), but for the
+    -- entry id: a routed effect''s entry is named by its route and key
+    EXECUTE pg_catalog.format(
+        'CREATE TABLE idem_consumer.routed_effects (
+             route %s NOT NULL,
+             consumer text NOT NULL,
+             key text NOT NULL,
+             request jsonb,
+             deferred boolean NOT NULL,
+             state text NOT NULL,
+             fence bigint NOT NULL DEFAULT 0,
+             attempts integer NOT NULL DEFAULT 0,
+             provider_key text NOT NULL DEFAULT pg_catalog.gen_random_uuid()::text,
+             outcome_unknown boolean NOT NULL DEFAULT false,
+             lease_until timestamptz,
+             retry_at timestamptz,
+             last_error text,
+             result jsonb,
+             created_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+             updated_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+             completed_at timestamptz,
+             PRIMARY KEY (route, consumer, key)) WITH (fillfactor = 70)', route_type);
     EXECUTE pg_catalog.format('ALTER TABLE idem_consumer.routed_keys OWNER TO %s', storage_owner);
     EXECUTE pg_catalog.format('ALTER TABLE idem_consumer.routed_dead_letters OWNER TO %s',
                               storage_owner);
-    REVOKE ALL ON idem_consumer.routed_keys, idem_consumer.routed_dead_letters FROM PUBLIC;
+    EXECUTE pg_catalog.format('ALTER TABLE idem_consumer.routed_effects OWNER TO %s',
+                              storage_owner);
+    REVOKE ALL ON idem_consumer.routed_keys, idem_consumer.routed_dead_letters,
+                  idem_consumer.routed_effects FROM PUBLIC;
     COMMENT ON TABLE idem_consumer.routed_keys IS
         'keys recorded with their route, colocated with the business rows they protect';
     COMMENT ON TABLE idem_consumer.routed_dead_letters IS
-        'dead-letter entries of routed messages, colocated with their keys';
+        'dead-letter entries of routed messages and effects, colocated with their keys';
+    COMMENT ON TABLE idem_consumer.routed_effects IS
+        'external effects stored with their route, colocated with the business rows they complete';
     IF colocate_with IS NOT NULL THEN
         EXECUTE 'SELECT pg_catalog.create_distributed_table($1, ''route'', colocate_with => $2)'
             USING 'idem_consumer.routed_keys', colocate_with::pg_catalog.text;
         EXECUTE 'SELECT pg_catalog.create_distributed_table($1, ''route'', colocate_with => $2)'
             USING 'idem_consumer.routed_dead_letters', 'idem_consumer.routed_keys';
+        EXECUTE 'SELECT pg_catalog.create_distributed_table($1, ''route'', colocate_with => $2)'
+            USING 'idem_consumer.routed_effects', 'idem_consumer.routed_keys';
     END IF;
 
     -- a security barrier: the rights filter runs before any function of
@@ -883,7 +913,7 @@ BEGIN
                     d.detail, d.hint, d.context, d.attempts, d.first_failed_at,
                     d.last_failed_at, d.event_time, d.sql, d.params, d.settings,
                     d.dead_lettered_by, d.resolved_at, d.resolved_by,
-                    d.discard_reason
+                    d.discard_reason, d.kind
                FROM idem_consumer.routed_dead_letters AS d
                LEFT JOIN idem_consumer.consumers AS c
                  ON c.name OPERATOR(pg_catalog.=) d.consumer
@@ -896,6 +926,25 @@ BEGIN
     EXECUTE pg_catalog.format('COMMENT ON VIEW %I.idem_routed_dead_letters IS %L',
                               ext_schema,
                               'dead-letter entries of routed messages, of the consumers the current role may act on');
+
+    EXECUTE pg_catalog.format(
+        'CREATE VIEW %I.idem_routed_effects WITH (security_barrier) AS
+             SELECT e.route, e.consumer, e.key, e.state, e.deferred, e.attempts,
+                    e.fence, e.provider_key, e.outcome_unknown, e.lease_until,
+                    e.retry_at, e.last_error, e.result, e.request, e.created_at,
+                    e.updated_at, e.completed_at
+               FROM idem_consumer.routed_effects AS e
+               LEFT JOIN idem_consumer.consumers AS c
+                 ON c.name OPERATOR(pg_catalog.=) e.consumer
+              WHERE c.owner IS NULL OR pg_catalog.pg_has_role(c.owner, ''USAGE'')',
+        ext_schema);
+    EXECUTE pg_catalog.format('ALTER VIEW %I.idem_routed_effects OWNER TO %s',
+                              ext_schema, storage_owner);
+    EXECUTE pg_catalog.format('REVOKE ALL ON %I.idem_routed_effects FROM PUBLIC',
+                              ext_schema);
+    EXECUTE pg_catalog.format('COMMENT ON VIEW %I.idem_routed_effects IS %L',
+                              ext_schema,
+                              'external effects stored with their route, of the consumers the current role may act on');
 END
 $$;
 COMMENT ON FUNCTION idem_consumer.routed_storage_create(regtype, regclass) IS
@@ -937,6 +986,70 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION idem_dlq_discard_routed(text, text, anyelement, text) IS
     'idem_dlq_discard for the pending entry of a key stored with its route';
 REVOKE ALL ON FUNCTION idem_dlq_discard_routed(text, text, anyelement, text) FROM PUBLIC;
+
+-- The external effects of 1.1 with a route, where keys are routed.  The
+-- route goes after the arguments that have no default.
+CREATE FUNCTION idem_effect_begin_routed(consumer text, key text, route anyelement,
+                                         request jsonb DEFAULT NULL,
+                                         lease interval DEFAULT '30 seconds')
+RETURNS idem_effect
+AS 'MODULE_PATHNAME', 'idem_effect_begin_routed'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_effect_begin_routed(text, text, anyelement, jsonb, interval) IS
+    'idem_effect_begin for an effect stored with its route (Citus)';
+REVOKE ALL ON FUNCTION idem_effect_begin_routed(text, text, anyelement, jsonb, interval)
+    FROM PUBLIC;
+
+CREATE FUNCTION idem_effect_complete_routed(consumer text, key text, fence bigint, result jsonb,
+                                            route anyelement, sql text DEFAULT NULL,
+                                            params text[] DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_effect_complete_routed'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_effect_complete_routed(text, text, bigint, jsonb, anyelement, text, text[]) IS
+    'idem_effect_complete for an effect stored with its route (Citus)';
+REVOKE ALL ON FUNCTION idem_effect_complete_routed(text, text, bigint, jsonb, anyelement, text, text[])
+    FROM PUBLIC;
+
+CREATE FUNCTION idem_effect_fail_routed(consumer text, key text, fence bigint, error text,
+                                        route anyelement, retryable boolean DEFAULT true)
+RETURNS idem_effect_action
+AS 'MODULE_PATHNAME', 'idem_effect_fail_routed'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_effect_fail_routed(text, text, bigint, text, anyelement, boolean) IS
+    'idem_effect_fail for an effect stored with its route (Citus)';
+REVOKE ALL ON FUNCTION idem_effect_fail_routed(text, text, bigint, text, anyelement, boolean)
+    FROM PUBLIC;
+
+CREATE FUNCTION idem_effect_heartbeat_routed(consumer text, key text, fence bigint,
+                                             extend interval, route anyelement)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_effect_heartbeat_routed'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_effect_heartbeat_routed(text, text, bigint, interval, anyelement) IS
+    'idem_effect_heartbeat for an effect stored with its route (Citus)';
+REVOKE ALL ON FUNCTION idem_effect_heartbeat_routed(text, text, bigint, interval, anyelement)
+    FROM PUBLIC;
+
+CREATE FUNCTION idem_effect_enqueue_routed(consumer text, key text, request jsonb,
+                                           route anyelement)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_effect_enqueue_routed'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_effect_enqueue_routed(text, text, jsonb, anyelement) IS
+    'idem_effect_enqueue for an effect stored with its route, beside the business rows (Citus)';
+REVOKE ALL ON FUNCTION idem_effect_enqueue_routed(text, text, jsonb, anyelement) FROM PUBLIC;
+
+CREATE FUNCTION idem_effect_claim_routed(consumer text, from_route anyelement,
+                                         max_count integer DEFAULT 10,
+                                         lease interval DEFAULT '30 seconds')
+RETURNS TABLE (key text, route anyelement, request jsonb, fence bigint, provider_key text,
+               attempt integer, outcome_unknown boolean)
+AS 'MODULE_PATHNAME', 'idem_effect_claim_routed'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 10;
+COMMENT ON FUNCTION idem_effect_claim_routed(text, anyelement, integer, interval) IS
+    'idem_effect_claim of the effects of one route, or of every route for a NULL from_route of the routes'' type; returns each with its route';
+REVOKE ALL ON FUNCTION idem_effect_claim_routed(text, anyelement, integer, interval) FROM PUBLIC;
 
 CREATE FUNCTION idem_citus_distribute(colocate_with regclass)
 RETURNS regclass

@@ -66,6 +66,7 @@ typedef struct DeadLetterEntry
 	char	   *resolved_by;	/* NULL while pending */
 	char	   *discard_reason; /* NULL unless discarded */
 	char	   *dead_lettered_by;	/* if routed: the role its SQL runs as */
+	bool		is_effect;		/* if routed: a dead external effect's */
 } DeadLetterEntry;
 
 PG_FUNCTION_INFO_V1(idem_dlq_replay);
@@ -334,6 +335,8 @@ static void
 routed_entry_from_result(DeadLetterEntry *entry, const DeadLetterPlace *place,
 						 text *key)
 {
+	bool		isnull;
+
 	memset(entry, 0, sizeof(*entry));
 	entry->name = psprintf("entry of key \"%s\"", text_to_cstring(key));
 	entry->place = *place;
@@ -345,6 +348,8 @@ routed_entry_from_result(DeadLetterEntry *entry, const DeadLetterPlace *place,
 	entry->resolved_by = result_string(5);
 	entry->discard_reason = result_string(6);
 	entry->dead_lettered_by = result_string(7);
+	entry->is_effect = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+												  SPI_tuptable->tupdesc, 8, &isnull));
 }
 
 /*
@@ -499,11 +504,22 @@ replay_entry(const DeadLetterEntry *entry)
 	int64		expect_rows;
 
 	/* the entry of a dead external effect: replaying it re-arms the effect */
-	if (!entry->place.routed && effects_rearm(entry->id))
+	if (entry->place.routed ?
+		entry->is_effect && effects_rearm_routed(entry->place.route,
+												 entry->place.route_type,
+												 entry->place.consumer, entry->key) :
+		effects_rearm(entry->id))
 	{
 		entry_mark_run(entry, NULL);
 		return OUTCOME_APPLIED;
 	}
+	if (entry->is_effect)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the effect of dead-letter %s is not dead", entry->name),
+				 errdetail("Its effect of consumer \"%s\" was removed or re-armed by hand.",
+						   entry->place.consumer),
+				 errhint("Discard the entry with idem_dlq_discard_routed.")));
 
 	/* a message's SQL runs as the role that parked it, for its members */
 	run_as = replay_run_as(entry, &consumer);

@@ -7,7 +7,9 @@
  *	  dead-letter queue, and the GUCs of the default retry policy.  Its SQL
  *	  functions are in effects_api.c.
  *
- * An effect is one row per (consumer, key) in idem_consumer.effects:
+ * An effect is one row per (consumer, key) in idem_consumer.effects, or
+ * per (route, consumer, key) in idem_consumer.routed_effects where keys
+ * are routed (effects_store.c):
  *
  *	pending		enqueued in the outbox, never leased
  *	in_flight	leased to the holder of the current fence until lease_until
@@ -195,22 +197,20 @@ effect_check_fence(const char *consumer, text *key, const EffectRow *row, int64 
 }
 
 /*
- * Returns the id of an existing consumer, or raises the error of an
- * effect that does not exist.
+ * Sets place->consumer_id to the id of an existing consumer, or raises
+ * the error of an effect that does not exist.
  */
-int32
-effect_consumer_id(const char *consumer, text *key)
+void
+effect_consumer_id(EffectPlace *place)
 {
-	int32		consumer_id = keystore_consumer_id(consumer, false);
-
-	if (consumer_id == 0)
+	place->consumer_id = keystore_consumer_id(place->consumer, false);
+	if (place->consumer_id == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("effect \"%s\" of consumer \"%s\" does not exist",
-						text_to_cstring(key), consumer),
-				 errdetail("Consumer \"%s\" has no effects.", consumer),
+						text_to_cstring(place->key), place->consumer),
+				 errdetail("Consumer \"%s\" has no effects.", place->consumer),
 				 errhint("Call idem_effect_begin first.")));
-	return consumer_id;
 }
 
 /*
@@ -218,13 +218,15 @@ effect_consumer_id(const char *consumer, text *key)
  * does not exist.
  */
 void
-effect_lock(const char *consumer, int32 consumer_id, text *key, EffectRow *row)
+effect_lock(const EffectPlace *place, EffectRow *row)
 {
-	if (!effects_fetch(EF_LOCK, consumer_id, key, NULL, NULL, 0, row))
+	if (!effects_fetch(EF_LOCK, place, NULL, NULL, 0, row))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("effect \"%s\" of consumer \"%s\" does not exist",
-						text_to_cstring(key), consumer),
+						text_to_cstring(place->key), place->consumer),
+				 place->routed ?
+				 errdetail("No effect of the key is stored under this route.") : 0,
 				 errhint("Call idem_effect_begin first.")));
 }
 
@@ -267,24 +269,24 @@ effect_backoff_us(const EffectPolicy *policy, int32 attempts)
  * error and records the entry; unknown marks a death by an expired lease.
  */
 void
-effect_kill(const char *consumer, int32 consumer_id, text *key,
-			const char *message, const char *detail, bool unknown)
+effect_kill(const EffectPlace *place, const char *message, const char *detail,
+			bool unknown)
 {
-	int64		entry_id = effects_park(consumer_id, key, message, detail);
+	int64		entry_id;
 	Datum		args[3];
 
-	if (entry_id == 0)
+	if (!effects_park(place, message, detail, &entry_id))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNIQUE_VIOLATION),
 				 errmsg("cannot dead-letter effect \"%s\" of consumer \"%s\"",
-						text_to_cstring(key), consumer),
+						text_to_cstring(place->key), place->consumer),
 				 errdetail("A dead-lettered message of the consumer has the same key."),
 				 errhint("Give effects keys of their own, for example with a prefix such as \"charge:\".")));
 	args[0] = CStringGetTextDatum(message);
 	args[1] = Int64GetDatum(entry_id);
 	args[2] = BoolGetDatum(unknown);
-	effects_fetch(EF_DEAD, consumer_id, key, args, NULL, 3, NULL);
-	stats_count_effect(consumer, EFFECT_DEAD);
+	effects_fetch(EF_DEAD, place, args, NULL, 3, NULL);
+	stats_count_effect(place->consumer, EFFECT_DEAD);
 }
 
 /*
@@ -295,24 +297,23 @@ effect_kill(const char *consumer, int32 consumer_id, text *key,
  * ACTION_EXECUTE or ACTION_DEAD.
  */
 EffectAction
-effect_take_lease(const char *consumer, int32 consumer_id, EffectRow *row, int64 lease_us)
+effect_take_lease(const EffectPlace *place, EffectRow *row, int64 lease_us)
 {
 	bool		unknown = row->state == ES_IN_FLIGHT;
 	Datum		args[3];
 
 	if (unknown)
 	{
-		EffectPolicy policy = effect_policy(consumer_id);
+		EffectPolicy policy = effect_policy(place->consumer_id);
 
-		stats_count_effect(consumer, EFFECT_UNKNOWN_OUTCOME);
+		stats_count_effect(place->consumer, EFFECT_UNKNOWN_OUTCOME);
 		if (row->attempts >= policy.max_attempts)
 		{
-			effect_kill(consumer, consumer_id, row->key,
-						"lease expired with the outcome unknown",
+			effect_kill(place, "lease expired with the outcome unknown",
 						psprintf("Attempt %d of %d held fence %lld and neither completed nor failed before its lease expired.",
 								 row->attempts, policy.max_attempts, (long long) row->fence),
 						true);
-			effects_fetch(EF_READ, consumer_id, row->key, NULL, NULL, 0, row);
+			effects_fetch(EF_READ, place, NULL, NULL, 0, row);
 			return ACTION_DEAD;
 		}
 	}
@@ -320,8 +321,8 @@ effect_take_lease(const char *consumer, int32 consumer_id, EffectRow *row, int64
 	args[0] = Int32GetDatum(row->attempts + 1);
 	args[1] = BoolGetDatum(unknown);
 	args[2] = effect_interval(lease_us);
-	effects_fetch(EF_LEASE, consumer_id, row->key, args, NULL, 3, row);
-	stats_count_effect(consumer, EFFECT_EXECUTED);
+	effects_fetch(EF_LEASE, place, args, NULL, 3, row);
+	stats_count_effect(place->consumer, EFFECT_EXECUTED);
 	return ACTION_EXECUTE;
 }
 

@@ -34,15 +34,14 @@ extern void effect_check_request(const char *consumer, text *key,
 								 const EffectRow *row, Jsonb *request);
 extern void effect_check_fence(const char *consumer, text *key,
 							   const EffectRow *row, int64 fence);
-extern int32 effect_consumer_id(const char *consumer, text *key);
-extern void effect_lock(const char *consumer, int32 consumer_id, text *key,
-						EffectRow *row);
+extern void effect_consumer_id(EffectPlace *place);
+extern void effect_lock(const EffectPlace *place, EffectRow *row);
 extern EffectPolicy effect_policy(int32 consumer_id);
 extern int64 effect_backoff_us(const EffectPolicy *policy, int32 attempts);
-extern void effect_kill(const char *consumer, int32 consumer_id, text *key,
-						const char *message, const char *detail, bool unknown);
-extern EffectAction effect_take_lease(const char *consumer, int32 consumer_id,
-									  EffectRow *row, int64 lease_us);
+extern void effect_kill(const EffectPlace *place, const char *message,
+						const char *detail, bool unknown);
+extern EffectAction effect_take_lease(const EffectPlace *place, EffectRow *row,
+									  int64 lease_us);
 extern Datum effect_action_datum(EffectAction action, Oid enumtypoid);
 
 #endif							/* IDEM_EFFECTS_H */

@@ -3,7 +3,8 @@
  * effects_api.c
  *	  The SQL functions of external effects: idem_effect_begin, _complete,
  *	  _fail, _heartbeat, the outbox's idem_effect_enqueue and
- *	  idem_effect_claim, and idem_set_effect_policy.
+ *	  idem_effect_claim, their routed forms for the effects stored with a
+ *	  route (Citus), and idem_set_effect_policy.
  *
  * Each checks its arguments, then moves an effect through the state
  * machine of effects.c; begin and claim refuse to run inside a
@@ -46,6 +47,12 @@ PG_FUNCTION_INFO_V1(idem_effect_fail);
 PG_FUNCTION_INFO_V1(idem_effect_heartbeat);
 PG_FUNCTION_INFO_V1(idem_effect_enqueue);
 PG_FUNCTION_INFO_V1(idem_effect_claim);
+PG_FUNCTION_INFO_V1(idem_effect_begin_routed);
+PG_FUNCTION_INFO_V1(idem_effect_complete_routed);
+PG_FUNCTION_INFO_V1(idem_effect_fail_routed);
+PG_FUNCTION_INFO_V1(idem_effect_heartbeat_routed);
+PG_FUNCTION_INFO_V1(idem_effect_enqueue_routed);
+PG_FUNCTION_INFO_V1(idem_effect_claim_routed);
 PG_FUNCTION_INFO_V1(idem_set_effect_policy);
 
 /*
@@ -65,35 +72,67 @@ require_own_transaction(const char *funcname)
 }
 
 /*
+ * Raises an error if keys, and so effects, are routed in this database:
+ * an effect without its route would be stored apart from the business
+ * rows its completion writes.
+ */
+static void
+refuse_unrouted(const char *funcname)
+{
+	if (OidIsValid(routed_keys_relid()))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("%s cannot act on an effect without its route: the keys of this database are routed",
+						funcname),
+				 errdetail("idem_citus_distribute() made effects live beside the business rows of their route."),
+				 errhint("Use %s_routed(), which takes the route: the business row's distribution column value.",
+						 funcname)));
+}
+
+/*
+ * Reads the consumer and key, the first two arguments, and the route at
+ * route_argno (-1: none) into place; where keys are not routed the route
+ * is not needed, and the place is the effect's in idem_consumer.effects.
+ */
+static void
+effect_place_args(FunctionCallInfo fcinfo, int route_argno, EffectPlace *place)
+{
+	memset(place, 0, sizeof(*place));
+	place->consumer = get_consumer_arg(fcinfo, 0);
+	place->key = get_key_arg(fcinfo, 1);
+	place->routed = route_argno >= 0 &&
+		routed_get_route_arg(fcinfo, route_argno, &place->route, &place->route_type);
+}
+
+/*
  * Decides what the caller of idem_effect_begin is to do about an effect,
  * leasing it when it is the caller's to execute; row is set to the effect
  * as it stands.
  */
 static EffectAction
-begin_action(const char *consumer, int32 consumer_id, text *key,
-			 Jsonb *request, int64 lease_us, EffectRow *row)
+begin_action(const EffectPlace *place, Jsonb *request, int64 lease_us, EffectRow *row)
 {
 	EffectAction action;
 
 	for (;;)
 	{
-		if (effects_insert_leased(consumer_id, key, request,
+		if (effects_insert_leased(place, request,
 								  DatumGetIntervalP(effect_interval(lease_us)), row))
 		{
-			stats_count_effect(consumer, EFFECT_EXECUTED);
+			stats_count_effect(place->consumer, EFFECT_EXECUTED);
 			action = ACTION_EXECUTE;
 			break;
 		}
 		/* none if a concurrent purge removed it since the insert looked */
-		if (!effects_fetch(EF_LOCK, consumer_id, key, NULL, NULL, 0, row))
+		if (!effects_fetch(EF_LOCK, place, NULL, NULL, 0, row))
 			continue;
 
-		effect_check_request(consumer, key, row, request);
+		effect_check_request(place->consumer, place->key, row, request);
 		switch (row->state)
 		{
 			case ES_COMPLETED:
 				action = ACTION_REPLAY;
-				stats_count_effect(consumer, EFFECT_REPLAYED);
+				stats_count_effect(place->consumer, EFFECT_REPLAYED);
 				break;
 			case ES_DEAD:
 				action = ACTION_DEAD;
@@ -102,10 +141,10 @@ begin_action(const char *consumer, int32 consumer_id, text *key,
 				if (row->lease_live)
 				{
 					action = ACTION_BUSY;
-					stats_count_effect(consumer, EFFECT_BUSY);
+					stats_count_effect(place->consumer, EFFECT_BUSY);
 				}
 				else
-					action = effect_take_lease(consumer, consumer_id, row, lease_us);
+					action = effect_take_lease(place, row, lease_us);
 				break;
 			case ES_WAITING:
 				if (!row->due)
@@ -115,7 +154,7 @@ begin_action(const char *consumer, int32 consumer_id, text *key,
 				}
 				/* FALLTHROUGH */
 			default:
-				action = effect_take_lease(consumer, consumer_id, row, lease_us);
+				action = effect_take_lease(place, row, lease_us);
 				break;
 		}
 		break;
@@ -163,112 +202,152 @@ begin_result(TupleDesc tupdesc, EffectAction action, const EffectRow *row)
 }
 
 /*
- * idem_effect_begin(consumer, key, request, lease): what the caller is to
- * do about an effect, in its own transaction; see the file header.
+ * idem_effect_begin(consumer, key, request, lease) and its routed form,
+ * with the route at route_argno and the arguments after it one further on.
  */
-Datum
-idem_effect_begin(PG_FUNCTION_ARGS)
+static Datum
+effect_begin(FunctionCallInfo fcinfo, int route_argno, const char *funcname)
 {
-	char	   *consumer;
-	text	   *key;
+	int			next = route_argno >= 0 ? 3 : 2;
+	EffectPlace place;
 	Jsonb	   *request;
 	int64		lease_us;
 	TupleDesc	tupdesc;
 	EffectRow	row = {.cxt = CurrentMemoryContext};
 	EffectAction action;
 
-	require_own_transaction("idem_effect_begin");
-	consumer = get_consumer_arg(fcinfo, 0);
-	key = get_key_arg(fcinfo, 1);
-	request = PG_ARGISNULL(2) ? NULL : PG_GETARG_JSONB_P(2);
-	lease_us = get_duration_arg(fcinfo, 3, "lease", MAX_LEASE_US);
+	require_own_transaction(funcname);
+	effect_place_args(fcinfo, route_argno, &place);
+	request = PG_ARGISNULL(next) ? NULL : PG_GETARG_JSONB_P(next);
+	lease_us = get_duration_arg(fcinfo, next + 1, "lease", MAX_LEASE_US);
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "return type must be a row type");
 
 	SPI_connect();
-	action = begin_action(consumer, keystore_consumer_id(consumer, true), key,
-						  request, lease_us, &row);
+	place.consumer_id = keystore_consumer_id(place.consumer, true);
+	action = begin_action(&place, request, lease_us, &row);
 	SPI_finish();
 
 	PG_RETURN_DATUM(begin_result(tupdesc, action, &row));
 }
 
 /*
- * idem_effect_complete(consumer, key, fence, result, sql, params): stores
- * the result of the lease holder's call in the caller's (business)
- * transaction, and runs the business SQL if given, as idem_apply() does,
- * so that the business transaction can be one statement.
+ * idem_effect_begin(consumer, key, request, lease): what the caller is to
+ * do about an effect, in its own transaction; see the file header.
  */
 Datum
-idem_effect_complete(PG_FUNCTION_ARGS)
+idem_effect_begin(PG_FUNCTION_ARGS)
 {
-	char	   *consumer = get_consumer_arg(fcinfo, 0);
-	text	   *key = get_key_arg(fcinfo, 1);
+	refuse_unrouted("idem_effect_begin");
+	return effect_begin(fcinfo, -1, "idem_effect_begin");
+}
+
+/*
+ * idem_effect_begin_routed(consumer, key, route, request, lease).
+ */
+Datum
+idem_effect_begin_routed(PG_FUNCTION_ARGS)
+{
+	return effect_begin(fcinfo, 2, "idem_effect_begin_routed");
+}
+
+/*
+ * idem_effect_complete(consumer, key, fence, result, sql, params) and its
+ * routed form, with the route before sql: stores the result of the lease
+ * holder's call in the caller's (business) transaction, and runs the
+ * business SQL if given, as idem_apply() does, so that the business
+ * transaction can be one statement.
+ */
+static void
+effect_complete(FunctionCallInfo fcinfo, int route_argno, const char *funcname)
+{
+	int			sql_argno = route_argno >= 0 ? 5 : 4;
+	EffectPlace place;
 	int64		fence = get_fence_arg(fcinfo, 2);
 	Jsonb	   *result = PG_ARGISNULL(3) ? NULL : PG_GETARG_JSONB_P(3);
 	EffectRow	row = {.cxt = CurrentMemoryContext};
 	BusinessPlan *bplan = NULL;
 	ParamListInfo bound_params = NULL;
-	int32		consumer_id;
 	Datum		args[2] = {PointerGetDatum(result), Int64GetDatum(fence)};
 	char		argnulls[2] = {result == NULL ? 'n' : ' ', ' '};
+	bool		completed;
 
+	effect_place_args(fcinfo, route_argno, &place);
 	SPI_connect();
 	/* like idem_apply, everything about the SQL is checked before any write */
-	if (!PG_ARGISNULL(4))
+	if (!PG_ARGISNULL(sql_argno))
 	{
-		bplan = business_plan_get(get_sql_arg(fcinfo, 4));
-		bound_params = business_plan_bind(bplan, PG_ARGISNULL(5) ? NULL : PG_GETARG_ARRAYTYPE_P(5));
+		bplan = business_plan_get(get_sql_arg(fcinfo, sql_argno));
+		bound_params = business_plan_bind(bplan, PG_ARGISNULL(sql_argno + 1) ? NULL :
+										  PG_GETARG_ARRAYTYPE_P(sql_argno + 1));
+		if (place.routed)
+			routed_refuse_two_roles(funcname, place.consumer, GetUserId());
 	}
-	else if (!PG_ARGISNULL(5))
+	else if (!PG_ARGISNULL(sql_argno + 1))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("params given without sql")));
 
-	consumer_id = effect_consumer_id(consumer, key);
+	effect_consumer_id(&place);
 	/* the plain case without the executor; EF_COMPLETE decides the rest */
-	if (!effects_fast_complete(effects_table_oid(), consumer_id, key, fence, result))
+	completed = !place.routed &&
+		effects_fast_complete(effects_table_oid(), place.consumer_id, place.key,
+							  fence, result);
+	if (!completed && !effects_fetch(EF_COMPLETE, &place, args, argnulls, 2, NULL))
 	{
-		effects_fetch(EF_COMPLETE, consumer_id, key, args, argnulls, 2, NULL);
-		if (SPI_processed == 0)
-		{
-			/* not the current lease: find out why, and say so */
-			effect_lock(consumer, consumer_id, key, &row);
-			effect_check_fence(consumer, key, &row, fence);
-			elog(ERROR, "effect was in flight under fence %lld but could not be completed",
-				 (long long) fence);
-		}
+		/* not the current lease: find out why, and say so */
+		effect_lock(&place, &row);
+		effect_check_fence(place.consumer, place.key, &row, fence);
+		elog(ERROR, "effect was in flight under fence %lld but could not be completed",
+			 (long long) fence);
 	}
 	if (bplan != NULL)
-		inflight_execute(consumer_id, consumer, key, bplan, bound_params);
+		inflight_execute(place.consumer_id, place.consumer, place.key, bplan, bound_params);
 	SPI_finish();
+}
 
+Datum
+idem_effect_complete(PG_FUNCTION_ARGS)
+{
+	refuse_unrouted("idem_effect_complete");
+	effect_complete(fcinfo, -1, "idem_effect_complete");
 	PG_RETURN_VOID();
 }
 
 /*
- * idem_effect_fail(consumer, key, fence, error, retryable): records a
- * failed attempt of the lease holder; returns wait (retried later) or dead
- * (parked in the dead-letter queue).
+ * idem_effect_complete_routed(consumer, key, fence, result, route, sql,
+ * params).
  */
 Datum
-idem_effect_fail(PG_FUNCTION_ARGS)
+idem_effect_complete_routed(PG_FUNCTION_ARGS)
 {
-	char	   *consumer = get_consumer_arg(fcinfo, 0);
-	text	   *key = get_key_arg(fcinfo, 1);
+	effect_complete(fcinfo, 4, "idem_effect_complete_routed");
+	PG_RETURN_VOID();
+}
+
+/*
+ * idem_effect_fail(consumer, key, fence, error, retryable) and its routed
+ * form, with the route before retryable: records a failed attempt of the
+ * lease holder; returns wait (retried later) or dead (parked in the
+ * dead-letter queue).
+ */
+static Datum
+effect_fail(FunctionCallInfo fcinfo, int route_argno)
+{
+	EffectPlace place;
 	int64		fence = get_fence_arg(fcinfo, 2);
 	char	   *error = text_to_cstring(get_name_arg(fcinfo, 3, "error", MAX_ERROR_BYTES));
-	bool		retryable = get_bool_arg(fcinfo, 4, "retryable");
+	bool		retryable = get_bool_arg(fcinfo, route_argno >= 0 ? 5 : 4, "retryable");
 	EffectRow	row = {.cxt = CurrentMemoryContext};
 	EffectPolicy policy;
 	EffectAction action;
-	int32		consumer_id;
 
+	effect_place_args(fcinfo, route_argno, &place);
 	SPI_connect();
-	consumer_id = effect_consumer_id(consumer, key);
-	effect_lock(consumer, consumer_id, key, &row);
-	effect_check_fence(consumer, key, &row, fence);
-	policy = effect_policy(consumer_id);
+	effect_consumer_id(&place);
+	effect_lock(&place, &row);
+	effect_check_fence(place.consumer, place.key, &row, fence);
+	policy = effect_policy(place.consumer_id);
 
 	if (retryable && row.attempts < policy.max_attempts)
 	{
@@ -277,12 +356,12 @@ idem_effect_fail(PG_FUNCTION_ARGS)
 		args[0] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp() +
 									  effect_backoff_us(&policy, row.attempts));
 		args[1] = CStringGetTextDatum(error);
-		effects_fetch(EF_WAIT, consumer_id, key, args, NULL, 2, NULL);
+		effects_fetch(EF_WAIT, &place, args, NULL, 2, NULL);
 		action = ACTION_WAIT;
 	}
 	else
 	{
-		effect_kill(consumer, consumer_id, key, error,
+		effect_kill(&place, error,
 					retryable ?
 					psprintf("Attempt %d of %d failed; no attempts are left.",
 							 row.attempts, policy.max_attempts) :
@@ -295,50 +374,80 @@ idem_effect_fail(PG_FUNCTION_ARGS)
 	PG_RETURN_DATUM(effect_action_datum(action, get_fn_expr_rettype(fcinfo->flinfo)));
 }
 
+Datum
+idem_effect_fail(PG_FUNCTION_ARGS)
+{
+	refuse_unrouted("idem_effect_fail");
+	return effect_fail(fcinfo, -1);
+}
+
 /*
- * idem_effect_heartbeat(consumer, key, fence, extend): extends the lease
- * of its holder to now() + extend; false if fence is no longer current.
+ * idem_effect_fail_routed(consumer, key, fence, error, route, retryable).
  */
 Datum
-idem_effect_heartbeat(PG_FUNCTION_ARGS)
+idem_effect_fail_routed(PG_FUNCTION_ARGS)
 {
-	char	   *consumer = get_consumer_arg(fcinfo, 0);
-	text	   *key = get_key_arg(fcinfo, 1);
+	return effect_fail(fcinfo, 4);
+}
+
+/*
+ * idem_effect_heartbeat(consumer, key, fence, extend) and its routed
+ * form, with the route last: extends the lease of its holder to now() +
+ * extend; false if fence is no longer current.
+ */
+static bool
+effect_heartbeat(FunctionCallInfo fcinfo, int route_argno)
+{
+	EffectPlace place;
 	int64		fence = get_fence_arg(fcinfo, 2);
 	int64		extend_us = get_duration_arg(fcinfo, 3, "extend", MAX_LEASE_US);
 	EffectRow	row = {.cxt = CurrentMemoryContext};
-	int32		consumer_id;
 	bool		extended = false;
 
+	effect_place_args(fcinfo, route_argno, &place);
 	SPI_connect();
-	consumer_id = effect_consumer_id(consumer, key);
-	effect_lock(consumer, consumer_id, key, &row);
+	effect_consumer_id(&place);
+	effect_lock(&place, &row);
 	if (fence > row.fence)
-		effect_check_fence(consumer, key, &row, fence);	/* raises */
+		effect_check_fence(place.consumer, place.key, &row, fence);	/* raises */
 	if (fence == row.fence && row.state == ES_IN_FLIGHT)
 	{
 		Datum		arg = effect_interval(extend_us);
 
-		effects_fetch(EF_HEARTBEAT, consumer_id, key, &arg, NULL, 1, NULL);
+		effects_fetch(EF_HEARTBEAT, &place, &arg, NULL, 1, NULL);
 		extended = true;
 	}
 	SPI_finish();
+	return extended;
+}
 
-	PG_RETURN_BOOL(extended);
+Datum
+idem_effect_heartbeat(PG_FUNCTION_ARGS)
+{
+	refuse_unrouted("idem_effect_heartbeat");
+	PG_RETURN_BOOL(effect_heartbeat(fcinfo, -1));
 }
 
 /*
- * idem_effect_enqueue(consumer, key, request): adds an effect to the
- * outbox in the caller's transaction; false if the key exists already.
+ * idem_effect_heartbeat_routed(consumer, key, fence, extend, route).
  */
 Datum
-idem_effect_enqueue(PG_FUNCTION_ARGS)
+idem_effect_heartbeat_routed(PG_FUNCTION_ARGS)
 {
-	char	   *consumer = get_consumer_arg(fcinfo, 0);
-	text	   *key = get_key_arg(fcinfo, 1);
+	PG_RETURN_BOOL(effect_heartbeat(fcinfo, 4));
+}
+
+/*
+ * idem_effect_enqueue(consumer, key, request) and its routed form, with
+ * the route last: adds an effect to the outbox in the caller's
+ * transaction; false if the key exists already.
+ */
+static bool
+effect_enqueue(FunctionCallInfo fcinfo, int route_argno)
+{
+	EffectPlace place;
 	Jsonb	   *request;
 	EffectRow	row = {.cxt = CurrentMemoryContext};
-	int32		consumer_id;
 	Datum		arg;
 	bool		enqueued;
 
@@ -349,17 +458,85 @@ idem_effect_enqueue(PG_FUNCTION_ARGS)
 				 errdetail("The request is what the dispatcher sends to the provider.")));
 	request = PG_GETARG_JSONB_P(2);
 	arg = JsonbPGetDatum(request);
+	effect_place_args(fcinfo, route_argno, &place);
 
 	SPI_connect();
-	consumer_id = keystore_consumer_id(consumer, true);
-	effects_fetch(EF_ENQUEUE, consumer_id, key, &arg, NULL, 1, NULL);
-	enqueued = SPI_processed > 0;
+	place.consumer_id = keystore_consumer_id(place.consumer, true);
+	enqueued = effects_fetch(EF_ENQUEUE, &place, &arg, NULL, 1, NULL);
 	/* a duplicate's request must match too; a row still invisible cannot be read */
-	if (!enqueued && effects_fetch(EF_READ, consumer_id, key, NULL, NULL, 0, &row))
-		effect_check_request(consumer, key, &row, request);
+	if (!enqueued && effects_fetch(EF_READ, &place, NULL, NULL, 0, &row))
+		effect_check_request(place.consumer, place.key, &row, request);
 	SPI_finish();
+	return enqueued;
+}
 
-	PG_RETURN_BOOL(enqueued);
+Datum
+idem_effect_enqueue(PG_FUNCTION_ARGS)
+{
+	refuse_unrouted("idem_effect_enqueue");
+	PG_RETURN_BOOL(effect_enqueue(fcinfo, -1));
+}
+
+/*
+ * idem_effect_enqueue_routed(consumer, key, request, route).
+ */
+Datum
+idem_effect_enqueue_routed(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_BOOL(effect_enqueue(fcinfo, 3));
+}
+
+/*
+ * Leases a locked due effect to the claimer and adds it to the result,
+ * with its route when the result has a column for it (route NULL: none).
+ */
+static void
+claim_one(ReturnSetInfo *rsinfo, const EffectPlace *place, EffectRow *row,
+		  int64 lease_us, const NullableDatum *route)
+{
+	Datum		out[7];
+	bool		outnulls[7] = {false, false, false, false, false, false, false};
+	int			c = 0;
+
+	if (effect_take_lease(place, row, lease_us) != ACTION_EXECUTE)
+		return;
+	out[c++] = PointerGetDatum(row->key);
+	if (route != NULL)
+	{
+		outnulls[c] = route->isnull;
+		out[c++] = route->value;
+	}
+	outnulls[c] = row->request == NULL;
+	out[c++] = PointerGetDatum(row->request);
+	out[c++] = Int64GetDatum(row->fence);
+	out[c++] = PointerGetDatum(row->provider_key);
+	out[c++] = Int32GetDatum(row->attempts);
+	out[c++] = BoolGetDatum(row->outcome_unknown);
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, out, outnulls);
+}
+
+/*
+ * Locks the due effects a statement on the outbox returned and leases
+ * each to the claimer; every row is read before the leases overwrite
+ * SPI's result.
+ */
+static void
+claim_locked(ReturnSetInfo *rsinfo, EffectPlace *place, int64 lease_us,
+			 const NullableDatum *route)
+{
+	uint64		nrows = SPI_processed;
+	EffectRow  *rows = palloc0(Max(nrows, 1) * sizeof(EffectRow));
+
+	for (uint64 i = 0; i < nrows; i++)
+	{
+		rows[i].cxt = rsinfo->econtext->ecxt_per_query_memory;
+		effect_row_read(i, &rows[i]);
+	}
+	for (uint64 i = 0; i < nrows; i++)
+	{
+		place->key = rows[i].key;
+		claim_one(rsinfo, place, &rows[i], lease_us, route);
+	}
 }
 
 /*
@@ -371,51 +548,106 @@ Datum
 idem_effect_claim(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	char	   *consumer;
+	EffectPlace place = {0};
 	int32		max_count;
 	int64		lease_us;
-	int32		consumer_id;
-	EffectRow  *rows;
-	uint64		nrows;
 
+	refuse_unrouted("idem_effect_claim");
 	require_own_transaction("idem_effect_claim");
-	consumer = get_consumer_arg(fcinfo, 0);
+	place.consumer = get_consumer_arg(fcinfo, 0);
 	max_count = get_count_arg(fcinfo, 1, "max_count");
 	lease_us = get_duration_arg(fcinfo, 2, "lease", MAX_LEASE_US);
 	InitMaterializedSRF(fcinfo, 0);
 
 	SPI_connect();
-	consumer_id = keystore_consumer_id(consumer, false);
-	if (consumer_id != 0)
+	place.consumer_id = keystore_consumer_id(place.consumer, false);
+	if (place.consumer_id != 0)
 	{
-		Datum		values[2] = {Int32GetDatum(consumer_id), Int32GetDatum(max_count)};
+		Datum		values[2] = {Int32GetDatum(place.consumer_id), Int32GetDatum(max_count)};
 
-		/* every row is read before the leases overwrite SPI's result */
 		effects_execute(EF_LOCK_DUE, values, NULL, 0);
-		nrows = SPI_processed;
-		rows = palloc0(Max(nrows, 1) * sizeof(EffectRow));
-		for (uint64 i = 0; i < nrows; i++)
-		{
-			rows[i].cxt = rsinfo->econtext->ecxt_per_query_memory;
-			effect_row_read(i, &rows[i]);
-		}
+		claim_locked(rsinfo, &place, lease_us, NULL);
+	}
+	SPI_finish();
 
-		for (uint64 i = 0; i < nrows; i++)
-		{
-			EffectRow  *row = &rows[i];
-			Datum		out[6];
-			bool		outnulls[6] = {false, false, false, false, false, false};
+	return (Datum) 0;
+}
 
-			if (effect_take_lease(consumer, consumer_id, row, lease_us) != ACTION_EXECUTE)
+/*
+ * idem_effect_claim_routed(consumer, from_route, max_count, lease): leases
+ * up to max_count due outbox effects of a consumer under from_route, or
+ * under any route for a NULL one, and returns each with its route.
+ *
+ * A claim of one route locks and skips as idem_effect_claim does, in one
+ * statement on the route's shard.  Citus locks rows only in a statement on
+ * one shard, so a claim of every route first reads the due effects of all
+ * shards, unlocked, then locks each, skipping one another dispatcher
+ * holds, and checks again that it is due: two claims lease an effect once,
+ * since its lease is handed out only under its row lock.  Its leases on
+ * several nodes commit together, with Citus's two-phase commit.  Where
+ * keys are not routed, it is idem_effect_claim, each row returned with
+ * the route given.
+ */
+Datum
+idem_effect_claim_routed(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	EffectPlace place = {0};
+	NullableDatum route = {.value = PG_GETARG_DATUM(1), .isnull = PG_ARGISNULL(1)};
+	int32		max_count;
+	int64		lease_us;
+
+	require_own_transaction("idem_effect_claim_routed");
+	place.consumer = get_consumer_arg(fcinfo, 0);
+	max_count = get_count_arg(fcinfo, 2, "max_count");
+	lease_us = get_duration_arg(fcinfo, 3, "lease", MAX_LEASE_US);
+	if (!route.isnull)
+		place.routed = routed_get_route_arg(fcinfo, 1, &place.route, &place.route_type);
+	else
+	{
+		/* every route: the routes read are returned as they are stored */
+		place.route_type = routed_route_type();
+		place.routed = OidIsValid(place.route_type);
+		if (place.routed && get_fn_expr_argtype(fcinfo->flinfo, 1) != place.route_type)
+			ereport(ERROR,
+					(errcode(ERRCODE_DATATYPE_MISMATCH),
+					 errmsg("a claim of every route takes a NULL from_route of the routes' type, %s",
+							format_type_be(place.route_type)),
+					 errhint("Pass from_route => NULL::%s.", format_type_be(place.route_type))));
+	}
+	InitMaterializedSRF(fcinfo, 0);
+
+	SPI_connect();
+	place.consumer_id = keystore_consumer_id(place.consumer, false);
+	if (place.consumer_id != 0 && !place.routed)
+	{
+		Datum		values[2] = {Int32GetDatum(place.consumer_id), Int32GetDatum(max_count)};
+
+		effects_execute(EF_LOCK_DUE, values, NULL, 0);
+		claim_locked(rsinfo, &place, lease_us, &route);
+	}
+	else if (place.consumer_id != 0 && !route.isnull)
+	{
+		effects_routed_lock_due(&place, max_count);
+		claim_locked(rsinfo, &place, lease_us, &route);
+	}
+	else if (place.consumer_id != 0)
+	{
+		Datum	   *routes;
+		text	  **keys;
+		uint64		n = effects_routed_due(place.consumer, max_count, &routes, &keys);
+
+		for (uint64 i = 0; i < n; i++)
+		{
+			EffectRow	row = {.cxt = rsinfo->econtext->ecxt_per_query_memory};
+
+			place.route = routes[i];
+			place.key = keys[i];
+			if (!effects_fetch(EF_LOCK_DUE_ONE, &place, NULL, NULL, 0, &row))
 				continue;
-			out[0] = PointerGetDatum(row->key);
-			out[1] = PointerGetDatum(row->request);
-			outnulls[1] = row->request == NULL;
-			out[2] = Int64GetDatum(row->fence);
-			out[3] = PointerGetDatum(row->provider_key);
-			out[4] = Int32GetDatum(row->attempts);
-			out[5] = BoolGetDatum(row->outcome_unknown);
-			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, out, outnulls);
+			route.value = routes[i];
+			route.isnull = false;
+			claim_one(rsinfo, &place, &row, lease_us, &route);
 		}
 	}
 	SPI_finish();

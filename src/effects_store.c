@@ -12,6 +12,16 @@
  * values as parameters; nothing the caller controls runs while the user id
  * is switched.  What the states mean is effects.c's business.
  *
+ * Where keys are routed (routed.c), effects are stored with their route in
+ * idem_consumer.routed_effects, colocated with the business rows of the
+ * route, and a dead effect's entry in routed_dead_letters, beside the
+ * entries of messages: the routed statements below are those on one
+ * effect with $1 the route, $2 the consumer's name and $3 the key, the
+ * arguments after them in the order of the unrouted statement's, so that
+ * effects.c moves an effect through its states the same way in either
+ * table.  They never take the fast path, which writes the local table
+ * itself; on Citus the routed tables hold their rows in shards.
+ *
  * The tables are created by the 1.1 update script.  The library also
  * serves databases still at 1.0, where the effect functions do not exist;
  * the two entry points reached from 1.0 functions (the dead-letter replay
@@ -33,6 +43,7 @@
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
+#include "utils/datum.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 
@@ -42,14 +53,30 @@
 
 #define EFFECTS_TABLE STORAGE_SCHEMA ".effects"
 
-/* The columns every statement that returns an effect row returns. */
-#define EFFECT_COLUMNS \
+#define ROUTED_EFFECTS_TABLE STORAGE_SCHEMA ".routed_effects"
+
+/*
+ * The columns every statement that returns an effect row returns; a
+ * routed effect's entry is named by its key, so it has no entry id.
+ */
+#define EFFECT_STATE_COLUMNS \
 	"state, fence, attempts, provider_key, outcome_unknown, lease_until," \
 	" retry_at, last_error, result, request, key," \
 	" lease_until OPERATOR(pg_catalog.>) pg_catalog.now()," \
-	" retry_at OPERATOR(pg_catalog.<=) pg_catalog.now(), dead_letter_id"
+	" retry_at OPERATOR(pg_catalog.<=) pg_catalog.now()"
+#define EFFECT_COLUMNS EFFECT_STATE_COLUMNS ", dead_letter_id"
+#define ROUTED_EFFECT_COLUMNS EFFECT_STATE_COLUMNS ", NULL::pg_catalog.int8"
 #define THE_EFFECT \
 	" WHERE consumer_id OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2"
+#define THE_ROUTED_EFFECT \
+	" WHERE route OPERATOR(pg_catalog.=) $1" \
+	" AND consumer OPERATOR(pg_catalog.=) $2 AND key OPERATOR(pg_catalog.=) $3"
+/* an outbox effect that is due, or whose lease expired */
+#define EFFECT_IS_DUE \
+	" AND deferred" \
+	" AND state OPERATOR(pg_catalog.=) ANY ('{pending,waiting,in_flight}'::pg_catalog.text[])" \
+	" AND (retry_at OPERATOR(pg_catalog.<=) pg_catalog.now()" \
+	"      OR lease_until OPERATOR(pg_catalog.<=) pg_catalog.now())"
 
 /*
  * The text of an effect's dead-letter entry.  It is only a comment, which
@@ -84,10 +111,7 @@ static const StorageStmt effect_stmt_defs[EF_NUM_STMTS] = {
 	/* the outbox: due effects, and leases that expired, oldest first */
 	[EF_LOCK_DUE] = {
 		"SELECT " EFFECT_COLUMNS " FROM " EFFECTS_TABLE
-		" WHERE consumer_id OPERATOR(pg_catalog.=) $1 AND deferred"
-		" AND state OPERATOR(pg_catalog.=) ANY ('{pending,waiting,in_flight}'::pg_catalog.text[])"
-		" AND (retry_at OPERATOR(pg_catalog.<=) pg_catalog.now()"
-		"      OR lease_until OPERATOR(pg_catalog.<=) pg_catalog.now())"
+		" WHERE consumer_id OPERATOR(pg_catalog.=) $1" EFFECT_IS_DUE
 		" ORDER BY created_at, key LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED",
 		2, {INT4OID, INT4OID}
 	},
@@ -195,6 +219,167 @@ static const StorageStmt effect_stmt_defs[EF_NUM_STMTS] = {
 static SPIPlanPtr effect_plans[EF_NUM_STMTS];
 static StorageStmtSet effect_stmts =
 STORAGE_STMT_SET(effect_stmt_defs, effect_plans);
+
+/*
+ * The statements on one routed effect, in the order of effect_stmt_defs
+ * and with the same arguments after the route, consumer and key; the
+ * route's type, argtypes[0], is set to the call's (routed_stmts_retype).
+ * Citus refuses now() in ON CONFLICT DO UPDATE: the park takes the new
+ * row's default instead.
+ */
+static StorageStmt routed_effect_stmt_defs[EF_NUM_STMTS] = {
+	[EF_INSERT_LEASED] = {
+		"INSERT INTO " ROUTED_EFFECTS_TABLE " (route, consumer, key, request, deferred,"
+		" state, fence, attempts, lease_until)"
+		" VALUES ($1, $2, $3, $4, false, 'in_flight', 1, 1,"
+		" pg_catalog.now() OPERATOR(pg_catalog.+) $5)"
+		" ON CONFLICT (route, consumer, key) DO NOTHING RETURNING provider_key",
+		5, {InvalidOid, TEXTOID, TEXTOID, JSONBOID, INTERVALOID}
+	},
+	[EF_ENQUEUE] = {
+		"INSERT INTO " ROUTED_EFFECTS_TABLE " (route, consumer, key, request, deferred,"
+		" state, retry_at)"
+		" VALUES ($1, $2, $3, $4, true, 'pending', pg_catalog.now())"
+		" ON CONFLICT (route, consumer, key) DO NOTHING RETURNING 1",
+		4, {InvalidOid, TEXTOID, TEXTOID, JSONBOID}
+	},
+	[EF_READ] = {
+		"SELECT " ROUTED_EFFECT_COLUMNS " FROM " ROUTED_EFFECTS_TABLE THE_ROUTED_EFFECT,
+		3, {InvalidOid, TEXTOID, TEXTOID}
+	},
+	[EF_LOCK] = {
+		"SELECT " ROUTED_EFFECT_COLUMNS " FROM " ROUTED_EFFECTS_TABLE THE_ROUTED_EFFECT
+		" FOR NO KEY UPDATE",
+		3, {InvalidOid, TEXTOID, TEXTOID}
+	},
+	/* the outbox of one route: $3 is the most to lease */
+	[EF_LOCK_DUE] = {
+		"SELECT " ROUTED_EFFECT_COLUMNS " FROM " ROUTED_EFFECTS_TABLE
+		" WHERE route OPERATOR(pg_catalog.=) $1 AND consumer OPERATOR(pg_catalog.=) $2"
+		EFFECT_IS_DUE
+		" ORDER BY created_at, key LIMIT $3 FOR NO KEY UPDATE SKIP LOCKED",
+		3, {InvalidOid, TEXTOID, INT4OID}
+	},
+	/* one effect of the outbox found due by a read of every shard */
+	[EF_LOCK_DUE_ONE] = {
+		"SELECT " ROUTED_EFFECT_COLUMNS " FROM " ROUTED_EFFECTS_TABLE THE_ROUTED_EFFECT
+		EFFECT_IS_DUE " FOR NO KEY UPDATE SKIP LOCKED",
+		3, {InvalidOid, TEXTOID, TEXTOID}
+	},
+	[EF_LEASE] = {
+		"UPDATE " ROUTED_EFFECTS_TABLE " SET state = 'in_flight',"
+		" fence = fence OPERATOR(pg_catalog.+) 1, attempts = $4, outcome_unknown = $5,"
+		" lease_until = pg_catalog.now() OPERATOR(pg_catalog.+) $6, retry_at = NULL,"
+		" updated_at = pg_catalog.now()" THE_ROUTED_EFFECT
+		" RETURNING " ROUTED_EFFECT_COLUMNS,
+		6, {InvalidOid, TEXTOID, TEXTOID, INT4OID, BOOLOID, INTERVALOID}
+	},
+	[EF_COMPLETE] = {
+		"UPDATE " ROUTED_EFFECTS_TABLE " SET state = 'completed', result = $4,"
+		" lease_until = NULL, completed_at = pg_catalog.now(), updated_at = pg_catalog.now()"
+		THE_ROUTED_EFFECT " AND state OPERATOR(pg_catalog.=) 'in_flight'"
+		" AND fence OPERATOR(pg_catalog.=) $5",
+		5, {InvalidOid, TEXTOID, TEXTOID, JSONBOID, INT8OID}
+	},
+	[EF_WAIT] = {
+		"UPDATE " ROUTED_EFFECTS_TABLE " SET state = 'waiting', retry_at = $4,"
+		" last_error = $5, lease_until = NULL, updated_at = pg_catalog.now()"
+		THE_ROUTED_EFFECT,
+		5, {InvalidOid, TEXTOID, TEXTOID, TIMESTAMPTZOID, TEXTOID}
+	},
+	/* $5, the entry's id in effect_stmt_defs, is not stored: the key names it */
+	[EF_DEAD] = {
+		"UPDATE " ROUTED_EFFECTS_TABLE " SET state = 'dead', last_error = $4,"
+		" outcome_unknown = outcome_unknown OR $6,"
+		" lease_until = NULL, retry_at = NULL, updated_at = pg_catalog.now()"
+		THE_ROUTED_EFFECT,
+		6, {InvalidOid, TEXTOID, TEXTOID, TEXTOID, INT8OID, BOOLOID}
+	},
+	[EF_HEARTBEAT] = {
+		"UPDATE " ROUTED_EFFECTS_TABLE " SET lease_until = pg_catalog.now()"
+		" OPERATOR(pg_catalog.+) $4, updated_at = pg_catalog.now()" THE_ROUTED_EFFECT,
+		4, {InvalidOid, TEXTOID, TEXTOID, INTERVALOID}
+	},
+	[EF_PARK] = {
+		"INSERT INTO " STORAGE_SCHEMA ".routed_dead_letters AS d (route, consumer, key,"
+		" sql, settings, sqlstate, message, detail, dead_lettered_by, kind)"
+		" VALUES ($1, $2, $3, '" EFFECT_ENTRY_SQL "', '{}', $4, $5, $6, $7, 'effect')"
+		" ON CONFLICT (route, consumer, key) DO UPDATE SET status = 'pending',"
+		" attempts = d.attempts OPERATOR(pg_catalog.+) 1,"
+		" last_failed_at = excluded.last_failed_at,"
+		" sqlstate = excluded.sqlstate, message = excluded.message, detail = excluded.detail,"
+		" dead_lettered_by = excluded.dead_lettered_by,"
+		" resolved_at = NULL, resolved_by = NULL, discard_reason = NULL"
+		" WHERE d.kind OPERATOR(pg_catalog.=) 'effect'"
+		" RETURNING 1",
+		7, {InvalidOid, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID}
+	},
+	[EF_REARM] = {
+		"UPDATE " ROUTED_EFFECTS_TABLE " SET state = 'waiting', attempts = 0,"
+		" retry_at = pg_catalog.now(), updated_at = pg_catalog.now()"
+		THE_ROUTED_EFFECT " AND state OPERATOR(pg_catalog.=) 'dead'",
+		3, {InvalidOid, TEXTOID, TEXTOID}
+	},
+};
+
+/* The statements on routed effects of every route. */
+typedef enum RoutedEffectsStmt
+{
+	RE_DUE,
+	RE_LATEST,
+	RE_PURGE,
+	RE_PURGE_ENTRIES,
+	RE_NUM_STMTS
+} RoutedEffectsStmt;
+
+static const StorageStmt routed_effects_stmt_defs[RE_NUM_STMTS] = {
+	/*
+	 * the outbox of consumer $1 on every shard, oldest first, at most $2:
+	 * a plain read, since Citus locks rows only in a statement on one
+	 * shard; each is then locked by EF_LOCK_DUE_ONE, which checks again
+	 */
+	[RE_DUE] = {
+		"SELECT route, key FROM " ROUTED_EFFECTS_TABLE
+		" WHERE consumer OPERATOR(pg_catalog.=) $1" EFFECT_IS_DUE
+		" ORDER BY created_at, route, key LIMIT $2",
+		2, {TEXTOID, INT4OID}
+	},
+	/* every consumer's newest completion, or consumer $1's */
+	[RE_LATEST] = {
+		"SELECT consumer, pg_catalog.max(completed_at) FROM " ROUTED_EFFECTS_TABLE
+		" WHERE state OPERATOR(pg_catalog.=) 'completed'"
+		" AND ($1 IS NULL OR consumer OPERATOR(pg_catalog.=) $1)"
+		" GROUP BY consumer",
+		1, {TEXTOID}
+	},
+	/* the completed effects older than the cutoffs $2 of the consumers $1 */
+	[RE_PURGE] = {
+		"DELETE FROM " ROUTED_EFFECTS_TABLE " AS e"
+		" WHERE e.state OPERATOR(pg_catalog.=) 'completed'"
+		" AND e.completed_at OPERATOR(pg_catalog.<)"
+		" $2[pg_catalog.array_position($1, e.consumer)]",
+		2, {TEXTARRAYOID, TIMESTAMPTZARRAYOID}
+	},
+	/* the resolved entries of effects that are gone expire with them */
+	[RE_PURGE_ENTRIES] = {
+		"DELETE FROM " STORAGE_SCHEMA ".routed_dead_letters AS d"
+		" WHERE d.status OPERATOR(pg_catalog.<>) 'pending'"
+		" AND d.kind OPERATOR(pg_catalog.=) 'effect'"
+		" AND NOT EXISTS (SELECT FROM " ROUTED_EFFECTS_TABLE " AS e"
+		" WHERE e.route OPERATOR(pg_catalog.=) d.route"
+		" AND e.consumer OPERATOR(pg_catalog.=) d.consumer"
+		" AND e.key OPERATOR(pg_catalog.=) d.key)",
+		0, {InvalidOid}
+	},
+};
+
+static SPIPlanPtr routed_effect_plans[EF_NUM_STMTS];
+static StorageStmtSet routed_effect_stmts =
+STORAGE_STMT_SET(routed_effect_stmt_defs, routed_effect_plans);
+static Oid	routed_effect_plans_type = InvalidOid;
+static SPIPlanPtr routed_effects_plans[RE_NUM_STMTS];
+static StorageStmtSet routed_effects_stmts =
+STORAGE_STMT_SET(routed_effects_stmt_defs, routed_effects_plans);
 
 static const char *const state_names[] = {
 	[ES_PENDING] = "pending",
@@ -322,27 +507,60 @@ effect_row_read(uint64 i, EffectRow *row)
 }
 
 /*
- * Runs a statement on one effect ($1 consumer id, $2 key, then args) and
- * reads the row it returned, if any; returns whether there was one.
+ * Runs a routed statement on one effect: $1 the route, $2 the consumer,
+ * $3 the key, then args.
  */
-bool
-effects_fetch(EffectStmt stmt, int32 consumer_id, text *key, Datum *args,
-			  const char *argnulls, int nargs, EffectRow *row)
+static void
+routed_effect_execute(EffectStmt stmt, const EffectPlace *place, Datum *args,
+					  const char *argnulls, int nargs)
 {
-	Datum		values[6];
-	char		nulls[6];
+	Datum		values[STORAGE_MAX_ARGS];
+	char		nulls[STORAGE_MAX_ARGS];
 
-	Assert(nargs + 2 <= lengthof(values));
-	values[0] = Int32GetDatum(consumer_id);
-	values[1] = PointerGetDatum(key);
+	Assert(nargs + 3 <= STORAGE_MAX_ARGS);
+	Assert(routed_effect_stmt_defs[stmt].sql != NULL);
+	values[0] = place->route;
+	values[1] = CStringGetTextDatum(place->consumer);
+	values[2] = PointerGetDatum(place->key);
 	memset(nulls, ' ', sizeof(nulls));
 	for (int i = 0; i < nargs; i++)
 	{
-		values[2 + i] = args[i];
+		values[3 + i] = args[i];
 		if (argnulls != NULL)
-			nulls[2 + i] = argnulls[i];
+			nulls[3 + i] = argnulls[i];
 	}
-	effects_execute(stmt, values, nulls, 0);
+	routed_stmts_retype(&routed_effect_stmts, routed_effect_stmt_defs,
+						&routed_effect_plans_type, place->route_type);
+	storage_stmt_run(&routed_effect_stmts, stmt, values, nulls, 0);
+}
+
+/*
+ * Runs a statement on one effect (its place, then args) and reads the row
+ * it returned, if any; returns whether there was one.
+ */
+bool
+effects_fetch(EffectStmt stmt, const EffectPlace *place, Datum *args,
+			  const char *argnulls, int nargs, EffectRow *row)
+{
+	if (place->routed)
+		routed_effect_execute(stmt, place, args, argnulls, nargs);
+	else
+	{
+		Datum		values[6];
+		char		nulls[6];
+
+		Assert(nargs + 2 <= lengthof(values));
+		values[0] = Int32GetDatum(place->consumer_id);
+		values[1] = PointerGetDatum(place->key);
+		memset(nulls, ' ', sizeof(nulls));
+		for (int i = 0; i < nargs; i++)
+		{
+			values[2 + i] = args[i];
+			if (argnulls != NULL)
+				nulls[2 + i] = argnulls[i];
+		}
+		effects_execute(stmt, values, nulls, 0);
+	}
 	if (SPI_processed == 0)
 		return false;
 	if (row != NULL)
@@ -357,28 +575,27 @@ effects_fetch(EffectStmt stmt, int32 consumer_id, text *key, Datum *args,
  * whole row would cost a fifth of begin for values known here.
  */
 bool
-effects_insert_leased(int32 consumer_id, text *key, Jsonb *request,
+effects_insert_leased(const EffectPlace *place, Jsonb *request,
 					  Interval *lease, EffectRow *row)
 {
-	text	   *provider_key;
+	text	   *provider_key = NULL;
 	MemoryContext oldcxt;
 
 	/* the plain case without the executor; the statement decides the rest */
-	oldcxt = MemoryContextSwitchTo(row->cxt);
-	provider_key = effects_fast_insert_leased(effects_table_oid(), consumer_id,
-											  key, request, interval_to_us(lease));
-	MemoryContextSwitchTo(oldcxt);
+	if (!place->routed)
+	{
+		oldcxt = MemoryContextSwitchTo(row->cxt);
+		provider_key = effects_fast_insert_leased(effects_table_oid(),
+												  place->consumer_id, place->key,
+												  request, interval_to_us(lease));
+		MemoryContextSwitchTo(oldcxt);
+	}
 	if (provider_key == NULL)
 	{
-		Datum		values[4];
-		char		nulls[4] = {' ', ' ', request == NULL ? 'n' : ' ', ' '};
+		Datum		args[2] = {PointerGetDatum(request), IntervalPGetDatum(lease)};
+		char		nulls[2] = {request == NULL ? 'n' : ' ', ' '};
 
-		values[0] = Int32GetDatum(consumer_id);
-		values[1] = PointerGetDatum(key);
-		values[2] = PointerGetDatum(request);
-		values[3] = IntervalPGetDatum(lease);
-		effects_execute(EF_INSERT_LEASED, values, nulls, 0);
-		if (SPI_processed == 0)
+		if (!effects_fetch(EF_INSERT_LEASED, place, args, nulls, 2, NULL))
 			return false;
 		provider_key = (text *) column_copy(row->cxt, 0, 1);
 	}
@@ -394,11 +611,61 @@ effects_insert_leased(int32 consumer_id, text *key, Jsonb *request,
 	row->last_error = NULL;
 	row->result = NULL;
 	row->request = request;
-	row->key = key;
+	row->key = place->key;
 	row->lease_live = true;
 	row->due = false;
 	row->dead_letter_id = 0;
 	return true;
+}
+
+/*
+ * Locks up to max_count due outbox effects of the route and consumer of
+ * place, oldest first, skipping those another transaction holds; the rows
+ * are SPI's result, to be read by effect_row_read.
+ */
+void
+effects_routed_lock_due(const EffectPlace *place, int32 max_count)
+{
+	Datum		values[3] = {place->route, CStringGetTextDatum(place->consumer),
+	Int32GetDatum(max_count)};
+
+	Assert(place->routed);
+	routed_stmts_retype(&routed_effect_stmts, routed_effect_stmt_defs,
+						&routed_effect_plans_type, place->route_type);
+	storage_stmt_run(&routed_effect_stmts, EF_LOCK_DUE, values, NULL, 0);
+}
+
+/*
+ * Reads the route and key of the due outbox effects of a consumer on
+ * every shard, oldest first, at most max_count, into *routes and *keys
+ * (allocated in the current memory context); returns how many.  They are
+ * only candidates: each is locked and checked again before a lease.
+ */
+uint64
+effects_routed_due(const char *consumer, int32 max_count, Datum **routes, text ***keys)
+{
+	Datum		args[2] = {CStringGetTextDatum(consumer), Int32GetDatum(max_count)};
+	MemoryContext cxt = CurrentMemoryContext;
+	uint64		n;
+	int16		typlen;
+	bool		typbyval;
+
+	storage_stmt_run(&routed_effects_stmts, RE_DUE, args, NULL, 0);
+	n = SPI_processed;
+	*routes = MemoryContextAlloc(cxt, sizeof(Datum) * Max(n, 1));
+	*keys = MemoryContextAlloc(cxt, sizeof(text *) * Max(n, 1));
+	get_typlenbyval(SPI_gettypeid(SPI_tuptable->tupdesc, 1), &typlen, &typbyval);
+	for (uint64 i = 0; i < n; i++)
+	{
+		bool		isnull;
+		MemoryContext oldcxt;
+
+		oldcxt = MemoryContextSwitchTo(cxt);
+		(*routes)[i] = datumCopy(column_value(i, 1, &isnull), typbyval, typlen);
+		MemoryContextSwitchTo(oldcxt);
+		(*keys)[i] = (text *) column_copy(cxt, i, 2);
+	}
+	return n;
 }
 
 /*
@@ -435,27 +702,30 @@ effects_policy(int32 consumer_id, EffectPolicy *policy)
 
 /*
  * Parks a dead effect in the dead-letter queue, or makes its earlier
- * entry pending again; returns the entry's id, or 0 when a message's
- * entry holds the same (consumer, key).
+ * entry pending again, and sets *entry_id to the entry's id (0 for the
+ * entry of a routed effect, named by its key); returns false when a
+ * message's entry holds the same key.
  */
-int64
-effects_park(int32 consumer_id, text *key, const char *message, const char *detail)
+bool
+effects_park(const EffectPlace *place, const char *message, const char *detail,
+			 int64 *entry_id)
 {
-	Datum		values[6];
+	Datum		values[4];
 	bool		isnull;
 
-	values[0] = Int32GetDatum(consumer_id);
-	values[1] = PointerGetDatum(key);
-	values[2] = CStringGetTextDatum(unpack_sql_state(ERRCODE_EFFECT_FAILED));
-	values[3] = CStringGetTextDatum(message);
-	values[4] = CStringGetTextDatum(detail);
-	values[5] = CStringGetTextDatum(GetUserNameFromId(GetUserId(), false));
+	values[0] = CStringGetTextDatum(unpack_sql_state(ERRCODE_EFFECT_FAILED));
+	values[1] = CStringGetTextDatum(message);
+	values[2] = CStringGetTextDatum(detail);
+	values[3] = CStringGetTextDatum(GetUserNameFromId(GetUserId(), false));
+	*entry_id = 0;
 	/* ids past replicated entries, as for a message's (dead_letter.c) */
-	keystore_dead_letter_ids_past_rows();
-	effects_execute(EF_PARK, values, NULL, 1);
-	if (SPI_processed == 0)
-		return 0;
-	return DatumGetInt64(column_value(0, 1, &isnull));
+	if (!place->routed)
+		keystore_dead_letter_ids_past_rows();
+	if (!effects_fetch(EF_PARK, place, values, NULL, 4, NULL))
+		return false;
+	if (!place->routed)
+		*entry_id = DatumGetInt64(column_value(0, 1, &isnull));
+	return true;
 }
 
 /*
@@ -471,6 +741,19 @@ effects_rearm(int64 dead_letter_id)
 		return false;
 	effects_execute(EF_REARM, &arg, NULL, 0);
 	return SPI_processed > 0;
+}
+
+/*
+ * Re-arms the dead routed effect of a routed effect's entry; returns
+ * false if the effect is not dead.
+ */
+bool
+effects_rearm_routed(Datum route, Oid route_type, const char *consumer, text *key)
+{
+	EffectPlace place = {.consumer = consumer, .key = key, .routed = true,
+	.route = route, .route_type = route_type};
+
+	return effects_fetch(EF_REARM, &place, NULL, NULL, 0, NULL);
 }
 
 /*
@@ -494,4 +777,59 @@ effects_purge(int32 only_consumer, int default_retention_secs)
 	args[1] = Int32GetDatum(only_consumer);
 	effects_execute(EF_PURGE, args, nulls, 0);
 	return SPI_processed;
+}
+
+/*
+ * Removes the completed routed effects past their consumer's retention
+ * window by the rule of routed keys (routed_purge), counted back from the
+ * consumer's newest completion, and the resolved entries of effects that
+ * are gone; returns how many effects.  Called by routed_purge(), on the
+ * node that purges.
+ */
+uint64
+effects_purge_routed(const char *consumer, RetentionWindows *windows)
+{
+	Datum		args[2];
+	char		nulls[1] = {consumer ? ' ' : 'n'};
+	SPITupleTable *latest;
+	uint64		nconsumers;
+	Datum	   *names;
+	Datum	   *cutoffs;
+	int			n = 0;
+	uint64		removed;
+
+	args[0] = consumer ? CStringGetTextDatum(consumer) : (Datum) 0;
+	storage_stmt_run(&routed_effects_stmts, RE_LATEST, args, nulls, 0);
+	latest = SPI_tuptable;
+	nconsumers = SPI_processed;
+	names = palloc(sizeof(Datum) * Max(nconsumers, 1));
+	cutoffs = palloc(sizeof(Datum) * Max(nconsumers, 1));
+	for (uint64 i = 0; i < nconsumers; i++)
+	{
+		bool		isnull;
+		char	   *name = TextDatumGetCString(SPI_getbinval(latest->vals[i],
+															 latest->tupdesc, 1, &isnull));
+		TimestampTz last = DatumGetTimestampTz(SPI_getbinval(latest->vals[i],
+															 latest->tupdesc, 2, &isnull));
+		int32		cutoff = retention_cutoff(windows,
+											  keystore_consumer_id(name, false),
+											  (int32) (last / USECS_PER_SEC));
+
+		if (cutoff <= 0)
+			continue;
+		names[n] = CStringGetTextDatum(name);
+		cutoffs[n] = TimestampTzGetDatum((TimestampTz) cutoff * USECS_PER_SEC);
+		n++;
+	}
+	if (n == 0)
+		return 0;
+
+	args[0] = PointerGetDatum(construct_array(names, n, TEXTOID, -1, false, TYPALIGN_INT));
+	args[1] = PointerGetDatum(construct_array(cutoffs, n, TIMESTAMPTZOID, sizeof(TimestampTz),
+											  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	storage_stmt_run(&routed_effects_stmts, RE_PURGE, args, NULL, 0);
+	removed = SPI_processed;
+	if (removed > 0)
+		storage_stmt_run(&routed_effects_stmts, RE_PURGE_ENTRIES, NULL, NULL, 0);
+	return removed;
 }

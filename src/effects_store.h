@@ -62,6 +62,22 @@ typedef struct EffectRow
 	int64		dead_letter_id; /* 0 if none */
 } EffectRow;
 
+/*
+ * Where an effect is: its consumer and key and, where keys are routed
+ * (routed.c), its route, which puts it in idem_consumer.routed_effects
+ * beside the business rows of the route.  consumer_id is this node's id
+ * of the consumer, for its retry policy.
+ */
+typedef struct EffectPlace
+{
+	const char *consumer;
+	int32		consumer_id;
+	text	   *key;
+	bool		routed;
+	Datum		route;			/* if routed */
+	Oid			route_type;		/* if routed */
+} EffectPlace;
+
 typedef struct EffectPolicy
 {
 	int32		max_attempts;
@@ -86,6 +102,7 @@ typedef enum EffectStmt
 	EF_POLICY,
 	EF_SET_POLICY,
 	EF_PURGE,
+	EF_LOCK_DUE_ONE,			/* routed only: one due effect, if not held */
 	EF_NUM_STMTS
 } EffectStmt;
 
@@ -118,15 +135,18 @@ interval_to_us(const Interval *interval)
 extern Oid	effects_table_oid(void);
 extern int	effects_execute(EffectStmt stmt, Datum *values, const char *nulls,
 							long tcount);
-extern bool effects_fetch(EffectStmt stmt, int32 consumer_id, text *key,
+extern bool effects_fetch(EffectStmt stmt, const EffectPlace *place,
 						  Datum *args, const char *argnulls, int nargs,
 						  EffectRow *row);
 extern void effect_row_read(uint64 i, EffectRow *row);
-extern bool effects_insert_leased(int32 consumer_id, text *key, Jsonb *request,
+extern bool effects_insert_leased(const EffectPlace *place, Jsonb *request,
 								  Interval *lease, EffectRow *row);
 extern const char *effect_state_name(EffectState state);
 extern bool effects_policy(int32 consumer_id, EffectPolicy *policy);
-extern int64 effects_park(int32 consumer_id, text *key, const char *message,
-						  const char *detail);
+extern bool effects_park(const EffectPlace *place, const char *message,
+						 const char *detail, int64 *entry_id);
+extern void effects_routed_lock_due(const EffectPlace *place, int32 max_count);
+extern uint64 effects_routed_due(const char *consumer, int32 max_count,
+								 Datum **routes, text ***keys);
 
 #endif							/* IDEM_EFFECTS_STORE_H */

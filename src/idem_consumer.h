@@ -316,6 +316,9 @@ typedef enum RoutedStmt
 } RoutedStmt;
 
 extern Oid	routed_keys_relid(void);
+extern Oid	routed_route_type(void);
+extern void routed_stmts_retype(StorageStmtSet *set, StorageStmt *defs,
+								Oid *plans_type, Oid route_type);
 extern void routed_execute(RoutedStmt stmt, Oid route_type, Datum *args,
 						   const char *nulls);
 extern void routed_refuse_two_roles(const char *function_name,
@@ -408,6 +411,9 @@ extern bool fastpath_enabled(void);
 extern void effects_init(void);
 extern bool effects_storage_exists(void);
 extern bool effects_rearm(int64 dead_letter_id);
+extern bool effects_rearm_routed(Datum route, Oid route_type, const char *consumer,
+								 text *key);
 extern uint64 effects_purge(int32 only_consumer, int default_retention_secs);
+extern uint64 effects_purge_routed(const char *consumer, RetentionWindows *windows);
 
 #endif							/* IDEM_CONSUMER_H */

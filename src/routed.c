@@ -112,7 +112,8 @@ static StorageStmt routed_stmt_defs[RK_NUM_STMTS] = {
 		" context = excluded.context, first_failed_at = excluded.first_failed_at,"
 		" last_failed_at = excluded.last_failed_at, attempts = 1,"
 		" dead_lettered_by = excluded.dead_lettered_by, status = 'pending',"
-		" resolved_at = NULL, resolved_by = NULL, discard_reason = NULL"
+		" resolved_at = NULL, resolved_by = NULL, discard_reason = NULL,"
+		" kind = excluded.kind"
 		" WHERE d.status OPERATOR(pg_catalog.<>) 'pending'",
 		13, {InvalidOid, TEXTOID, TEXTOID, TEXTOID, TEXTARRAYOID, TIMESTAMPTZOID,
 			TEXTARRAYOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID}
@@ -125,7 +126,7 @@ static StorageStmt routed_stmt_defs[RK_NUM_STMTS] = {
 	/* in the order of dead_letter.c's routed entries */
 	[RK_DL_LOCK] = {
 		"SELECT sql, params, settings, status, resolved_by, discard_reason,"
-		" dead_lettered_by"
+		" dead_lettered_by, kind OPERATOR(pg_catalog.=) 'effect'"
 		" FROM " STORAGE_SCHEMA ".routed_dead_letters"
 		ROUTED_KEY_IS_ARGS
 		" FOR NO KEY UPDATE",
@@ -152,11 +153,12 @@ static StorageStmt routed_stmt_defs[RK_NUM_STMTS] = {
 		ROUTED_KEY_IS_ARGS,
 		5, {InvalidOid, TEXTOID, TEXTOID, TEXTOID, TEXTOID}
 	},
-	/* a forget takes a resolved entry with its key */
+	/* a forget takes a resolved entry with its key, not an effect's */
 	[RK_DL_DELETE_RESOLVED] = {
 		"DELETE FROM " STORAGE_SCHEMA ".routed_dead_letters"
 		ROUTED_KEY_IS_ARGS
-		" AND status OPERATOR(pg_catalog.<>) 'pending'",
+		" AND status OPERATOR(pg_catalog.<>) 'pending'"
+		" AND kind OPERATOR(pg_catalog.=) 'message'",
 		3, {InvalidOid, TEXTOID, TEXTOID}
 	},
 };
@@ -195,10 +197,14 @@ static const StorageStmt routed_purge_stmt_defs[RP_NUM_STMTS] = {
 		" AND d.status OPERATOR(pg_catalog.=) 'pending')",
 		2, {TEXTARRAYOID, INT4ARRAYOID}
 	},
-	/* the resolved entries whose keys are gone: they expire with them */
+	/*
+	 * the resolved entries of messages whose keys are gone: they expire
+	 * with them (an effect's entry expires with its effect)
+	 */
 	[RP_PURGE_ENTRIES] = {
 		"DELETE FROM " STORAGE_SCHEMA ".routed_dead_letters AS d"
 		" WHERE d.status OPERATOR(pg_catalog.<>) 'pending'"
+		" AND d.kind OPERATOR(pg_catalog.=) 'message'"
 		" AND NOT EXISTS (SELECT FROM " STORAGE_SCHEMA ".routed_keys AS k"
 		" WHERE k.route OPERATOR(pg_catalog.=) d.route"
 		" AND k.consumer OPERATOR(pg_catalog.=) d.consumer"
@@ -227,6 +233,18 @@ routed_keys_relid(void)
 	Oid			nspid = get_namespace_oid(STORAGE_SCHEMA, true);
 
 	return OidIsValid(nspid) ? get_relname_relid("routed_keys", nspid) : InvalidOid;
+}
+
+/*
+ * The type of the routes of this database, or InvalidOid if keys are not
+ * routed.
+ */
+Oid
+routed_route_type(void)
+{
+	Oid			relid = routed_keys_relid();
+
+	return OidIsValid(relid) ? get_atttype(relid, get_attnum(relid, "route")) : InvalidOid;
 }
 
 /*
@@ -353,24 +371,35 @@ routed_get_routes_arg(FunctionCallInfo fcinfo, int argno, int nkeys, Datum **rou
 }
 
 /*
+ * Makes the statements of a set whose first argument is a route (defs,
+ * the set's own texts) take a route of type route_type, forgetting their
+ * plans if they were prepared for another type (*plans_type).
+ */
+void
+routed_stmts_retype(StorageStmtSet *set, StorageStmt *defs, Oid *plans_type,
+					Oid route_type)
+{
+	storage_stmts_current(set);
+	if (route_type == *plans_type)
+		return;
+	for (int i = 0; i < set->nstmts; i++)
+	{
+		if (set->plans[i] != NULL)
+			SPI_freeplan(set->plans[i]);
+		set->plans[i] = NULL;
+		defs[i].argtypes[0] = route_type;
+	}
+	*plans_type = route_type;
+}
+
+/*
  * Runs statement stmt with the route of type route_type first, preparing
  * the statements again if the last call's route had another type.
  */
 void
 routed_execute(RoutedStmt stmt, Oid route_type, Datum *args, const char *nulls)
 {
-	storage_stmts_current(&routed_stmts);
-	if (route_type != routed_plans_type)
-	{
-		for (int i = 0; i < RK_NUM_STMTS; i++)
-		{
-			if (routed_plans[i] != NULL)
-				SPI_freeplan(routed_plans[i]);
-			routed_plans[i] = NULL;
-			routed_stmt_defs[i].argtypes[0] = route_type;
-		}
-		routed_plans_type = route_type;
-	}
+	routed_stmts_retype(&routed_stmts, routed_stmt_defs, &routed_plans_type, route_type);
 	storage_stmt_run(&routed_stmts, stmt, args, nulls, 0);
 }
 
@@ -524,7 +553,8 @@ routed_purge_here(void)
  * consumer not registered here follows idem_consumer.retention.  Two scans
  * of the routed keys, which Citus runs on every shard at once: one for the
  * latest activity of each consumer, one that deletes, so a purge costs in
- * proportion to the keys stored, not to the keys it removes.
+ * proportion to the keys stored, not to the keys it removes.  The routed
+ * effects expire by the same rule (effects_purge_routed).
  */
 uint64
 routed_purge(const char *consumer)
@@ -566,15 +596,18 @@ routed_purge(const char *consumer)
 		cutoffs[n] = Int32GetDatum(cutoff);
 		n++;
 	}
-	if (n == 0)
-		return 0;
-
-	args[0] = PointerGetDatum(construct_array(names, n, TEXTOID, -1, false, TYPALIGN_INT));
-	args[1] = PointerGetDatum(construct_array(cutoffs, n, INT4OID, sizeof(int32), true,
-											  TYPALIGN_INT));
-	storage_stmt_run(&routed_purge_stmts, RP_PURGE, args, NULL, 0);
-	removed = SPI_processed;
-	if (removed > 0)
-		storage_stmt_run(&routed_purge_stmts, RP_PURGE_ENTRIES, NULL, NULL, 0);
+	removed = 0;
+	if (n > 0)
+	{
+		args[0] = PointerGetDatum(construct_array(names, n, TEXTOID, -1, false,
+												  TYPALIGN_INT));
+		args[1] = PointerGetDatum(construct_array(cutoffs, n, INT4OID, sizeof(int32),
+												  true, TYPALIGN_INT));
+		storage_stmt_run(&routed_purge_stmts, RP_PURGE, args, NULL, 0);
+		removed = SPI_processed;
+		if (removed > 0)
+			storage_stmt_run(&routed_purge_stmts, RP_PURGE_ENTRIES, NULL, NULL, 0);
+	}
+	(void) effects_purge_routed(consumer, windows);
 	return removed;
 }

@@ -301,6 +301,7 @@ refuse_citus_storage(Oid nspid)
 	Oid			dist_relid = get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE);
 	Oid			routed_keys = get_relname_relid("routed_keys", nspid);
 	Oid			routed_dead_letters = get_relname_relid("routed_dead_letters", nspid);
+	Oid			routed_effects = get_relname_relid("routed_effects", nspid);
 	AttrNumber	relid_attnum;
 	Relation	dist;
 	SysScanDesc scan;
@@ -320,7 +321,7 @@ refuse_citus_storage(Oid nspid)
 														  RelationGetDescr(dist), &isnull));
 
 		if (isnull || relid == routed_keys || relid == routed_dead_letters ||
-			get_rel_namespace(relid) != nspid)
+			relid == routed_effects || get_rel_namespace(relid) != nspid)
 			continue;
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
