@@ -4,8 +4,10 @@
 // idem_apply_v (a redelivery writing a value another way is a duplicate,
 // another value under the key is IK001), the rows forms, text[] and typed
 // (an event before its order raises IK002 and records nothing), the
-// text[] form from createArrayOf("text"), and the JDBC example of
-// docs/clients.md (DocsExample.java, generated from it by run).
+// text[] form from createArrayOf("text"), routed keys, routed external
+// effects (the inline cycle, a fenced-off complete, a dead effect re-armed,
+// the outbox), and the JDBC example of docs/clients.md (DocsExample.java,
+// generated from it by run).
 //
 // Prints TAP lines and the "# pass N" / "# fail N" summary that
 // test/run-tests counts; each test is bounded in time.  Connects to
@@ -19,10 +21,12 @@ import java.sql.PreparedStatement;
 import java.sql.ResultSet;
 import java.sql.SQLException;
 import java.sql.Statement;
+import java.sql.Types;
 import java.time.OffsetDateTime;
 import java.time.ZoneId;
 import java.time.ZoneOffset;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
 import java.util.Properties;
 import java.util.concurrent.ExecutorService;
@@ -264,7 +268,6 @@ public class ClientTest {
         }
     }
 
-    // docs/clients.md's JDBC example, as written there (DocsExample.java)
     // Routed keys (docs/citus.md) with the route bound by setLong: stored
     // with it, a redelivery a duplicate, the same key under another route
     // another key; a call without a route 0A000; a failing message parked
@@ -342,6 +345,226 @@ public class ClientTest {
         }
     }
 
+    // -- routed external effects (docs/effects.md, with a route as in
+    //    docs/citus.md), the route bound by setLong
+
+    static final String CHARGE_SQL =
+        "update public.accounts set charged = charged + $1::numeric where id = $2::bigint";
+    static final String BEGIN_ROUTED =
+        "select action::text, fence, provider_key, attempt, outcome_unknown, result::text, last_error"
+        + " from idem_effect_begin_routed(?, ?, route => ?, request => ?, lease => ?::interval)";
+    static final String COMPLETE_ROUTED =
+        "select idem_effect_complete_routed(?, ?, ?, ?, route => ?, sql => ?, params => ?)";
+    // bound by setNull(Types.BIGINT): a NULL of the routes' type
+    static final Object NULL_BIGINT = new Object();
+
+    interface ConnBody { void run(Connection c) throws Exception; }
+
+    // body on a database of its own, with accounts 1 to 20, whose routed
+    // tables are made, not distributed, by the function
+    // idem_citus_distribute() uses; dropped afterwards
+    static void routedDatabase(String db, ConnBody body) throws Exception {
+        exec("drop database if exists " + db);
+        exec("create database " + db);
+        String url = "jdbc:postgresql://127.0.0.1:" + System.getenv("PGPORT") + "/" + db;
+        Properties p = new Properties();
+        p.setProperty("user", System.getenv("PGUSER"));
+        p.setProperty("options", "-c statement_timeout=20s");
+        try (Connection c = DriverManager.getConnection(url, p); Statement s = c.createStatement()) {
+            s.execute("create extension idem_consumer");
+            s.execute("create table accounts (id bigint primary key, charged numeric not null default 0)");
+            s.execute("insert into accounts (id) select generate_series(1, 20)");
+            s.execute("select idem_consumer.routed_storage_create('bigint')");
+            body.run(c);
+        } finally {
+            exec("drop database " + db);
+        }
+    }
+
+    // every row of a query, each a list of its columns; a String[] is bound
+    // as text[], NULL_BIGINT as a NULL bigint, anything else by setObject
+    static List<List<Object>> rows(Connection c, String sql, Object... params) throws SQLException {
+        try (PreparedStatement ps = c.prepareStatement(sql)) {
+            for (int i = 0; i < params.length; i++) {
+                if (params[i] == NULL_BIGINT)
+                    ps.setNull(i + 1, Types.BIGINT);
+                else if (params[i] instanceof String[])
+                    ps.setArray(i + 1, c.createArrayOf("text", (String[]) params[i]));
+                else
+                    ps.setObject(i + 1, params[i]);
+            }
+            List<List<Object>> out = new ArrayList<>();
+            try (ResultSet rs = ps.executeQuery()) {
+                while (rs.next()) {
+                    List<Object> r = new ArrayList<>();
+                    for (int i = 1; i <= rs.getMetaData().getColumnCount(); i++)
+                        r.add(rs.getObject(i));
+                    out.add(r);
+                }
+            }
+            return out;
+        }
+    }
+
+    static List<Object> tuple(Object... values) {
+        return Arrays.asList(values);
+    }
+
+    // idem_effect_begin_routed: action, fence, provider_key, attempt,
+    // outcome_unknown, result, last_error
+    static List<Object> beginRouted(Connection c, String key, long route, String request, String lease)
+            throws SQLException {
+        return rows(c, BEGIN_ROUTED, "charges", key, route, jsonb(request), lease).get(0);
+    }
+
+    // idem_effect_complete_routed with the business SQL charging the
+    // account of the route
+    static void completeRouted(Connection c, String key, Object fence, String result, long route, String amount)
+            throws SQLException {
+        rows(c, COMPLETE_ROUTED, "charges", key, fence, jsonb(result), route, CHARGE_SQL,
+             new String[] {amount, String.valueOf(route)});
+    }
+
+    // route, state, fence, attempts and result of an effect
+    static List<List<Object>> routedEffect(Connection c, String key) throws SQLException {
+        return rows(c, "select route, state, fence, attempts, result::text from idem_routed_effects"
+                    + " where consumer = 'charges' and key = ?", key);
+    }
+
+    static BigDecimal charged(Connection c, long account) throws SQLException {
+        return (BigDecimal) rows(c, "select charged from accounts where id = ?", account).get(0).get(0);
+    }
+
+    // Routed effect, inline: begin executes under fence 1; complete stores
+    // the result and runs the business SQL on the route's row in one
+    // statement; a second begin replays the stored result and the row is
+    // charged once
+    static void routedEffectInline() throws Exception {
+        routedDatabase("client_routed_effects_jdbc", c -> {
+            List<Object> first = beginRouted(c, "ch-1", 7L, "{\"amount\": 5}", "30 seconds");
+            equal(first.subList(0, 2), tuple("execute", 1L), "action and fence");
+            equal(first.subList(3, 6), tuple(1, false, null), "attempt, outcome unknown, result");
+            equal(((String) first.get(2)).length(), 36, "provider key");
+            equal(routedEffect(c, "ch-1"), List.of(tuple(7L, "in_flight", 1L, 1, null)), "leased effect");
+            completeRouted(c, "ch-1", first.get(1), "{\"charge\": \"ch_1\"}", 7L, "5.00");
+            equal(routedEffect(c, "ch-1"), List.of(tuple(7L, "completed", 1L, 1, "{\"charge\": \"ch_1\"}")),
+                  "completed effect");
+            List<Object> again = beginRouted(c, "ch-1", 7L, "{\"amount\": 5}", "30 seconds");
+            equal(again.subList(0, 3), tuple("replay", null, first.get(2)), "replay");
+            equal(again.get(5), "{\"charge\": \"ch_1\"}", "stored result");
+            equal(charged(c, 7), new BigDecimal("5.00"), "charged once");
+            equal(charged(c, 8), BigDecimal.ZERO, "another route's row");
+        });
+    }
+
+    // Routed effect: once a lease of 1 ms has expired, the next begin takes
+    // it over (fence 2, outcome unknown, the same provider key); the late
+    // holder's complete is IE001 and its business SQL rolls back; its
+    // heartbeat is false, the new holder's true; the new holder completes
+    static void routedEffectFencedOff() throws Exception {
+        routedDatabase("client_routed_effects_jdbc", c -> {
+            List<Object> late = beginRouted(c, "ch-2", 8L, "{\"amount\": 3}", "1 millisecond");
+            equal(late.subList(0, 2), tuple("execute", 1L), "first lease");
+            rows(c, "select pg_sleep(0.05)");
+            List<Object> taker = beginRouted(c, "ch-2", 8L, "{\"amount\": 3}", "30 seconds");
+            equal(tuple(taker.get(0), taker.get(1), taker.get(3), taker.get(4)), tuple("execute", 2L, 2, true),
+                  "takeover");
+            equal(taker.get(2), late.get(2), "provider key of the takeover");
+            failsWith("IE001", () -> completeRouted(c, "ch-2", late.get(1), "{\"charge\": \"late\"}", 8L, "3"));
+            equal(charged(c, 8), BigDecimal.ZERO, "charged after IE001");
+            String heartbeat = "select idem_effect_heartbeat_routed(?, ?, ?, '1 minute', route => ?)";
+            equal(rows(c, heartbeat, "charges", "ch-2", late.get(1), 8L).get(0).get(0), false, "late heartbeat");
+            equal(rows(c, heartbeat, "charges", "ch-2", taker.get(1), 8L).get(0).get(0), true, "heartbeat");
+            completeRouted(c, "ch-2", taker.get(1), "{\"charge\": \"ch_2\"}", 8L, "3");
+            equal(routedEffect(c, "ch-2"), List.of(tuple(8L, "completed", 2L, 2, "{\"charge\": \"ch_2\"}")),
+                  "completed effect");
+            equal(charged(c, 8), new BigDecimal("3"), "charged once");
+        });
+    }
+
+    // Routed effect: a permanent failure is dead, parked in
+    // idem_routed_dead_letters under its route (kind effect, IE003); begin
+    // then says dead; idem_dlq_replay_routed re-arms it (waiting, the entry
+    // replayed) and the next begin executes it under a new fence
+    static void routedEffectDeadLetter() throws Exception {
+        routedDatabase("client_routed_effects_jdbc", c -> {
+            List<Object> first = beginRouted(c, "ch-3", 9L, "{\"amount\": 4}", "30 seconds");
+            equal(first.subList(0, 2), tuple("execute", 1L), "first lease");
+            equal(rows(c, "select idem_effect_fail_routed(?, ?, ?, ?, route => ?, retryable => false)::text",
+                       "charges", "ch-3", first.get(1), "card declined", 9L).get(0).get(0), "dead", "fail");
+            String entries = "select route, kind, status, sqlstate, message from idem_routed_dead_letters";
+            equal(rows(c, entries), List.of(tuple(9L, "effect", "pending", "IE003", "card declined")),
+                  "dead-letter entry");
+            List<Object> dead = beginRouted(c, "ch-3", 9L, "{\"amount\": 4}", "30 seconds");
+            equal(tuple(dead.get(0), dead.get(6)), tuple("dead", "card declined"), "begin of a dead effect");
+            equal(rows(c, "select idem_dlq_replay_routed(?, ?, ?)", "ch-3", "charges", 9L).get(0).get(0),
+                  "applied", "replay");
+            equal(routedEffect(c, "ch-3").get(0).get(1), "waiting", "re-armed effect");
+            equal(rows(c, entries), List.of(tuple(9L, "effect", "replayed", "IE003", "card declined")),
+                  "replayed entry");
+            List<Object> again = beginRouted(c, "ch-3", 9L, "{\"amount\": 4}", "30 seconds");
+            equal(tuple(again.get(0), again.get(1), again.get(3)), tuple("execute", 2L, 1), "begin after replay");
+            completeRouted(c, "ch-3", again.get(1), "{\"charge\": \"ch_3\"}", 9L, "4");
+            equal(routedEffect(c, "ch-3"), List.of(tuple(9L, "completed", 2L, 1, "{\"charge\": \"ch_3\"}")),
+                  "completed effect");
+            equal(charged(c, 9), new BigDecimal("4"), "charged once");
+        });
+    }
+
+    // Routed outbox: enqueue_routed commits (or rolls back) with the
+    // business transaction; a duplicate enqueue is false; a claim of one
+    // route leases its effect, a claim of every route (setNull BIGINT; a
+    // NULL of no type is 42804) the others, each with its route; begin and
+    // claim are 25001 in a transaction block; the unrouted effect functions
+    // are 0A000 and store nothing
+    static void routedEffectOutbox() throws Exception {
+        routedDatabase("client_routed_effects_jdbc", c -> {
+            String enqueue = "select idem_effect_enqueue_routed(?, ?, ?, route => ?)";
+            List<Object> added = new ArrayList<>();
+            c.setAutoCommit(false);
+            rows(c, "update accounts set charged = charged + 1 where id = 10 returning id");
+            for (Object[] e : new Object[][] {{"o-1", 10L}, {"o-2", 11L}, {"o-3", 12L}, {"o-1", 10L}})
+                added.add(rows(c, enqueue, "charges", e[0], jsonb("{\"n\": \"" + e[0] + "\"}"), e[1]).get(0).get(0));
+            c.commit();
+            equal(added, List.of(true, true, true, false), "enqueued, then a duplicate");
+            rows(c, enqueue, "charges", "o-4", jsonb("{\"n\": \"o-4\"}"), 13L);
+            c.rollback();
+            c.setAutoCommit(true);
+            equal(rows(c, "select route, key, state from idem_routed_effects order by key"),
+                  List.of(tuple(10L, "o-1", "pending"), tuple(11L, "o-2", "pending"), tuple(12L, "o-3", "pending")),
+                  "outbox");
+            equal(charged(c, 10), new BigDecimal("1"), "the business write committed with the enqueue");
+
+            String claim = "select key, route, request::text, fence, attempt"
+                + " from idem_effect_claim_routed(?, ?) order by key";
+            failsWith("42804", () -> rows(c, claim, "charges", null));
+            equal(rows(c, claim, "charges", 10L), List.of(tuple("o-1", 10L, "{\"n\": \"o-1\"}", 1L, 1)),
+                  "claim of one route");
+            equal(rows(c, claim, "charges", NULL_BIGINT),
+                  List.of(tuple("o-2", 11L, "{\"n\": \"o-2\"}", 1L, 1), tuple("o-3", 12L, "{\"n\": \"o-3\"}", 1L, 1)),
+                  "claim of every route");
+            equal(rows(c, "select key, state from idem_routed_effects order by key"),
+                  List.of(tuple("o-1", "in_flight"), tuple("o-2", "in_flight"), tuple("o-3", "in_flight")),
+                  "leased");
+            completeRouted(c, "o-2", 1L, "{\"done\": true}", 11L, "2");
+            equal(routedEffect(c, "o-2").get(0).get(1), "completed", "completed from the outbox");
+            equal(charged(c, 11), new BigDecimal("2"), "charged");
+
+            c.setAutoCommit(false);
+            failsWith("25001", () -> beginRouted(c, "tx-1", 7L, "{}", "30 seconds"));
+            c.rollback();
+            failsWith("25001", () -> rows(c, claim, "charges", NULL_BIGINT));
+            c.rollback();
+            c.setAutoCommit(true);
+            failsWith("0A000", () -> rows(c, "select * from idem_effect_begin(?, ?)", "charges", "u-1"));
+            failsWith("0A000", () -> rows(c, "select idem_effect_enqueue(?, ?, ?)", "charges", "u-2", jsonb("{}")));
+            failsWith("0A000", () -> rows(c, "select * from idem_effect_claim(?)", "charges"));
+            equal(rows(c, "select count(*) from idem_routed_effects where key in ('tx-1', 'u-1', 'u-2')"),
+                  List.of(tuple(0L)), "nothing stored");
+        });
+    }
+
+    // docs/clients.md's JDBC example, as written there (DocsExample.java)
     static void docsExample() throws Exception {
         exec("drop table if exists payments, orders");
         exec("create table orders (id bigint primary key, paid numeric not null default 0)");
@@ -358,10 +581,14 @@ public class ClientTest {
 
     public static void main(String[] args) throws Exception {
         String[] names = {"typedRedeliveryIsDuplicate", "otherValueIsKeyReuse", "eventBeforeItsOrder",
-                          "tryApplyRows", "typedRowsForm", "textArrayForm", "routedKeys", "docsExample"};
+                          "tryApplyRows", "typedRowsForm", "textArrayForm", "routedKeys",
+                          "routedEffectInline", "routedEffectFencedOff", "routedEffectDeadLetter",
+                          "routedEffectOutbox", "docsExample"};
         Body[] bodies = {ClientTest::typedRedeliveryIsDuplicate, ClientTest::otherValueIsKeyReuse,
                          ClientTest::eventBeforeItsOrder, ClientTest::tryApplyRows, ClientTest::typedRowsForm,
-                         ClientTest::textArrayForm, ClientTest::routedKeys, ClientTest::docsExample};
+                         ClientTest::textArrayForm, ClientTest::routedKeys, ClientTest::routedEffectInline,
+                         ClientTest::routedEffectFencedOff, ClientTest::routedEffectDeadLetter,
+                         ClientTest::routedEffectOutbox, ClientTest::docsExample};
         int passed = 0, failed = 0, n = 0;
         ExecutorService pool = Executors.newSingleThreadExecutor(r -> {
             Thread t = new Thread(r);

@@ -3,12 +3,14 @@
 Owns the driver-independent checks: typed parameters through idem_apply_v
 (a redelivery that writes a value another way is a duplicate, another value
 under the key is IK001), the rows forms, text[] and typed (an event
-before its row raises IK002 and records nothing) and the text[] form of
-idem_apply, each passing
+before its row raises IK002 and records nothing), the text[] form of
+idem_apply, routed keys and routed external effects (the inline cycle, a
+fenced-off complete, a dead effect re-armed, the outbox), each passing
 values the way the driver binds them.  test_psycopg.py and test_psycopg2.py
 give each driver's own adapters; run.py runs them.
 """
 
+import contextlib
 import datetime
 import decimal
 from zoneinfo import ZoneInfo
@@ -57,15 +59,40 @@ class Scenarios:
         cur.close()
         return row
 
-    def fails_with(self, state, sql, params=None):
-        """Run sql, which must fail with SQLSTATE state; return the error."""
+    def fails_with(self, state, sql, params=None, cur=None):
+        """Run sql (on cur, else on a cursor of the test's connection), which
+        must fail with SQLSTATE state; return the error."""
         try:
-            self.execute(sql, params)
+            if cur is None:
+                self.execute(sql, params)
+            else:
+                cur.execute(sql, params)
         except Exception as exc:     # the driver's own error class
             got = self.sqlstate(exc)
             assert got == state, f"expected SQLSTATE {state}, got {got}: {exc}"
             return exc
         raise AssertionError(f"expected SQLSTATE {state}, the statement succeeded")
+
+    @contextlib.contextmanager
+    def routed_database(self, name, *setup):
+        """A cursor on a database of its own whose routed tables are made,
+        not distributed, by the function idem_citus_distribute() uses, after
+        the statements of setup; the database is dropped afterwards."""
+        db = f"client_{name}_{self.NAME}"
+        self.execute(f"drop database if exists {db}")
+        self.execute(f"create database {db}")
+        conn = self.connect(db)
+        try:
+            cur = conn.cursor()
+            cur.execute("create extension idem_consumer")
+            for sql in setup:
+                cur.execute(sql)
+            cur.execute("select idem_consumer.routed_storage_create('bigint')")
+            yield cur
+            cur.close()
+        finally:
+            conn.close()
+            self.execute(f"drop database {db}")
 
     def paid(self, order_id):
         return self.execute(f"select paid from {self.orders} where id = %s", (order_id,))[0]
@@ -242,6 +269,163 @@ class Scenarios:
         finally:
             conn.close()
             self.execute(f"drop database {db}")
+
+    # -- routed external effects (docs/effects.md, with a route as in
+    #    docs/citus.md), the route bound as the driver binds an int
+
+    ACCOUNTS = ("create table accounts (id bigint primary key, charged numeric not null default 0)",
+                "insert into accounts (id) select generate_series(1, 20)")
+    CHARGE_SQL = "update public.accounts set charged = charged + $1::numeric where id = $2::bigint"
+    EFFECT_COLUMNS = "action::text, fence, provider_key, attempt, outcome_unknown, result, last_error"
+
+    def begin_routed(self, cur, key, route, request, lease="30 seconds"):
+        """idem_effect_begin_routed: (action, fence, provider_key, attempt,
+        outcome_unknown, result, last_error)."""
+        cur.execute(f"select {self.EFFECT_COLUMNS} from idem_effect_begin_routed(%s, %s, route => %s,"
+                    f" request => %s, lease => %s::interval)",
+                    ("charges", key, route, self.jsonb(request), lease))
+        return cur.fetchone()
+
+    def complete_routed(self, cur, key, fence, result, route, amount):
+        """idem_effect_complete_routed with the business SQL charging the
+        account of the route."""
+        cur.execute("select idem_effect_complete_routed(%s, %s, %s, %s, route => %s, sql => %s, params => %s)",
+                    ("charges", key, fence, self.jsonb(result), route, self.CHARGE_SQL,
+                     [str(amount), str(route)]))
+
+    @staticmethod
+    def routed_effect(cur, key):
+        cur.execute("select route, state, fence, attempts, result from idem_routed_effects"
+                    " where consumer = 'charges' and key = %s", (key,))
+        return cur.fetchall()
+
+    @staticmethod
+    def charged(cur, account):
+        cur.execute("select charged from accounts where id = %s", (account,))
+        return cur.fetchone()[0]
+
+    def test_routed_effect_inline(self):
+        """Routed effect, inline: begin executes under fence 1; complete
+        stores the result and runs the business SQL on the route's row in
+        one statement; a second begin replays the stored result and the
+        row is charged once."""
+        with self.routed_database("routed_effects", *self.ACCOUNTS) as cur:
+            action, fence, provider_key, attempt, unknown, result, _ = \
+                self.begin_routed(cur, "ch-1", 7, {"amount": 5})
+            assert (action, fence, attempt, unknown, result) == ("execute", 1, 1, False, None)
+            assert len(provider_key) == 36, provider_key
+            assert self.routed_effect(cur, "ch-1") == [(7, "in_flight", 1, 1, None)]
+            self.complete_routed(cur, "ch-1", fence, {"charge": "ch_1"}, 7, decimal.Decimal("5.00"))
+            assert self.routed_effect(cur, "ch-1") == [(7, "completed", 1, 1, {"charge": "ch_1"})]
+            again = self.begin_routed(cur, "ch-1", 7, {"amount": 5})
+            assert again[:3] == ("replay", None, provider_key), again
+            assert again[5] == {"charge": "ch_1"}, again
+            assert self.charged(cur, 7) == decimal.Decimal("5.00"), self.charged(cur, 7)
+            assert self.charged(cur, 8) == 0, self.charged(cur, 8)
+
+    def test_routed_effect_fenced_off(self):
+        """Routed effect: once a lease of 1 ms has expired, the next begin
+        takes it over (fence 2, outcome unknown, the same provider key); the
+        late holder's complete is IE001 and its business SQL rolls back; its
+        heartbeat is false, the new holder's true; the new holder
+        completes."""
+        with self.routed_database("routed_effects", *self.ACCOUNTS) as cur:
+            late = self.begin_routed(cur, "ch-2", 8, {"amount": 3}, "1 millisecond")
+            assert late[:2] == ("execute", 1), late
+            cur.execute("select pg_sleep(0.05)")
+            taker = self.begin_routed(cur, "ch-2", 8, {"amount": 3})
+            assert (taker[0], taker[1], taker[3], taker[4]) == ("execute", 2, 2, True), taker
+            assert taker[2] == late[2], (taker, late)
+            self.fails_with("IE001", "select idem_effect_complete_routed(%s, %s, %s, %s, route => %s,"
+                            " sql => %s, params => %s)",
+                            ("charges", "ch-2", late[1], self.jsonb({"charge": "late"}), 8,
+                             self.CHARGE_SQL, ["3", "8"]), cur=cur)
+            assert self.charged(cur, 8) == 0, self.charged(cur, 8)
+            heartbeat = "select idem_effect_heartbeat_routed(%s, %s, %s, '1 minute', route => %s)"
+            beats = []
+            for fence in (late[1], taker[1]):
+                cur.execute(heartbeat, ("charges", "ch-2", fence, 8))
+                beats.append(cur.fetchone()[0])
+            assert beats == [False, True], beats
+            self.complete_routed(cur, "ch-2", taker[1], {"charge": "ch_2"}, 8, 3)
+            assert self.routed_effect(cur, "ch-2") == [(8, "completed", 2, 2, {"charge": "ch_2"})]
+            assert self.charged(cur, 8) == 3, self.charged(cur, 8)
+
+    def test_routed_effect_dead_letter(self):
+        """Routed effect: a permanent failure is dead, parked in
+        idem_routed_dead_letters under its route (kind effect, IE003); begin
+        then says dead; idem_dlq_replay_routed re-arms it (waiting, the
+        entry replayed) and the next begin executes it under a new fence."""
+        with self.routed_database("routed_effects", *self.ACCOUNTS) as cur:
+            first = self.begin_routed(cur, "ch-3", 9, {"amount": 4})
+            assert first[:2] == ("execute", 1), first
+            cur.execute("select idem_effect_fail_routed(%s, %s, %s, %s, route => %s, retryable => false)::text",
+                        ("charges", "ch-3", first[1], "card declined", 9))
+            assert cur.fetchone()[0] == "dead"
+            entries = "select route, kind, status, sqlstate, message from idem_routed_dead_letters"
+            cur.execute(entries)
+            assert cur.fetchall() == [(9, "effect", "pending", "IE003", "card declined")]
+            dead = self.begin_routed(cur, "ch-3", 9, {"amount": 4})
+            assert (dead[0], dead[6]) == ("dead", "card declined"), dead
+            cur.execute("select idem_dlq_replay_routed(%s, %s, %s)", ("ch-3", "charges", 9))
+            assert cur.fetchone()[0] == "applied"
+            assert self.routed_effect(cur, "ch-3")[0][1] == "waiting"
+            cur.execute(entries)
+            assert cur.fetchall() == [(9, "effect", "replayed", "IE003", "card declined")]
+            again = self.begin_routed(cur, "ch-3", 9, {"amount": 4})
+            assert (again[0], again[1], again[3]) == ("execute", 2, 1), again
+            self.complete_routed(cur, "ch-3", again[1], {"charge": "ch_3"}, 9, 4)
+            assert self.routed_effect(cur, "ch-3") == [(9, "completed", 2, 1, {"charge": "ch_3"})]
+            assert self.charged(cur, 9) == 4, self.charged(cur, 9)
+
+    def test_routed_effect_outbox(self):
+        """Routed outbox: enqueue_routed commits (or rolls back) with the
+        business transaction; a duplicate enqueue is false; a claim of one
+        route leases its effect, a claim of every route (a NULL of the
+        routes' type; an untyped NULL is 42804) the others, each with its
+        route; begin and claim are 25001 in a transaction block; the
+        unrouted effect functions are 0A000 and store nothing."""
+        with self.routed_database("routed_effects", *self.ACCOUNTS) as cur:
+            enqueue = "select idem_effect_enqueue_routed(%s, %s, %s, route => %s)"
+            added = []
+            cur.execute("begin")
+            cur.execute("update accounts set charged = charged + 1 where id = 10")
+            for key, route in (("o-1", 10), ("o-2", 11), ("o-3", 12), ("o-1", 10)):
+                cur.execute(enqueue, ("charges", key, self.jsonb({"n": key}), route))
+                added.append(cur.fetchone()[0])
+            cur.execute("commit")
+            assert added == [True, True, True, False], added
+            cur.execute("begin")
+            cur.execute(enqueue, ("charges", "o-4", self.jsonb({"n": "o-4"}), 13))
+            cur.execute("rollback")
+            cur.execute("select route, key, state from idem_routed_effects order by key")
+            assert cur.fetchall() == [(10, "o-1", "pending"), (11, "o-2", "pending"), (12, "o-3", "pending")]
+            assert self.charged(cur, 10) == 1, self.charged(cur, 10)
+
+            claim = "select key, route, request, fence, attempt from idem_effect_claim_routed(%s, {}) order by key"
+            self.fails_with("42804", claim.format("%s"), ("charges", None), cur=cur)
+            cur.execute(claim.format("%s"), ("charges", 10))
+            assert cur.fetchall() == [("o-1", 10, {"n": "o-1"}, 1, 1)]
+            cur.execute(claim.format("%s::bigint"), ("charges", None))
+            assert cur.fetchall() == [("o-2", 11, {"n": "o-2"}, 1, 1), ("o-3", 12, {"n": "o-3"}, 1, 1)]
+            cur.execute("select key, state from idem_routed_effects order by key")
+            assert cur.fetchall() == [("o-1", "in_flight"), ("o-2", "in_flight"), ("o-3", "in_flight")]
+            self.complete_routed(cur, "o-2", 1, {"done": True}, 11, 2)
+            assert self.routed_effect(cur, "o-2")[0][1] == "completed"
+            assert self.charged(cur, 11) == 2, self.charged(cur, 11)
+
+            for sql, params in ((f"select {self.EFFECT_COLUMNS} from idem_effect_begin_routed(%s, %s, route => %s)",
+                                 ("charges", "tx-1", 7)),
+                                (claim.format("%s::bigint"), ("charges", None))):
+                cur.execute("begin")
+                self.fails_with("25001", sql, params, cur=cur)
+                cur.execute("rollback")
+            for sql, params in (("select * from idem_effect_begin(%s, %s)", ("charges", "u-1")),
+                                ("select idem_effect_enqueue(%s, %s, %s)", ("charges", "u-2", self.jsonb({}))),
+                                ("select * from idem_effect_claim(%s)", ("charges",))):
+                self.fails_with("0A000", sql, params, cur=cur)
+            cur.execute("select count(*) from idem_routed_effects where key in ('tx-1', 'u-1', 'u-2')")
+            assert cur.fetchone()[0] == 0
 
     def test_docs_examples(self):
         """docs/clients.md's Python examples as written there: the text[]
