@@ -150,8 +150,8 @@ SELECT consumer, key FROM idem_consumer.routed_keys WHERE route = 1 ORDER BY key
 -- DROP EXTENSION from dropping them with it
 SELECT state_of('DROP EXTENSION idem_consumer');
 -- without the tables, keys are the key store's again
-DROP VIEW idem_routed_dead_letters;
-DROP TABLE idem_consumer.routed_keys, idem_consumer.routed_dead_letters;
+DROP VIEW idem_routed_dead_letters, idem_routed_effects;
+DROP TABLE idem_consumer.routed_keys, idem_consumer.routed_dead_letters, idem_consumer.routed_effects;
 SELECT idem_apply('r-7', 'shop', 'select 1') AS unrouted_again;
 
 \c :regression_db

@@ -59,13 +59,19 @@
  * The columns every statement that returns an effect row returns; a
  * routed effect's entry is named by its key, so it has no entry id.
  */
-#define EFFECT_STATE_COLUMNS \
+#define EFFECT_ROW_COLUMNS \
 	"state, fence, attempts, provider_key, outcome_unknown, lease_until," \
-	" retry_at, last_error, result, request, key," \
+	" retry_at, last_error, result, request, key"
+#define EFFECT_STATE_COLUMNS EFFECT_ROW_COLUMNS "," \
 	" lease_until OPERATOR(pg_catalog.>) pg_catalog.now()," \
 	" retry_at OPERATOR(pg_catalog.<=) pg_catalog.now()"
 #define EFFECT_COLUMNS EFFECT_STATE_COLUMNS ", dead_letter_id"
 #define ROUTED_EFFECT_COLUMNS EFFECT_STATE_COLUMNS ", NULL::pg_catalog.int8"
+/*
+ * Those of an effect just leased, whose lease is live and retry_at NULL:
+ * Citus allows only immutable functions in RETURNING.
+ */
+#define ROUTED_LEASED_COLUMNS EFFECT_ROW_COLUMNS ", true, false, NULL::pg_catalog.int8"
 #define THE_EFFECT \
 	" WHERE consumer_id OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2"
 #define THE_ROUTED_EFFECT \
@@ -271,7 +277,7 @@ static StorageStmt routed_effect_stmt_defs[EF_NUM_STMTS] = {
 		" fence = fence OPERATOR(pg_catalog.+) 1, attempts = $4, outcome_unknown = $5,"
 		" lease_until = pg_catalog.now() OPERATOR(pg_catalog.+) $6, retry_at = NULL,"
 		" updated_at = pg_catalog.now()" THE_ROUTED_EFFECT
-		" RETURNING " ROUTED_EFFECT_COLUMNS,
+		" RETURNING " ROUTED_LEASED_COLUMNS,
 		6, {InvalidOid, TEXTOID, TEXTOID, INT4OID, BOOLOID, INTERVALOID}
 	},
 	[EF_COMPLETE] = {
