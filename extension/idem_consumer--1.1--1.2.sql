@@ -858,6 +858,7 @@ BEGIN
              resolved_by text,
              discard_reason text,
              kind text NOT NULL DEFAULT ''message'' CHECK (kind IN (''message'', ''effect'')),
+             expect_rows bigint CHECK (expect_rows > 0),
              PRIMARY KEY (route, consumer, key),
              CHECK ((status = ''pending'') = (resolved_at IS NULL AND resolved_by IS NULL)),
              CHECK ((status = ''discarded'') = (discard_reason IS NOT NULL)))', route_type);
@@ -913,7 +914,7 @@ BEGIN
                     d.detail, d.hint, d.context, d.attempts, d.first_failed_at,
                     d.last_failed_at, d.event_time, d.sql, d.params, d.settings,
                     d.dead_lettered_by, d.resolved_at, d.resolved_by,
-                    d.discard_reason, d.kind
+                    d.discard_reason, d.kind, d.expect_rows
                FROM idem_consumer.routed_dead_letters AS d
                LEFT JOIN idem_consumer.consumers AS c
                  ON c.name OPERATOR(pg_catalog.=) d.consumer
@@ -961,6 +962,33 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION idem_try_apply_routed(text, text, text, text[], anyelement, timestamptz, text) IS
     'idem_try_apply with the key and a dead-letter entry stored beside the business row of route (Citus)';
 REVOKE ALL ON FUNCTION idem_try_apply_routed(text, text, text, text[], anyelement, timestamptz, text)
+    FROM PUBLIC;
+
+CREATE FUNCTION idem_apply_rows_routed(key text, consumer text, sql text, params text[],
+                                       route anyelement,
+                                       expect_rows bigint DEFAULT 0,
+                                       event_time timestamptz DEFAULT NULL,
+                                       fingerprint text DEFAULT NULL)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'idem_apply_rows_routed'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_apply_rows_routed(text, text, text, text[], anyelement, bigint, timestamptz, text) IS
+    'idem_apply_rows with the key stored beside the business row of route (Citus)';
+REVOKE ALL ON FUNCTION idem_apply_rows_routed(text, text, text, text[], anyelement, bigint, timestamptz, text)
+    FROM PUBLIC;
+
+CREATE FUNCTION idem_try_apply_rows_routed(key text, consumer text, sql text, params text[],
+                                           route anyelement,
+                                           expect_rows bigint DEFAULT 0,
+                                           event_time timestamptz DEFAULT NULL,
+                                           fingerprint text DEFAULT NULL,
+                                           OUT outcome idem_outcome, OUT rows bigint)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idem_try_apply_rows_routed'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_try_apply_rows_routed(text, text, text, text[], anyelement, bigint, timestamptz, text) IS
+    'idem_try_apply_rows with the key and a dead-letter entry stored beside the business row of route (Citus)';
+REVOKE ALL ON FUNCTION idem_try_apply_rows_routed(text, text, text, text[], anyelement, bigint, timestamptz, text)
     FROM PUBLIC;
 
 CREATE FUNCTION idem_record_batch_routed(consumer text, keys text[], routes anyarray)

@@ -149,6 +149,39 @@ SELECT idem_try_apply_routed('t-2', 'shop', 'insert into pay (order_id, amount) 
 UPDATE idem_consumer.routed_dead_letters SET dead_lettered_by = 'no_such_role' WHERE key = 't-2';
 SELECT state_of($$SELECT idem_dlq_replay_routed('t-2', 'shop', 12::bigint)$$);
 
+-- row demands under a route: idem_apply_rows_routed raises IK002 and
+-- records nothing when the SQL affects too few rows; an entry parked by
+-- idem_try_apply_rows_routed keeps its demand, and a replay demands the
+-- rows again
+CREATE TABLE orders_due (order_id bigint PRIMARY KEY, due int NOT NULL);
+INSERT INTO orders_due VALUES (21, 10);
+\set settle 'update orders_due set due = due - $2::int where order_id = $1::bigint'
+SELECT idem_apply_rows_routed('rows-1', 'shop', :'settle', ARRAY['21', '4'], route => 21::bigint,
+                              expect_rows => 1) AS settled,
+       idem_apply_rows_routed('rows-1', 'shop', :'settle', ARRAY['21', '4'], route => 21::bigint,
+                              expect_rows => 1) AS duplicate;
+SELECT state_of($$SELECT idem_apply_rows_routed('rows-2', 'shop', 'update orders_due set due = 0 where order_id = 22',
+                                                NULL, route => 22::bigint, expect_rows => 1)$$);
+SELECT idem_is_processed_routed('rows-2', 'shop', 22::bigint) AS recorded;
+SELECT state_of($$SELECT idem_apply_rows_routed('rows-3', 'shop', 'select 1', NULL, route => 22::bigint,
+                                                expect_rows => 0 - 1)$$);
+-- too few rows is transient by default: raised, nothing parked
+SELECT state_of($$SELECT idem_try_apply_rows_routed('rows-4', 'shop', 'update orders_due set due = 0 where order_id = 24',
+                                                    NULL, route => 24::bigint, expect_rows => 1)$$);
+SET idem_consumer.transient_sqlstates = '40001';
+SELECT * FROM idem_try_apply_rows_routed('rows-4', 'shop', 'update orders_due set due = 0 where order_id = 24',
+                                         NULL, route => 24::bigint, expect_rows => 1);
+SELECT * FROM idem_try_apply_rows_routed('rows-5', 'shop', :'settle', ARRAY['21', '1'], route => 21::bigint,
+                                         expect_rows => 1);
+SELECT route, key, status, sqlstate, expect_rows FROM idem_routed_dead_letters WHERE key LIKE 'rows-%';
+-- replayed while the row is still missing: parked again; once it exists, applied
+SELECT idem_dlq_replay_routed('rows-4', 'shop', 24::bigint) AS row_missing;
+INSERT INTO orders_due VALUES (24, 5);
+SELECT idem_dlq_replay_routed('rows-4', 'shop', 24::bigint) AS row_there;
+RESET idem_consumer.transient_sqlstates;
+SELECT order_id, due FROM orders_due ORDER BY order_id;
+SELECT route, key, status, attempts, expect_rows FROM idem_routed_dead_letters WHERE key LIKE 'rows-%';
+
 \c :regression_db
 DROP DATABASE idem_routed_dlq;
 DROP ROLE routed_pay_operator;

@@ -2,8 +2,8 @@
  *
  * apply.c
  *	  The SQL-callable API: idem_apply(), idem_apply_rows(),
- *	  idem_apply_routed(), idem_is_processed(), idem_forget() and their
- *	  routed forms.  Puts the
+ *	  idem_apply_routed(), idem_apply_rows_routed(), idem_is_processed(),
+ *	  idem_forget() and their routed forms.  Puts the
  *	  argument validators (args.c), the key store (or routed.c's keys, for
  *	  a call with a route) and business plans together.
  *
@@ -34,6 +34,7 @@
 PG_FUNCTION_INFO_V1(idem_apply);
 PG_FUNCTION_INFO_V1(idem_apply_rows);
 PG_FUNCTION_INFO_V1(idem_apply_routed);
+PG_FUNCTION_INFO_V1(idem_apply_rows_routed);
 PG_FUNCTION_INFO_V1(idem_is_processed);
 PG_FUNCTION_INFO_V1(idem_forget);
 PG_FUNCTION_INFO_V1(idem_is_processed_routed);
@@ -150,6 +151,22 @@ idem_apply_routed(PG_FUNCTION_ARGS)
 	uint64		rows;
 
 	PG_RETURN_BOOL(apply_message(fcinfo, 5, 6, 4, 0, &rows));
+}
+
+/*
+ * idem_apply_rows_routed(key, consumer, sql, params, route, expect_rows,
+ * event_time, fingerprint): idem_apply_rows with the key stored beside the
+ * business row of route, where keys are routed.
+ */
+Datum
+idem_apply_rows_routed(PG_FUNCTION_ARGS)
+{
+	int64		expect_rows = get_expect_rows_arg(fcinfo, 5);
+	uint64		rows;
+
+	if (!apply_message(fcinfo, 6, 7, 4, expect_rows, &rows))
+		PG_RETURN_NULL();
+	PG_RETURN_INT64((int64) rows);
 }
 
 /*

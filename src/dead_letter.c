@@ -67,6 +67,7 @@ typedef struct DeadLetterEntry
 	char	   *discard_reason; /* NULL unless discarded */
 	char	   *dead_lettered_by;	/* if routed: the role its SQL runs as */
 	bool		is_effect;		/* if routed: a dead external effect's */
+	int64		expect_rows;	/* if routed: the rows its SQL demands, or 0 */
 } DeadLetterEntry;
 
 PG_FUNCTION_INFO_V1(idem_dlq_replay);
@@ -148,13 +149,13 @@ error_values(ErrorData *edata, Datum *values, char *nulls)
 
 /*
  * Stores a routed message whose business SQL failed permanently as a new
- * pending entry beside its key.  The role its SQL runs as on a replay is
+ * pending entry beside its key, with the rows it demands (0: none).  The role its SQL runs as on a replay is
  * kept by name, which Citus gives the same role on every node.
  */
 static void
 routed_dead_letter_insert(const DeadLetterPlace *place, text *key, const char *sql,
 						  ArrayType *params, NullableDatum event_time,
-						  ErrorData *edata)
+						  ErrorData *edata, int64 expect_rows)
 {
 	Datum		values[STORAGE_MAX_ARGS];
 	char		nulls[STORAGE_MAX_ARGS];
@@ -171,6 +172,8 @@ routed_dead_letter_insert(const DeadLetterPlace *place, text *key, const char *s
 	values[6] = PointerGetDatum(business_run_capture_settings());
 	error_values(edata, &values[7], &nulls[7]);
 	values[12] = current_user_datum();
+	values[13] = Int64GetDatum(expect_rows);
+	nulls[13] = expect_rows > 0 ? ' ' : 'n';
 	routed_execute(RK_DL_INSERT, place->route_type, values, nulls);
 }
 
@@ -186,11 +189,10 @@ dead_letter_insert(const DeadLetterPlace *place, text *key, const char *sql,
 	Datum		values[STORAGE_MAX_ARGS];
 	char		nulls[STORAGE_MAX_ARGS];
 
-	/* idem_try_apply_routed demands no rows */
 	if (place->routed)
 	{
-		Assert(expect_rows == 0);
-		routed_dead_letter_insert(place, key, sql, params, event_time, edata);
+		routed_dead_letter_insert(place, key, sql, params, event_time, edata,
+								  expect_rows);
 		return;
 	}
 
@@ -350,6 +352,10 @@ routed_entry_from_result(DeadLetterEntry *entry, const DeadLetterPlace *place,
 	entry->dead_lettered_by = result_string(7);
 	entry->is_effect = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
 												  SPI_tuptable->tupdesc, 8, &isnull));
+	entry->expect_rows = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+													 SPI_tuptable->tupdesc, 9, &isnull));
+	if (isnull)
+		entry->expect_rows = 0;
 }
 
 /*
@@ -536,7 +542,7 @@ replay_entry(const DeadLetterEntry *entry)
 
 		(void) routed_record_key(entry->place.route, entry->place.route_type,
 								 consumer, entry->key, NULL, &recorded);
-		expect_rows = 0;
+		expect_rows = entry->expect_rows;
 	}
 	else
 	{

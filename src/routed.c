@@ -103,8 +103,8 @@ static StorageStmt routed_stmt_defs[RK_NUM_STMTS] = {
 	[RK_DL_INSERT] = {
 		"INSERT INTO " STORAGE_SCHEMA ".routed_dead_letters AS d (route, consumer, key,"
 		" sql, params, event_time, settings, sqlstate, message, detail, hint, context,"
-		" dead_lettered_by)"
-		" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+		" dead_lettered_by, expect_rows)"
+		" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
 		" ON CONFLICT (route, consumer, key) DO UPDATE SET sql = excluded.sql,"
 		" params = excluded.params, event_time = excluded.event_time,"
 		" settings = excluded.settings, sqlstate = excluded.sqlstate,"
@@ -113,10 +113,10 @@ static StorageStmt routed_stmt_defs[RK_NUM_STMTS] = {
 		" last_failed_at = excluded.last_failed_at, attempts = 1,"
 		" dead_lettered_by = excluded.dead_lettered_by, status = 'pending',"
 		" resolved_at = NULL, resolved_by = NULL, discard_reason = NULL,"
-		" kind = excluded.kind"
+		" kind = excluded.kind, expect_rows = excluded.expect_rows"
 		" WHERE d.status OPERATOR(pg_catalog.<>) 'pending'",
-		13, {InvalidOid, TEXTOID, TEXTOID, TEXTOID, TEXTARRAYOID, TIMESTAMPTZOID,
-			TEXTARRAYOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID}
+		14, {InvalidOid, TEXTOID, TEXTOID, TEXTOID, TEXTARRAYOID, TIMESTAMPTZOID,
+			TEXTARRAYOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT8OID}
 	},
 	[RK_DL_STATUS] = {
 		"SELECT status FROM " STORAGE_SCHEMA ".routed_dead_letters"
@@ -126,7 +126,7 @@ static StorageStmt routed_stmt_defs[RK_NUM_STMTS] = {
 	/* in the order of dead_letter.c's routed entries */
 	[RK_DL_LOCK] = {
 		"SELECT sql, params, settings, status, resolved_by, discard_reason,"
-		" dead_lettered_by, kind OPERATOR(pg_catalog.=) 'effect'"
+		" dead_lettered_by, kind OPERATOR(pg_catalog.=) 'effect', expect_rows"
 		" FROM " STORAGE_SCHEMA ".routed_dead_letters"
 		ROUTED_KEY_IS_ARGS
 		" FOR NO KEY UPDATE",

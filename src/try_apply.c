@@ -1,7 +1,7 @@
 /*-------------------------------------------------------------------------
  *
  * try_apply.c
- *	  idem_try_apply(), idem_try_apply_rows() and idem_try_apply_routed():
+ *	  idem_try_apply(), idem_try_apply_rows() and their routed forms:
  *	  idem_apply(), except that a message whose business SQL fails
  *	  permanently is parked in the dead-letter queue instead of raising.
  *
@@ -48,6 +48,7 @@
 PG_FUNCTION_INFO_V1(idem_try_apply);
 PG_FUNCTION_INFO_V1(idem_try_apply_rows);
 PG_FUNCTION_INFO_V1(idem_try_apply_routed);
+PG_FUNCTION_INFO_V1(idem_try_apply_rows_routed);
 
 /*
  * Returns the outcome of a redelivery of a recorded key whose dead-letter
@@ -254,6 +255,34 @@ idem_try_apply(PG_FUNCTION_ARGS)
 }
 
 /*
+ * The outcome and rows of idem_try_apply_rows and its routed form, whose
+ * expect_rows is at argument expect_rows_argno, followed by event_time
+ * and the fingerprint; the route at route_argno (-1: none).
+ */
+static Datum
+try_apply_rows(FunctionCallInfo fcinfo, int expect_rows_argno, int route_argno)
+{
+	int64		expect_rows = get_expect_rows_arg(fcinfo, expect_rows_argno);
+	TupleDesc	tupdesc;
+	Datum		values[2];
+	bool		nulls[2] = {false, false};
+	uint64		rows = 0;
+	Outcome		outcome;
+
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type must be a row type");
+	outcome = try_apply_message(fcinfo, expect_rows_argno + 1, expect_rows_argno + 2,
+								route_argno, expect_rows, &rows);
+
+	values[0] = ObjectIdGetDatum(dead_letter_outcome_oids(fcinfo->flinfo,
+													TupleDescAttr(tupdesc, 0)->atttypid)[outcome]);
+	values[1] = Int64GetDatum((int64) rows);
+	nulls[1] = outcome != OUTCOME_APPLIED;
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(tupdesc),
+													  values, nulls)));
+}
+
+/*
  * idem_try_apply_rows(key, consumer, sql, params, expect_rows, event_time,
  * fingerprint): idem_try_apply, where affecting fewer than expect_rows
  * rows is an error of the SQL (IK002, transient unless
@@ -263,23 +292,19 @@ idem_try_apply(PG_FUNCTION_ARGS)
 Datum
 idem_try_apply_rows(PG_FUNCTION_ARGS)
 {
-	int64		expect_rows = get_expect_rows_arg(fcinfo, 4);
-	TupleDesc	tupdesc;
-	Datum		values[2];
-	bool		nulls[2] = {false, false};
-	uint64		rows = 0;
-	Outcome		outcome;
+	return try_apply_rows(fcinfo, 4, -1);
+}
 
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "return type must be a row type");
-	outcome = try_apply_message(fcinfo, 5, 6, -1, expect_rows, &rows);
-
-	values[0] = ObjectIdGetDatum(dead_letter_outcome_oids(fcinfo->flinfo,
-													TupleDescAttr(tupdesc, 0)->atttypid)[outcome]);
-	values[1] = Int64GetDatum((int64) rows);
-	nulls[1] = outcome != OUTCOME_APPLIED;
-	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(tupdesc),
-													  values, nulls)));
+/*
+ * idem_try_apply_rows_routed(key, consumer, sql, params, route,
+ * expect_rows, event_time, fingerprint): idem_try_apply_rows with the key
+ * and any dead-letter entry stored under the route, where keys are routed;
+ * a replay of the entry demands the rows again.
+ */
+Datum
+idem_try_apply_rows_routed(PG_FUNCTION_ARGS)
+{
+	return try_apply_rows(fcinfo, 5, 4);
 }
 
 /*
