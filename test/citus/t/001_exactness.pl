@@ -223,13 +223,13 @@ is(query(q{SELECT idem_is_processed_routed('probe:1', 'citus_probe', 42::bigint)
               || idem_is_processed_routed('probe:1', 'citus_probe', 42::bigint)::text}),
 	'true,false,true,false', 'a routed key is found by its route only, and forgotten');
 # a row demand under a route: the UPDATE's rows counted on the shard
-is(query(q{SELECT idem_apply_rows_routed('rows:42', 'citus_probe',
+is(query(q{SELECT idem_apply_rows_routed('rows:42', 'citus_rows',
                'UPDATE orders SET paid = paid WHERE order_id = $1::bigint', ARRAY['42'],
                route => 42::bigint, expect_rows => 1)})
-	  . ',' . query(q{SELECT public.sqlstate_of($s$SELECT idem_apply_rows_routed('rows:1000', 'citus_probe',
+	  . ',' . query(q{SELECT public.sqlstate_of($s$SELECT idem_apply_rows_routed('rows:1000', 'citus_rows',
                'UPDATE orders SET paid = paid WHERE order_id = $1::bigint', ARRAY['1000'],
                route => 1000::bigint, expect_rows => 1)$s$)})
-	  . ',' . query(q{SELECT idem_is_processed_routed('rows:1000', 'citus_probe', 1000::bigint)}),
+	  . ',' . query(q{SELECT idem_is_processed_routed('rows:1000', 'citus_rows', 1000::bigint)}),
 	'1,IK002,f', 'idem_apply_rows_routed: one row on the shard applied; a missing row raises IK002 and records nothing');
 
 # a role other than the owner of the key store: refused with a clear error
