@@ -1170,7 +1170,13 @@ CREATE FUNCTION idem_citus_stats(
     OUT latency_p95_ms_max double precision,
     OUT lag_p95_ms_max double precision,
     OUT last_applied_at timestamptz,
-    OUT last_duplicate_at timestamptz)
+    OUT last_duplicate_at timestamptz,
+    OUT effects_executed bigint,
+    OUT effects_replayed bigint,
+    OUT effects_fenced_off bigint,
+    OUT effects_unknown_outcomes bigint,
+    OUT effects_dead bigint,
+    OUT dead_letters_pending bigint)
 RETURNS SETOF record
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -1179,6 +1185,7 @@ DECLARE
     ext_schema name;
     node record;
     node_counters json[] := '{}';
+    pending json := '[]';
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
         RAISE EXCEPTION 'extension "citus" is not installed in this database'
@@ -1204,21 +1211,57 @@ BEGIN
         END IF;
         node_counters := node_counters OPERATOR(pg_catalog.||) node.result::json;
     END LOOP;
+    -- the routed queue is one distributed table: read here, it is every
+    -- shard's, as the caller may see it
+    IF pg_catalog.to_regclass(pg_catalog.format('%I.idem_routed_dead_letters', ext_schema)) IS NOT NULL THEN
+        EXECUTE pg_catalog.format(
+            'SELECT COALESCE(pg_catalog.json_agg(p), ''[]'')
+               FROM (SELECT d.consumer, pg_catalog.count(*) AS pending
+                       FROM %I.idem_routed_dead_letters AS d
+                      WHERE d.status OPERATOR(pg_catalog.=) ''pending''
+                      GROUP BY d.consumer) AS p', ext_schema)
+            INTO pending;
+    END IF;
     RETURN QUERY
-        SELECT s.consumer, pg_catalog.count(*)::integer,
-               pg_catalog.sum(s.applied)::bigint, pg_catalog.sum(s.duplicates)::bigint,
-               pg_catalog.sum(s.failed)::bigint, pg_catalog.sum(s.dead_lettered)::bigint,
-               pg_catalog.sum(s.key_reuse)::bigint,
-               pg_catalog.max(s.latency_p95_ms), pg_catalog.max(s.lag_p95_ms),
-               pg_catalog.max(s.last_applied_at), pg_catalog.max(s.last_duplicate_at)
-          FROM pg_catalog.unnest(node_counters) AS c (counters)
-         CROSS JOIN LATERAL pg_catalog.json_to_recordset(c.counters) AS s (
-               consumer text, applied bigint, duplicates bigint, failed bigint,
-               dead_lettered bigint, key_reuse bigint, latency_p95_ms double precision,
-               lag_p95_ms double precision, last_applied_at timestamptz,
-               last_duplicate_at timestamptz)
-         GROUP BY s.consumer
-         ORDER BY s.consumer;
+        WITH counters AS (
+            SELECT s.consumer, pg_catalog.count(*)::integer AS nodes,
+                   pg_catalog.sum(s.applied)::bigint AS applied,
+                   pg_catalog.sum(s.duplicates)::bigint AS duplicates,
+                   pg_catalog.sum(s.failed)::bigint AS failed,
+                   pg_catalog.sum(s.dead_lettered)::bigint AS dead_lettered,
+                   pg_catalog.sum(s.key_reuse)::bigint AS key_reuse,
+                   pg_catalog.max(s.latency_p95_ms) AS latency_p95_ms_max,
+                   pg_catalog.max(s.lag_p95_ms) AS lag_p95_ms_max,
+                   pg_catalog.max(s.last_applied_at) AS last_applied_at,
+                   pg_catalog.max(s.last_duplicate_at) AS last_duplicate_at,
+                   pg_catalog.sum(s.effects_executed)::bigint AS effects_executed,
+                   pg_catalog.sum(s.effects_replayed)::bigint AS effects_replayed,
+                   pg_catalog.sum(s.effects_fenced_off)::bigint AS effects_fenced_off,
+                   pg_catalog.sum(s.effects_unknown_outcomes)::bigint AS effects_unknown_outcomes,
+                   pg_catalog.sum(s.effects_dead)::bigint AS effects_dead
+              FROM pg_catalog.unnest(node_counters) AS c (counters)
+             CROSS JOIN LATERAL pg_catalog.json_to_recordset(c.counters) AS s (
+                   consumer text, applied bigint, duplicates bigint, failed bigint,
+                   dead_lettered bigint, key_reuse bigint, latency_p95_ms double precision,
+                   lag_p95_ms double precision, last_applied_at timestamptz,
+                   last_duplicate_at timestamptz, effects_executed bigint,
+                   effects_replayed bigint, effects_fenced_off bigint,
+                   effects_unknown_outcomes bigint, effects_dead bigint)
+             GROUP BY s.consumer),
+        queue AS (
+            SELECT q.consumer, q.pending
+              FROM pg_catalog.json_to_recordset(pending) AS q (consumer text, pending bigint))
+        SELECT COALESCE(c.consumer, q.consumer), COALESCE(c.nodes, 0),
+               COALESCE(c.applied, 0), COALESCE(c.duplicates, 0), COALESCE(c.failed, 0),
+               COALESCE(c.dead_lettered, 0), COALESCE(c.key_reuse, 0),
+               c.latency_p95_ms_max, c.lag_p95_ms_max, c.last_applied_at,
+               c.last_duplicate_at, COALESCE(c.effects_executed, 0),
+               COALESCE(c.effects_replayed, 0), COALESCE(c.effects_fenced_off, 0),
+               COALESCE(c.effects_unknown_outcomes, 0), COALESCE(c.effects_dead, 0),
+               COALESCE(q.pending, 0)
+          FROM counters AS c
+          FULL JOIN queue AS q ON q.consumer OPERATOR(pg_catalog.=) c.consumer
+         ORDER BY 1;
 END
 $$;
 COMMENT ON FUNCTION idem_citus_stats() IS

@@ -569,6 +569,8 @@ is(query(q{SELECT dead_lettered || ' ' || duplicates || ' ' || (nodes = 3)
 is(query(q{SELECT count(*) FILTER (WHERE status = 'pending' AND sqlstate = '22012')
              FROM idem_routed_dead_letters WHERE consumer = 'citus_parked'}),
 	'21', 'idem_routed_dead_letters lists each parked message once');
+is(query(q{SELECT dead_letters_pending FROM idem_citus_stats() WHERE consumer = 'citus_parked'}),
+	'21', 'idem_citus_stats counts the pending routed entries of every shard');
 
 # a tenant's parked message: its replay runs as the tenant, so on the
 # coordinator it is refused like the tenant's idem_apply_routed, and a

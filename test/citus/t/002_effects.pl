@@ -329,6 +329,9 @@ is(query(q{SELECT idem_effect_fail_routed('fx_dead', 'charge:9', 1, 'card declin
 is(query(q{SELECT kind || ' ' || status || ' ' || sqlstate || ' ' || message
              FROM idem_routed_dead_letters WHERE consumer = 'fx_dead'}),
 	'effect pending IE003 card declined', 'its entry is in the routed dead letters, of kind effect');
+is(query(q{SELECT effects_executed || ' ' || effects_dead || ' ' || dead_letters_pending
+             FROM idem_citus_stats() WHERE consumer = 'fx_dead'}),
+	'1 1 1', 'idem_citus_stats sums its counters and counts its pending entry');
 is(query(q{SELECT idem_dlq_replay_routed('charge:9', 'fx_dead', 9::bigint)}) . ' '
 	  . query(q{SELECT state || ' ' || attempts FROM idem_routed_effects WHERE consumer = 'fx_dead'}) . ' '
 	  . query(q{SELECT action FROM idem_effect_begin_routed('fx_dead', 'charge:9', route => 9::bigint)}),
