@@ -6,8 +6,10 @@
 // (an event before its order raises IK002 and records nothing), the
 // text[] form from createArrayOf("text"), routed keys, routed external
 // effects (the inline cycle, a fenced-off complete, a dead effect re-armed,
-// the outbox), and the JDBC example of docs/clients.md (DocsExample.java,
-// generated from it by run).
+// the outbox), routed row demands (IK002 recording nothing, an entry
+// parked with its demand, its replay demanding the rows again), and the
+// JDBC example of docs/clients.md (DocsExample.java, generated from it by
+// run).
 //
 // Prints TAP lines and the "# pass N" / "# fail N" summary that
 // test/run-tests counts; each test is bounded in time.  Connects to
@@ -345,6 +347,92 @@ public class ClientTest {
         }
     }
 
+    // Routed row demands (docs/expect-rows.md with a route), the route and
+    // expect_rows bound by setLong: idem_apply_rows_routed applies with its
+    // rows, then a duplicate is NULL; an update of a missing row is IK002
+    // and records nothing.  idem_try_apply_rows_routed raises IK002 by
+    // default; with IK002 not transient it parks the message with its
+    // demand, and the replay demands the rows again: parked again while the
+    // row is missing, applied once it exists.  In a database of its own.
+    static final String SETTLE_SQL = "update public.orders_due set due = due - $2::int where order_id = $1::bigint";
+
+    // the message paying amount off the order, routed by the order's id,
+    // demanding one row, as parameters of rows()
+    static Object[] settle(String key, long orderId, int amount) {
+        return new Object[] {key, "settle", SETTLE_SQL,
+                             new String[] {String.valueOf(orderId), String.valueOf(amount)}, orderId, 1L};
+    }
+
+    static void routedRows() throws Exception {
+        routedDatabase("client_routed_rows_jdbc", c -> {
+            String apply = "select idem_apply_rows_routed(?, ?, ?, ?, route => ?, expect_rows => ?)";
+            String tryApply = "select outcome::text, rows from idem_try_apply_rows_routed(?, ?, ?, ?,"
+                + " route => ?, expect_rows => ?)";
+            String replay = "select idem_dlq_replay_routed(?, ?, ?)";
+            String due = "select due from orders_due where order_id = ?";
+            String processed = "select idem_is_processed_routed(?, ?, ?)";
+            String stored = "select (select count(*) from idem_consumer.routed_keys where consumer = ? and key = ?),"
+                + " (select count(*) from idem_routed_dead_letters where consumer = ? and key = ?)";
+            String parked = "select route, status, sqlstate, attempts, expect_rows from idem_routed_dead_letters"
+                + " where consumer = ? and key = ?";
+            try (Statement s = c.createStatement()) {
+                s.execute("create table orders_due (order_id bigint primary key, due int not null)");
+                s.execute("insert into orders_due values (21, 10)");
+            }
+
+            // applied with its rows, then a duplicate
+            equal(rows(c, apply, settle("rr-1", 21L, 4)), List.of(tuple(1L)), "rows applied");
+            equal(rows(c, due, 21L), List.of(tuple(6)), "due after the settlement");
+            equal(rows(c, apply, settle("rr-1", 21L, 4)), List.of(tuple((Object) null)), "rows of a duplicate");
+            equal(rows(c, due, 21L), List.of(tuple(6)), "due after the duplicate");
+            equal(rows(c, processed, "rr-1", "settle", 21L), List.of(tuple(true)), "processed under its route");
+            equal(rows(c, processed, "rr-1", "settle", 22L), List.of(tuple(false)), "processed under another route");
+            // a missing row: IK002, nothing recorded
+            failsWith("IK002", () -> rows(c, apply, settle("rr-2", 22L, 4)));
+            equal(rows(c, processed, "rr-2", "settle", 22L), List.of(tuple(false)), "processed after IK002");
+            equal(rows(c, stored, "settle", "rr-2", "settle", "rr-2"), List.of(tuple(0L, 0L)),
+                  "keys and entries after IK002");
+            equal(rows(c, due, 22L), List.of(), "the missing row");
+
+            // the try form: IK002 transient by default, raised and nothing parked
+            failsWith("IK002", () -> rows(c, tryApply, settle("rr-3", 24L, 3)));
+            equal(rows(c, stored, "settle", "rr-3", "settle", "rr-3"), List.of(tuple(0L, 0L)),
+                  "keys and entries after a transient IK002");
+            rows(c, "select set_config('idem_consumer.transient_sqlstates', '40001', false)");
+            try {
+                equal(rows(c, tryApply, settle("rr-3", 24L, 3)), List.of(tuple("dead_lettered", null)), "parked");
+                equal(rows(c, parked, "settle", "rr-3"), List.of(tuple(24L, "pending", "IK002", 1, 1L)),
+                      "entry with its demand");
+                // the key is recorded with its entry (docs/expect-rows.md), the row not written
+                equal(rows(c, stored, "settle", "rr-3", "settle", "rr-3"), List.of(tuple(1L, 1L)),
+                      "keys and entries when parked");
+                equal(rows(c, processed, "rr-3", "settle", 24L), List.of(tuple(true)), "processed when parked");
+                equal(rows(c, due, 24L), List.of(), "the row still missing");
+                // the replay demands the rows again: still missing, parked again
+                equal(rows(c, replay, "rr-3", "settle", 24L), List.of(tuple("dead_lettered")),
+                      "replay, the row missing");
+                equal(rows(c, parked, "settle", "rr-3"), List.of(tuple(24L, "pending", "IK002", 2, 1L)),
+                      "entry after a replay without the row");
+                equal(rows(c, due, 24L), List.of(), "the row missing after the replay");
+                // the row there: applied
+                rows(c, "insert into orders_due values (24, 5) returning order_id");
+                equal(rows(c, replay, "rr-3", "settle", 24L), List.of(tuple("applied")), "replay, the row there");
+                equal(rows(c, due, 24L), List.of(tuple(2)), "due after the replay");
+                equal(rows(c, parked, "settle", "rr-3"), List.of(tuple(24L, "replayed", "IK002", 3, 1L)),
+                      "replayed entry");
+                equal(rows(c, stored, "settle", "rr-3", "settle", "rr-3"), List.of(tuple(1L, 1L)),
+                      "keys and entries after the replay");
+                equal(rows(c, tryApply, settle("rr-3", 24L, 3)), List.of(tuple("duplicate", null)),
+                      "redelivery after the replay");
+                equal(rows(c, tryApply, settle("rr-4", 21L, 1)), List.of(tuple("applied", 1L)), "try form applied");
+                equal(rows(c, "select order_id, due from orders_due order by order_id"),
+                      List.of(tuple(21L, 5), tuple(24L, 2)), "dues");
+            } finally {
+                rows(c, "select set_config('idem_consumer.transient_sqlstates', '', false)");
+            }
+        });
+    }
+
     // -- routed external effects (docs/effects.md, with a route as in
     //    docs/citus.md), the route bound by setLong
 
@@ -583,12 +671,13 @@ public class ClientTest {
         String[] names = {"typedRedeliveryIsDuplicate", "otherValueIsKeyReuse", "eventBeforeItsOrder",
                           "tryApplyRows", "typedRowsForm", "textArrayForm", "routedKeys",
                           "routedEffectInline", "routedEffectFencedOff", "routedEffectDeadLetter",
-                          "routedEffectOutbox", "docsExample"};
+                          "routedEffectOutbox", "routedRows", "docsExample"};
         Body[] bodies = {ClientTest::typedRedeliveryIsDuplicate, ClientTest::otherValueIsKeyReuse,
                          ClientTest::eventBeforeItsOrder, ClientTest::tryApplyRows, ClientTest::typedRowsForm,
                          ClientTest::textArrayForm, ClientTest::routedKeys, ClientTest::routedEffectInline,
                          ClientTest::routedEffectFencedOff, ClientTest::routedEffectDeadLetter,
-                         ClientTest::routedEffectOutbox, ClientTest::docsExample};
+                         ClientTest::routedEffectOutbox, ClientTest::routedRows,
+                         ClientTest::docsExample};
         int passed = 0, failed = 0, n = 0;
         ExecutorService pool = Executors.newSingleThreadExecutor(r -> {
             Thread t = new Thread(r);

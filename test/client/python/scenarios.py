@@ -5,8 +5,9 @@ Owns the driver-independent checks: typed parameters through idem_apply_v
 under the key is IK001), the rows forms, text[] and typed (an event
 before its row raises IK002 and records nothing), the text[] form of
 idem_apply, routed keys and routed external effects (the inline cycle, a
-fenced-off complete, a dead effect re-armed, the outbox), each passing
-values the way the driver binds them.  test_psycopg.py and test_psycopg2.py
+fenced-off complete, a dead effect re-armed, the outbox) and routed row
+demands (IK002 recording nothing, an entry parked with its demand and
+replayed), each passing values the way the driver binds them.  test_psycopg.py and test_psycopg2.py
 give each driver's own adapters; run.py runs them.
 """
 
@@ -269,6 +270,86 @@ class Scenarios:
         finally:
             conn.close()
             self.execute(f"drop database {db}")
+
+    def test_routed_rows(self):
+        """Routed row demands (docs/expect-rows.md with a route) with the
+        route and expect_rows bound as the driver binds an int:
+        idem_apply_rows_routed applies with its rows, then a duplicate is
+        NULL; an update of a missing row is IK002 and records nothing.
+        idem_try_apply_rows_routed raises IK002 by default; with IK002 not
+        transient it parks the message with its demand, and the replay
+        demands the rows again: parked again while the row is missing,
+        applied once it exists.  In a database of its own."""
+        settle = "update public.orders_due set due = due - $2::int where order_id = $1::bigint"
+        apply = "select idem_apply_rows_routed(%s, %s, %s, %s, route => %s, expect_rows => %s)"
+        try_apply = ("select outcome::text, rows from idem_try_apply_rows_routed(%s, %s, %s, %s,"
+                     " route => %s, expect_rows => %s)")
+        consumer = "settle"
+
+        def message(key, order_id, amount):
+            return (key, consumer, settle, [str(order_id), str(amount)], order_id, 1)
+
+        with self.routed_database("routed_rows",
+                                  "create table orders_due (order_id bigint primary key, due int not null)",
+                                  "insert into orders_due values (21, 10)") as cur:
+            def one(sql, params=None):
+                cur.execute(sql, params)
+                return cur.fetchone()
+
+            def due(order_id):
+                row = one("select due from orders_due where order_id = %s", (order_id,))
+                return row and row[0]
+
+            def processed(key, route):
+                return one("select idem_is_processed_routed(%s, %s, %s)", (key, consumer, route))[0]
+
+            def stored(key):
+                return one("select (select count(*) from idem_consumer.routed_keys where consumer = %s and key = %s),"
+                           " (select count(*) from idem_routed_dead_letters where consumer = %s and key = %s)",
+                           (consumer, key, consumer, key))
+
+            def parked(key):
+                cur.execute("select route, status, sqlstate, attempts, expect_rows from idem_routed_dead_letters"
+                            " where consumer = %s and key = %s", (consumer, key))
+                return cur.fetchall()
+
+            # applied with its rows, then a duplicate
+            assert one(apply, message("rr-1", 21, 4)) == (1,)
+            assert due(21) == 6, due(21)
+            assert one(apply, message("rr-1", 21, 4)) == (None,)
+            assert due(21) == 6, due(21)
+            assert processed("rr-1", 21) is True
+            assert processed("rr-1", 22) is False
+            # a missing row: IK002, nothing recorded
+            self.fails_with("IK002", apply, message("rr-2", 22, 4), cur=cur)
+            assert processed("rr-2", 22) is False
+            assert stored("rr-2") == (0, 0), stored("rr-2")
+            assert due(22) is None
+
+            # the try form: IK002 transient by default, raised and nothing parked
+            self.fails_with("IK002", try_apply, message("rr-3", 24, 3), cur=cur)
+            assert stored("rr-3") == (0, 0), stored("rr-3")
+            cur.execute("set idem_consumer.transient_sqlstates = '40001'")
+            assert one(try_apply, message("rr-3", 24, 3)) == ("dead_lettered", None)
+            assert parked("rr-3") == [(24, "pending", "IK002", 1, 1)], parked("rr-3")
+            # the key is recorded with its entry (docs/expect-rows.md), the row not written
+            assert stored("rr-3") == (1, 1), stored("rr-3")
+            assert processed("rr-3", 24) is True
+            assert due(24) is None
+            # the replay demands the rows again: still missing, parked again
+            assert one("select idem_dlq_replay_routed(%s, %s, %s)", ("rr-3", consumer, 24)) == ("dead_lettered",)
+            assert parked("rr-3") == [(24, "pending", "IK002", 2, 1)], parked("rr-3")
+            assert due(24) is None
+            # the row there: applied
+            cur.execute("insert into orders_due values (24, 5)")
+            assert one("select idem_dlq_replay_routed(%s, %s, %s)", ("rr-3", consumer, 24)) == ("applied",)
+            assert due(24) == 2, due(24)
+            assert parked("rr-3") == [(24, "replayed", "IK002", 3, 1)], parked("rr-3")
+            assert stored("rr-3") == (1, 1), stored("rr-3")
+            assert one(try_apply, message("rr-3", 24, 3)) == ("duplicate", None)
+            assert one(try_apply, message("rr-4", 21, 1)) == ("applied", 1)
+            assert (due(21), due(24)) == (5, 2), (due(21), due(24))
+            cur.execute("reset idem_consumer.transient_sqlstates")
 
     # -- routed external effects (docs/effects.md, with a route as in
     #    docs/citus.md), the route bound as the driver binds an int
