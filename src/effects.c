@@ -198,12 +198,16 @@ effect_check_fence(const char *consumer, text *key, const EffectRow *row, int64 
 
 /*
  * Sets place->consumer_id to the id of an existing consumer, or raises
- * the error of an effect that does not exist.
+ * the error of an effect that does not exist.  A routed effect is in its
+ * shard whatever node registered its consumer (a begin on the
+ * coordinator, a completion delegated to the worker), so its consumer is
+ * registered here if this node has not seen it, and the effect's row says
+ * whether it exists.
  */
 void
 effect_consumer_id(EffectPlace *place)
 {
-	place->consumer_id = keystore_consumer_id(place->consumer, false);
+	place->consumer_id = keystore_consumer_id(place->consumer, place->routed);
 	if (place->consumer_id == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),

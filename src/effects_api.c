@@ -618,7 +618,13 @@ idem_effect_claim_routed(PG_FUNCTION_ARGS)
 	InitMaterializedSRF(fcinfo, 0);
 
 	SPI_connect();
-	place.consumer_id = keystore_consumer_id(place.consumer, false);
+
+	/*
+	 * Routed effects are in the shards whatever node registered their
+	 * consumer: a claim on a node that has not seen the consumer yet
+	 * registers it, as a begin does, instead of finding nothing.
+	 */
+	place.consumer_id = keystore_consumer_id(place.consumer, place.routed);
 	if (place.consumer_id != 0 && !place.routed)
 	{
 		Datum		values[2] = {Int32GetDatum(place.consumer_id), Int32GetDatum(max_count)};

@@ -320,6 +320,28 @@ is(query(q{SELECT string_agg(n.nodeport::text, ',')
             WHERE n.shardid = get_shard_id_for_distribution_column('effect_pays', 7)}),
 	'the effect of route 7 is on the node of the business rows of order 7');
 
+# an effect enqueued by a function delegated to the worker, for a
+# consumer the coordinator has never seen: claimed and completed on the
+# coordinator all the same (the effect is in its shard, whatever node
+# registered its consumer)
+query(<<'SQL');
+CREATE FUNCTION enqueue_on_worker(p_order bigint, p_key text) RETURNS boolean LANGUAGE plpgsql AS $f$
+BEGIN
+    RETURN public.idem_effect_enqueue_routed('fx_worker_only', p_key, '{"n": 1}', route => p_order);
+END
+$f$;
+SELECT create_distributed_function('enqueue_on_worker(bigint,text)', 'p_order',
+    colocate_with => 'orders', force_delegation => true);
+SQL
+is(query(q{SELECT enqueue_on_worker(5, 'w:5')}) . ' '
+	  . query(q{SELECT count(*) FROM idem_consumer.consumers WHERE name = 'fx_worker_only'}),
+	't 0', 'an effect enqueued on the worker, its consumer unknown to the coordinator');
+is(query(q{SELECT key || ' ' || route || ' ' || fence FROM idem_effect_claim_routed('fx_worker_only', NULL::bigint)}),
+	'w:5 5 1', 'a claim of every route on the coordinator leases it');
+query(q{SELECT idem_effect_complete_routed('fx_worker_only', 'w:5', 1, '{"sent": true}', route => 5::bigint)});
+is(query(q{SELECT state FROM idem_routed_effects WHERE consumer = 'fx_worker_only'}), 'completed',
+	'and completes it');
+
 # a dead effect: parked in the routed dead letters beside its route, and
 # replayed from there, which re-arms it
 query(q{SELECT idem_set_effect_policy('fx_dead', 1, '1 second', '1 second')});
