@@ -149,8 +149,9 @@ error_values(ErrorData *edata, Datum *values, char *nulls)
 
 /*
  * Stores a routed message whose business SQL failed permanently as a new
- * pending entry beside its key, with the rows it demands (0: none).  The role its SQL runs as on a replay is
- * kept by name, which Citus gives the same role on every node.
+ * pending entry beside its key, with the rows it demands (0: none).  The
+ * role its SQL runs as on a replay is kept by name, which Citus gives the
+ * same role on every node.
  */
 static void
 routed_dead_letter_insert(const DeadLetterPlace *place, text *key, const char *sql,

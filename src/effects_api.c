@@ -563,9 +563,7 @@ idem_effect_claim(PG_FUNCTION_ARGS)
 	place.consumer_id = keystore_consumer_id(place.consumer, false);
 	if (place.consumer_id != 0)
 	{
-		Datum		values[2] = {Int32GetDatum(place.consumer_id), Int32GetDatum(max_count)};
-
-		effects_execute(EF_LOCK_DUE, values, NULL, 0);
+		effects_lock_due(&place, max_count);
 		claim_locked(rsinfo, &place, lease_us, NULL);
 	}
 	SPI_finish();
@@ -625,16 +623,10 @@ idem_effect_claim_routed(PG_FUNCTION_ARGS)
 	 * registers it, as a begin does, instead of finding nothing.
 	 */
 	place.consumer_id = keystore_consumer_id(place.consumer, place.routed);
-	if (place.consumer_id != 0 && !place.routed)
+	if (place.consumer_id != 0 && (!place.routed || !route.isnull))
 	{
-		Datum		values[2] = {Int32GetDatum(place.consumer_id), Int32GetDatum(max_count)};
-
-		effects_execute(EF_LOCK_DUE, values, NULL, 0);
-		claim_locked(rsinfo, &place, lease_us, &route);
-	}
-	else if (place.consumer_id != 0 && !route.isnull)
-	{
-		effects_routed_lock_due(&place, max_count);
+		/* the unrouted outbox, or one route's */
+		effects_lock_due(&place, max_count);
 		claim_locked(rsinfo, &place, lease_us, &route);
 	}
 	else if (place.consumer_id != 0)

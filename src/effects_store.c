@@ -625,17 +625,25 @@ effects_insert_leased(const EffectPlace *place, Jsonb *request,
 }
 
 /*
- * Locks up to max_count due outbox effects of the route and consumer of
- * place, oldest first, skipping those another transaction holds; the rows
- * are SPI's result, to be read by effect_row_read.
+ * Locks up to max_count due outbox effects of the consumer of place (of
+ * its route, if routed), oldest first, skipping those another transaction
+ * holds; the rows are SPI's result, to be read by effect_row_read.
  */
 void
-effects_routed_lock_due(const EffectPlace *place, int32 max_count)
+effects_lock_due(const EffectPlace *place, int32 max_count)
 {
-	Datum		values[3] = {place->route, CStringGetTextDatum(place->consumer),
-	Int32GetDatum(max_count)};
+	Datum		values[3];
 
-	Assert(place->routed);
+	if (!place->routed)
+	{
+		values[0] = Int32GetDatum(place->consumer_id);
+		values[1] = Int32GetDatum(max_count);
+		effects_execute(EF_LOCK_DUE, values, NULL, 0);
+		return;
+	}
+	values[0] = place->route;
+	values[1] = CStringGetTextDatum(place->consumer);
+	values[2] = Int32GetDatum(max_count);
 	routed_stmts_retype(&routed_effect_stmts, routed_effect_stmt_defs,
 						&routed_effect_plans_type, place->route_type);
 	storage_stmt_run(&routed_effect_stmts, EF_LOCK_DUE, values, NULL, 0);
@@ -797,42 +805,12 @@ effects_purge_routed(const char *consumer, RetentionWindows *windows)
 {
 	Datum		args[2];
 	char		nulls[1] = {consumer ? ' ' : 'n'};
-	SPITupleTable *latest;
-	uint64		nconsumers;
-	Datum	   *names;
-	Datum	   *cutoffs;
-	int			n = 0;
 	uint64		removed;
 
 	args[0] = consumer ? CStringGetTextDatum(consumer) : (Datum) 0;
 	storage_stmt_run(&routed_effects_stmts, RE_LATEST, args, nulls, 0);
-	latest = SPI_tuptable;
-	nconsumers = SPI_processed;
-	names = palloc(sizeof(Datum) * Max(nconsumers, 1));
-	cutoffs = palloc(sizeof(Datum) * Max(nconsumers, 1));
-	for (uint64 i = 0; i < nconsumers; i++)
-	{
-		bool		isnull;
-		char	   *name = TextDatumGetCString(SPI_getbinval(latest->vals[i],
-															 latest->tupdesc, 1, &isnull));
-		TimestampTz last = DatumGetTimestampTz(SPI_getbinval(latest->vals[i],
-															 latest->tupdesc, 2, &isnull));
-		int32		cutoff = retention_cutoff(windows,
-											  keystore_consumer_id(name, false),
-											  (int32) (last / USECS_PER_SEC));
-
-		if (cutoff <= 0)
-			continue;
-		names[n] = CStringGetTextDatum(name);
-		cutoffs[n] = TimestampTzGetDatum((TimestampTz) cutoff * USECS_PER_SEC);
-		n++;
-	}
-	if (n == 0)
+	if (!routed_purge_cutoffs(windows, args))
 		return 0;
-
-	args[0] = PointerGetDatum(construct_array(names, n, TEXTOID, -1, false, TYPALIGN_INT));
-	args[1] = PointerGetDatum(construct_array(cutoffs, n, TIMESTAMPTZOID, sizeof(TimestampTz),
-											  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
 	storage_stmt_run(&routed_effects_stmts, RE_PURGE, args, NULL, 0);
 	removed = SPI_processed;
 	if (removed > 0)

@@ -145,7 +145,7 @@ extern const char *effect_state_name(EffectState state);
 extern bool effects_policy(int32 consumer_id, EffectPolicy *policy);
 extern bool effects_park(const EffectPlace *place, const char *message,
 						 const char *detail, int64 *entry_id);
-extern void effects_routed_lock_due(const EffectPlace *place, int32 max_count);
+extern void effects_lock_due(const EffectPlace *place, int32 max_count);
 extern uint64 effects_routed_due(const char *consumer, int32 max_count,
 								 Datum **routes, text ***keys);
 

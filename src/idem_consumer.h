@@ -335,6 +335,7 @@ extern bool routed_key_exists(Datum route, Oid route_type, const char *consumer,
 							  text *key);
 extern bool routed_forget_key(Datum route, Oid route_type, const char *consumer,
 							  text *key);
+extern bool routed_purge_cutoffs(RetentionWindows *windows, Datum *args);
 extern uint64 routed_purge(const char *consumer);
 
 /* args.c */

@@ -63,6 +63,7 @@
 #include "parser/parse_coerce.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
+#include "utils/timestamp.h"
 
 #include "keystore_internal.h"
 
@@ -236,6 +237,15 @@ routed_keys_relid(void)
 }
 
 /*
+ * The type of the route column of the routed keys' table relid.
+ */
+static Oid
+route_column_type(Oid relid)
+{
+	return get_atttype(relid, get_attnum(relid, "route"));
+}
+
+/*
  * The type of the routes of this database, or InvalidOid if keys are not
  * routed.
  */
@@ -244,7 +254,7 @@ routed_route_type(void)
 {
 	Oid			relid = routed_keys_relid();
 
-	return OidIsValid(relid) ? get_atttype(relid, get_attnum(relid, "route")) : InvalidOid;
+	return OidIsValid(relid) ? route_column_type(relid) : InvalidOid;
 }
 
 /*
@@ -270,7 +280,7 @@ routed_refuse_unrouted(void)
 static void
 check_route_type(Oid relid, Oid argtype)
 {
-	Oid			column_type = get_atttype(relid, get_attnum(relid, "route"));
+	Oid			column_type = route_column_type(relid);
 
 	if (!OidIsValid(argtype) ||
 		!can_coerce_type(1, &argtype, &column_type, COERCION_ASSIGNMENT))
@@ -546,11 +556,59 @@ routed_purge_here(void)
 }
 
 /*
+ * Reads the latest activity of consumers, the rows (name, latest) of the
+ * last storage statement's result, latest an int4 of seconds
+ * (processed_at) or a timestamptz, and sets args[0] to the names of the
+ * consumers with something older than their window by the rule of
+ * retention.c, args[1] to their cutoffs, of latest's type; returns false
+ * when no consumer has.  Consumers take their windows from this node's
+ * settings: one not registered here follows idem_consumer.retention.
+ * Serves the routed keys and the routed effects alike.
+ */
+bool
+routed_purge_cutoffs(RetentionWindows *windows, Datum *args)
+{
+	SPITupleTable *latest = SPI_tuptable;
+	uint64		nconsumers = SPI_processed;
+	bool		in_seconds = SPI_gettypeid(latest->tupdesc, 2) == INT4OID;
+	Datum	   *names = palloc(sizeof(Datum) * Max(nconsumers, 1));
+	Datum	   *cutoffs = palloc(sizeof(Datum) * Max(nconsumers, 1));
+	int			n = 0;
+
+	for (uint64 i = 0; i < nconsumers; i++)
+	{
+		bool		isnull;
+		char	   *name = TextDatumGetCString(SPI_getbinval(latest->vals[i],
+															 latest->tupdesc, 1, &isnull));
+		Datum		last = SPI_getbinval(latest->vals[i], latest->tupdesc, 2, &isnull);
+		int32		cutoff = retention_cutoff(windows,
+											  keystore_consumer_id(name, false),
+											  in_seconds ? DatumGetInt32(last) :
+											  (int32) (DatumGetTimestampTz(last) / USECS_PER_SEC));
+
+		if (cutoff <= 0)
+			continue;
+		names[n] = CStringGetTextDatum(name);
+		cutoffs[n] = in_seconds ? Int32GetDatum(cutoff) :
+			TimestampTzGetDatum((TimestampTz) cutoff * USECS_PER_SEC);
+		n++;
+	}
+	if (n == 0)
+		return false;
+	args[0] = PointerGetDatum(construct_array(names, n, TEXTOID, -1, false, TYPALIGN_INT));
+	args[1] = PointerGetDatum(in_seconds ?
+							  construct_array(cutoffs, n, INT4OID, sizeof(int32), true,
+											  TYPALIGN_INT) :
+							  construct_array(cutoffs, n, TIMESTAMPTZOID, sizeof(TimestampTz),
+											  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	return true;
+}
+
+/*
  * Removes the routed keys that have expired by the rule of retention.c (a
  * key older than its consumer's window counted back from that consumer's
  * latest routed key), of one consumer or of all (consumer NULL); returns
- * how many.  Consumers take their windows from this node's settings: a
- * consumer not registered here follows idem_consumer.retention.  Two scans
+ * how many (routed_purge_cutoffs).  Two scans
  * of the routed keys, which Citus runs on every shard at once: one for the
  * latest activity of each consumer, one that deletes, so a purge costs in
  * proportion to the keys stored, not to the keys it removes.  The routed
@@ -562,47 +620,18 @@ routed_purge(const char *consumer)
 	Datum		args[2];
 	char		nulls[2] = {' ', ' '};
 	RetentionWindows *windows;
-	SPITupleTable *latest;
-	Datum	   *names;
-	Datum	   *cutoffs;
-	int			n = 0;
-	uint64		nconsumers;
-	uint64		removed;
+	uint64		removed = 0;
 
 	if (!OidIsValid(routed_keys_relid()) || !routed_purge_here())
 		return 0;
 
+	/* first: it reads a table, and the cutoffs read RP_LATEST's result */
+	windows = retention_windows_load();
 	args[0] = consumer ? CStringGetTextDatum(consumer) : (Datum) 0;
 	nulls[0] = consumer ? ' ' : 'n';
 	storage_stmt_run(&routed_purge_stmts, RP_LATEST, args, nulls, 0);
-	latest = SPI_tuptable;
-	nconsumers = SPI_processed;
-	names = palloc(sizeof(Datum) * Max(nconsumers, 1));
-	cutoffs = palloc(sizeof(Datum) * Max(nconsumers, 1));
-	windows = retention_windows_load();
-	for (uint64 i = 0; i < nconsumers; i++)
+	if (routed_purge_cutoffs(windows, args))
 	{
-		bool		isnull;
-		char	   *name = TextDatumGetCString(SPI_getbinval(latest->vals[i],
-															 latest->tupdesc, 1, &isnull));
-		int32		last = DatumGetInt32(SPI_getbinval(latest->vals[i],
-													   latest->tupdesc, 2, &isnull));
-		int32		cutoff = retention_cutoff(windows,
-											  keystore_consumer_id(name, false), last);
-
-		if (cutoff <= 0)
-			continue;
-		names[n] = CStringGetTextDatum(name);
-		cutoffs[n] = Int32GetDatum(cutoff);
-		n++;
-	}
-	removed = 0;
-	if (n > 0)
-	{
-		args[0] = PointerGetDatum(construct_array(names, n, TEXTOID, -1, false,
-												  TYPALIGN_INT));
-		args[1] = PointerGetDatum(construct_array(cutoffs, n, INT4OID, sizeof(int32),
-												  true, TYPALIGN_INT));
 		storage_stmt_run(&routed_purge_stmts, RP_PURGE, args, NULL, 0);
 		removed = SPI_processed;
 		if (removed > 0)
