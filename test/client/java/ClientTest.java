@@ -277,74 +277,65 @@ public class ClientTest {
     // own, its routed tables made, not distributed, by the function
     // idem_citus_distribute() uses.
     static void routedKeys() throws Exception {
-        String db = "client_routed_jdbc";
-        exec("drop database if exists " + db);
-        exec("create database " + db);
-        String url = "jdbc:postgresql://127.0.0.1:" + System.getenv("PGPORT") + "/" + db;
-        Properties p = new Properties();
-        p.setProperty("user", System.getenv("PGUSER"));
-        p.setProperty("options", "-c statement_timeout=20s");
-        try (Connection c = DriverManager.getConnection(url, p); Statement s = c.createStatement()) {
-            s.execute("create extension idem_consumer");
-            s.execute("create table payments (order_id bigint, msg text)");
-            s.execute("select idem_consumer.routed_storage_create('bigint')");
-            String call = "select idem_apply_routed(?, ?, ?, ?, route => ?)";
-            String sql = "insert into public.payments (order_id, msg) values ($1::bigint, $2)";
-            List<Object> applied = new ArrayList<>();
-            for (long route : new long[] {7, 7, 8}) {
-                try (PreparedStatement ps = c.prepareStatement(call)) {
-                    ps.setString(1, "r-1");
-                    ps.setString(2, "routed");
-                    ps.setString(3, sql);
-                    ps.setArray(4, c.createArrayOf("text", new String[] {String.valueOf(route), "r-1"}));
-                    ps.setLong(5, route);
-                    try (ResultSet rs = ps.executeQuery()) {
-                        rs.next();
-                        applied.add(rs.getBoolean(1));
+        routedDatabase("client_routed_jdbc", c -> {
+            try (Statement s = c.createStatement()) {
+                s.execute("create table payments (order_id bigint, msg text)");
+                String call = "select idem_apply_routed(?, ?, ?, ?, route => ?)";
+                String sql = "insert into public.payments (order_id, msg) values ($1::bigint, $2)";
+                List<Object> applied = new ArrayList<>();
+                for (long route : new long[] {7, 7, 8}) {
+                    try (PreparedStatement ps = c.prepareStatement(call)) {
+                        ps.setString(1, "r-1");
+                        ps.setString(2, "routed");
+                        ps.setString(3, sql);
+                        ps.setArray(4, c.createArrayOf("text", new String[] {String.valueOf(route), "r-1"}));
+                        ps.setLong(5, route);
+                        try (ResultSet rs = ps.executeQuery()) {
+                            rs.next();
+                            applied.add(rs.getBoolean(1));
+                        }
                     }
                 }
-            }
-            equal(applied, List.of(true, false, true), "applied, again, under another route");
-            try (ResultSet rs = s.executeQuery(
-                    "select string_agg(route || ':' || key, ',' order by route) from idem_consumer.routed_keys")) {
-                rs.next();
-                equal(rs.getString(1), "7:r-1,8:r-1", "routed keys");
-            }
-            failsWith("0A000", () -> s.executeQuery("select idem_apply('r-2', 'routed', 'select 1')").close());
+                equal(applied, List.of(true, false, true), "applied, again, under another route");
+                try (ResultSet rs = s.executeQuery(
+                        "select string_agg(route || ':' || key, ',' order by route) from idem_consumer.routed_keys")) {
+                    rs.next();
+                    equal(rs.getString(1), "7:r-1,8:r-1", "routed keys");
+                }
+                failsWith("0A000", () -> s.executeQuery("select idem_apply('r-2', 'routed', 'select 1')").close());
 
-            s.execute("alter table payments add constraint no_bad check (msg <> 'bad')");
-            String tryApply = "select idem_try_apply_routed(?, ?, ?, ?, route => ?)";
-            List<Object> outcomes = new ArrayList<>();
-            for (int i = 0; i < 3; i++) {
-                if (i == 2) {
-                    s.execute("alter table payments drop constraint no_bad");
-                    try (ResultSet rs = s.executeQuery(
-                            "select idem_dlq_replay_routed('d-1', 'routed', 9::bigint)")) {
-                        rs.next();
-                        outcomes.add(rs.getString(1));
+                s.execute("alter table payments add constraint no_bad check (msg <> 'bad')");
+                String tryApply = "select idem_try_apply_routed(?, ?, ?, ?, route => ?)";
+                List<Object> outcomes = new ArrayList<>();
+                for (int i = 0; i < 3; i++) {
+                    if (i == 2) {
+                        s.execute("alter table payments drop constraint no_bad");
+                        try (ResultSet rs = s.executeQuery(
+                                "select idem_dlq_replay_routed('d-1', 'routed', 9::bigint)")) {
+                            rs.next();
+                            outcomes.add(rs.getString(1));
+                        }
+                    }
+                    try (PreparedStatement ps = c.prepareStatement(tryApply)) {
+                        ps.setString(1, "d-1");
+                        ps.setString(2, "routed");
+                        ps.setString(3, sql);
+                        ps.setArray(4, c.createArrayOf("text", new String[] {"9", "bad"}));
+                        ps.setLong(5, 9L);
+                        try (ResultSet rs = ps.executeQuery()) {
+                            rs.next();
+                            outcomes.add(rs.getString(1));
+                        }
                     }
                 }
-                try (PreparedStatement ps = c.prepareStatement(tryApply)) {
-                    ps.setString(1, "d-1");
-                    ps.setString(2, "routed");
-                    ps.setString(3, sql);
-                    ps.setArray(4, c.createArrayOf("text", new String[] {"9", "bad"}));
-                    ps.setLong(5, 9L);
-                    try (ResultSet rs = ps.executeQuery()) {
-                        rs.next();
-                        outcomes.add(rs.getString(1));
-                    }
+                equal(outcomes, List.of("dead_lettered", "dead_lettered", "applied", "duplicate"),
+                      "parked, parked again, replayed, then a duplicate");
+                try (ResultSet rs = s.executeQuery("select count(*) from payments where msg = 'bad'")) {
+                    rs.next();
+                    equal(rs.getLong(1), 1L, "the parked message applied once");
                 }
             }
-            equal(outcomes, List.of("dead_lettered", "dead_lettered", "applied", "duplicate"),
-                  "parked, parked again, replayed, then a duplicate");
-            try (ResultSet rs = s.executeQuery("select count(*) from payments where msg = 'bad'")) {
-                rs.next();
-                equal(rs.getLong(1), 1L, "the parked message applied once");
-            }
-        } finally {
-            exec("drop database " + db);
-        }
+        });
     }
 
     // Routed row demands (docs/expect-rows.md with a route), the route and

@@ -15,33 +15,18 @@
 
 const test = require('node:test');
 const assert = require('node:assert');
-const { Client } = require('pg');
+const { routedDatabase } = require('./routed_db');
 
 const DB = 'client_routed_node';
 const CONSUMER = 'payments-node-routed';
 const PAY_SQL = 'insert into public.payments (order_id, msg) values ($1::bigint, $2)';
 const BOUNDED = { timeout: 60000 };
 
-let admin;
 let db;
 
-test.before(async () => {
-  admin = new Client();
-  await admin.connect();
-  await admin.query(`drop database if exists ${DB}`);
-  await admin.query(`create database ${DB}`);
-  db = new Client({ database: DB });
-  await db.connect();
-  await db.query('create extension idem_consumer');
-  await db.query('create table payments (order_id bigint, msg text)');
-  await db.query("select idem_consumer.routed_storage_create('bigint')");
-});
-
-test.after(async () => {
-  await db.end();
-  await admin.query(`drop database ${DB}`);
-  await admin.end();
-});
+routedDatabase(DB, [
+  'create table payments (order_id bigint, msg text)',
+], (client) => { db = client; });
 
 async function routedKeys() {
   const { rows } = await db.query(

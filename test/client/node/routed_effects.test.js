@@ -18,34 +18,19 @@
 
 const test = require('node:test');
 const assert = require('node:assert');
-const { Client } = require('pg');
+const { routedDatabase } = require('./routed_db');
 
 const DB = 'client_routed_effects_node';
 const CONSUMER = 'charges-node-routed';
 const CHARGE_SQL = 'update public.accounts set charged = charged + $1::numeric where id = $2::bigint';
 const BOUNDED = { timeout: 60000 };
 
-let admin;
 let db;
 
-test.before(async () => {
-  admin = new Client();
-  await admin.connect();
-  await admin.query(`drop database if exists ${DB}`);
-  await admin.query(`create database ${DB}`);
-  db = new Client({ database: DB });
-  await db.connect();
-  await db.query('create extension idem_consumer');
-  await db.query('create table accounts (id bigint primary key, charged numeric not null default 0)');
-  await db.query('insert into accounts (id) select generate_series(1, 20)');
-  await db.query("select idem_consumer.routed_storage_create('bigint')");
-});
-
-test.after(async () => {
-  await db.end();
-  await admin.query(`drop database ${DB}`);
-  await admin.end();
-});
+routedDatabase(DB, [
+  'create table accounts (id bigint primary key, charged numeric not null default 0)',
+  'insert into accounts (id) select generate_series(1, 20)',
+], (client) => { db = client; });
 
 async function begin(key, route, request, lease = '30 seconds') {
   const { rows } = await db.query(

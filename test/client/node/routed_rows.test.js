@@ -17,7 +17,7 @@
 
 const test = require('node:test');
 const assert = require('node:assert');
-const { Client } = require('pg');
+const { routedDatabase } = require('./routed_db');
 
 const DB = 'client_routed_rows_node';
 const CONSUMER = 'settle-node-routed';
@@ -28,27 +28,12 @@ const TRY_APPLY = 'select outcome::text, rows from idem_try_apply_rows_routed($1
 const REPLAY = 'select idem_dlq_replay_routed($1, $2, $3::bigint) as outcome';
 const BOUNDED = { timeout: 60000 };
 
-let admin;
 let db;
 
-test.before(async () => {
-  admin = new Client();
-  await admin.connect();
-  await admin.query(`drop database if exists ${DB}`);
-  await admin.query(`create database ${DB}`);
-  db = new Client({ database: DB });
-  await db.connect();
-  await db.query('create extension idem_consumer');
-  await db.query('create table orders_due (order_id bigint primary key, due int not null)');
-  await db.query('insert into orders_due values (21, 10)');
-  await db.query("select idem_consumer.routed_storage_create('bigint')");
-});
-
-test.after(async () => {
-  await db.end();
-  await admin.query(`drop database ${DB}`);
-  await admin.end();
-});
+routedDatabase(DB, [
+  'create table orders_due (order_id bigint primary key, due int not null)',
+  'insert into orders_due values (21, 10)',
+], (client) => { db = client; });
 
 // settle(key, orderId, amount): the message paying amount off the order,
 // routed by the order's id, demanding one row

@@ -218,15 +218,7 @@ class Scenarios:
         failing message parked under its route and applied once by its
         replay.  In a database of its own, its routed tables made, not
         distributed, by the function idem_citus_distribute() uses."""
-        db = f"client_routed_{self.NAME}"
-        self.execute(f"drop database if exists {db}")
-        self.execute(f"create database {db}")
-        conn = self.connect(db)
-        try:
-            cur = conn.cursor()
-            cur.execute("create extension idem_consumer")
-            cur.execute("create table payments (order_id bigint, msg text)")
-            cur.execute("select idem_consumer.routed_storage_create('bigint')")
+        with self.routed_database("routed", "create table payments (order_id bigint, msg text)") as cur:
             sql = "insert into public.payments (order_id, msg) values ($1::bigint, $2)"
             applied = []
             for route in (7, 7, 8):
@@ -266,10 +258,6 @@ class Scenarios:
             assert cur.fetchall() == [("b-1", 7), ("b-2", 7), ("b-1", 8)]
             cur.execute(batch, ("routed", ["b-2", "b-3", "b-1"], [7, 7, 8]))
             assert cur.fetchall() == [("b-3", 7)]
-            cur.close()
-        finally:
-            conn.close()
-            self.execute(f"drop database {db}")
 
     def test_routed_rows(self):
         """Routed row demands (docs/expect-rows.md with a route) with the
