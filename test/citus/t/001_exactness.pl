@@ -35,18 +35,16 @@ use strict;
 use warnings;
 
 use File::Basename qw(dirname);
-use File::Temp qw(tempdir);
+use FindBin;
 use List::Util qw(shuffle);
 use POSIX ();
 use Test::More;
 use Time::HiRes qw(sleep time);
 
+use lib "$FindBin::Bin/..";
+use CitusCluster;
+
 my $here = dirname(__FILE__);
-my $cluster_cmd = "$here/../cluster";
-my $bindir =
-  $ENV{PG_CONFIG} ? `"$ENV{PG_CONFIG}" --bindir` : '';
-chomp $bindir;
-my $psql_bin = $bindir ? "$bindir/psql" : 'psql';
 
 # per fault and shape; three times as many for the shard move, so that
 # the rebalance after it runs under load too
@@ -56,48 +54,8 @@ my $n_clients = 4;
 my $redelivered = 0.3;       # share of messages delivered twice in the load
 my $chunk = 40;              # deliveries per client connection
 my $deadline = 240;          # seconds for one phase of deliveries
-my $db = $ENV{CITUS_DB} // 'idem_citus';
 
-my $work = tempdir('idem_citus.XXXXXX', TMPDIR => 1, CLEANUP => 1);
-chmod 0755, $work;
-my $dir = "$work/cluster";
-my $port = $ENV{SCRATCH_PORT} // 55432;
-
-sub cluster { system('bash', $cluster_cmd, @_) == 0 or die "cluster @_ failed\n"; }
-
-# a run stopped by its time bound (run-tests' timeout signals the whole
-# process group) still stops its nodes, in END
-$SIG{TERM} = $SIG{INT} = sub { exit 1; };
-cluster('start', $dir, $port);
-my $cluster_started_by = $$;
-END
-{
-	# the children (clients) leave the cluster to the parent
-	system('bash', $cluster_cmd, 'stop', $dir)
-	  if defined $cluster_started_by && $$ == $cluster_started_by;
-}
-
-my @psql = ($psql_bin, '-X', '-q', '-At', '-v', 'ON_ERROR_STOP=1',
-	'-h', $dir, '-p', $port, '-U', 'postgres', '-d', $db);
-
-# query(SQL): run on the coordinator, each statement in a transaction of
-# its own; its output, or die
-my $n_queries = 0;
-sub query
-{
-	my ($sql) = @_;
-	my $file = "$work/query" . $n_queries++ . '.sql';
-	open(my $q, '>', $file) or die;
-	print $q $sql, "\n";
-	close $q;
-	local $ENV{PGOPTIONS} = '-c client_min_messages=warning';
-	open(my $fh, '-|', @psql, '-f', $file) or die "psql: $!";
-	local $/;
-	my $out = <$fh> // '';
-	close($fh) or die "psql failed ($?) on: $sql\n";
-	$out =~ s/\s+\z//;
-	return $out;
-}
+start('idem_citus.XXXXXX');
 
 # the README's block on Citus, as a reader pastes it after making orders
 # (8 shards, as the tables below, so that they are colocated with it)
@@ -405,8 +363,6 @@ sub deliver
 	}
 	return (\%sent, $failed, \@spans, $n_chunks, $fault_error);
 }
-
-sub worker_port { my ($w) = @_; return $port + $w; }
 
 # each fault: what it is, when in the load (shares of its chunks), what
 # it does, and how many times n_messages it takes (1 by default)

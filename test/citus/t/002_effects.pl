@@ -32,61 +32,20 @@
 use strict;
 use warnings;
 
-use File::Basename qw(dirname);
-use File::Temp qw(tempdir);
+use FindBin;
 use POSIX ();
 use Test::More;
 use Time::HiRes qw(sleep time);
 
-my $here = dirname(__FILE__);
-my $cluster_cmd = "$here/../cluster";
-my $bindir =
-  $ENV{PG_CONFIG} ? `"$ENV{PG_CONFIG}" --bindir` : '';
-chomp $bindir;
-my $psql_bin = $bindir ? "$bindir/psql" : 'psql';
+use lib "$FindBin::Bin/..";
+use CitusCluster;
 
 my $n_effects = $ENV{CITUS_EFFECTS} // 150;    # per fault
 my $n_orders = 60;
 my $n_dispatchers = 3;
 my $deadline = 180;    # seconds for one fault's drain
-my $db = $ENV{CITUS_DB} // 'idem_citus';
 
-my $work = tempdir('idem_citus_fx.XXXXXX', TMPDIR => 1, CLEANUP => 1);
-chmod 0755, $work;
-my $dir = "$work/cluster";
-my $port = $ENV{SCRATCH_PORT} // 55432;
-
-sub cluster { system('bash', $cluster_cmd, @_) == 0 or die "cluster @_ failed\n"; }
-
-$SIG{TERM} = $SIG{INT} = sub { exit 1; };
-cluster('start', $dir, $port);
-my $cluster_started_by = $$;
-END
-{
-	system('bash', $cluster_cmd, 'stop', $dir)
-	  if defined $cluster_started_by && $$ == $cluster_started_by;
-}
-
-my @psql = ($psql_bin, '-X', '-q', '-At', '-v', 'ON_ERROR_STOP=1',
-	'-h', $dir, '-p', $port, '-U', 'postgres', '-d', $db);
-
-# query(SQL): run on the coordinator; its output, or die
-my $n_queries = 0;
-sub query
-{
-	my ($sql) = @_;
-	my $file = "$work/query" . $n_queries++ . '.sql';
-	open(my $q, '>', $file) or die;
-	print $q $sql, "\n";
-	close $q;
-	local $ENV{PGOPTIONS} = '-c client_min_messages=warning';
-	open(my $fh, '-|', @psql, '-f', $file) or die "psql: $!";
-	local $/;
-	my $out = <$fh> // '';
-	close($fh) or die "psql failed ($?) on: $sql\n";
-	$out =~ s/\s+\z//;
-	return $out;
-}
+start('idem_citus_fx.XXXXXX');
 
 # query_retry(SQL): query, retried while a node restarts
 sub query_retry
@@ -165,8 +124,6 @@ sub completed
 	return query_retry("SELECT count(*) FROM idem_routed_effects
 	                     WHERE consumer = '$consumer' AND state = 'completed'");
 }
-
-sub worker_port { my ($w) = @_; return $port + $w; }
 
 my @faults = (
 	[ 'no fault', undef ],
