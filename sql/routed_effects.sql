@@ -181,6 +181,15 @@ GRANT EXECUTE ON FUNCTION idem_effect_begin_routed(text, text, anyelement, jsonb
 GRANT SELECT ON idem_routed_effects TO routed_fx_team, routed_fx_other;
 GRANT SELECT, INSERT ON charges TO routed_fx_team;
 SELECT idem_consumer_create('fx-team', 'routed_fx_team');
+-- a trigger on the business table sees the caller, without the storage's
+-- rights: the business SQL of a completion runs as the tenant
+CREATE FUNCTION charges_probe() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.charge := NEW.charge || ' as ' || current_user || ', storage schema usable: '
+                  || has_schema_privilege('idem_consumer', 'USAGE');
+    RETURN NEW;
+END $$;
+CREATE TRIGGER charges_probe BEFORE INSERT ON charges FOR EACH ROW EXECUTE FUNCTION charges_probe();
 SET ROLE routed_fx_team;
 SELECT action, fence FROM idem_effect_begin_routed('fx-team', 't-1', route => 11::bigint, request => '{"card": "secret"}');
 SELECT idem_effect_complete_routed('fx-team', 't-1', 1, '{}', route => 11::bigint,
@@ -189,11 +198,15 @@ SELECT consumer, key, state FROM idem_routed_effects ORDER BY route, key;
 SELECT state_of($$SELECT count(*) FROM idem_consumer.routed_effects$$);
 RESET ROLE;
 SELECT order_id, charge, charged_by FROM charges WHERE order_id = 11;
+DROP TRIGGER charges_probe ON charges;
 CREATE FUNCTION leak(text) RETURNS boolean LANGUAGE plpgsql COST 0.0000001 AS $$
 BEGIN RAISE NOTICE 'seen: %', $1; RETURN true; END $$;
 SET client_min_messages = notice;
 SET ROLE routed_fx_other;
 SELECT count(*) AS visible FROM idem_routed_effects WHERE leak(key || request::text);
+-- nor does an error in WHERE: the other team's row is never tested
+SELECT count(*) AS visible FROM idem_routed_effects
+ WHERE 1 / (CASE WHEN key = 't-1' THEN 0 ELSE 1 END) = 1;
 SELECT state_of($$SELECT idem_effect_complete_routed('fx-team', 't-1', 1, '{}', route => 11::bigint)$$);
 SELECT action FROM idem_effect_begin_routed('fx-team', 't-1', route => 11::bigint);
 RESET ROLE;
