@@ -40,6 +40,7 @@ _PG_init(void)
 	purge_worker_init();
 	effects_init();
 	keygen_init();
+	routed_init();
 
 	MarkGUCPrefixReserved("idem_consumer");
 

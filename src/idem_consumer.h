@@ -315,6 +315,7 @@ typedef enum RoutedStmt
 	RK_NUM_STMTS
 } RoutedStmt;
 
+extern void routed_init(void);
 extern Oid	routed_keys_relid(void);
 extern Oid	routed_route_type(void);
 extern void routed_stmts_retype(StorageStmtSet *set, StorageStmt *defs,

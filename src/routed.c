@@ -62,7 +62,9 @@
 #include "miscadmin.h"
 #include "parser/parse_coerce.h"
 #include "utils/builtins.h"
+#include "utils/inval.h"
 #include "utils/lsyscache.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 
 #include "keystore_internal.h"
@@ -224,16 +226,59 @@ static StorageStmtSet routed_purge_stmts = STORAGE_STMT_SET(routed_purge_stmt_de
 static Oid	routed_plans_type = InvalidOid;
 
 /*
+ * Whether keys are routed, as this backend last looked it up: every key
+ * call asks, and two catalog lookups a call were 4% of the instructions of
+ * idem_apply for a duplicate.  The table appears at idem_citus_distribute()
+ * and goes with DROP TABLE or DROP EXTENSION, none of which invalidates the
+ * storage tables, so what is kept is forgotten at any change of a
+ * relation's name or namespace in this database, by any session
+ * (routed_relation_names_changed).
+ */
+static bool routed_keys_known = false;
+static Oid	routed_keys_found = InvalidOid;
+
+/*
+ * Forgets whether keys are routed; called for every invalidation of
+ * pg_class by name, a table created, dropped or renamed, in any session
+ * (and for a reset of the caches, whose hash value is 0).
+ */
+static void
+routed_relation_names_changed(Datum arg, int cacheid, uint32 hashvalue)
+{
+	routed_keys_known = false;
+}
+
+/*
+ * Registers the invalidation callback; called once from _PG_init.
+ */
+void
+routed_init(void)
+{
+	CacheRegisterSyscacheCallback(RELNAMENSP, routed_relation_names_changed,
+								  (Datum) 0);
+}
+
+/*
  * The routed keys' table, or InvalidOid if keys are not routed in this
- * database.  A catalog lookup each call: the table appears at
- * idem_citus_distribute(), which sends no invalidation of the storage.
+ * database.
  */
 Oid
 routed_keys_relid(void)
 {
-	Oid			nspid = get_namespace_oid(STORAGE_SCHEMA, true);
+	if (!routed_keys_known)
+	{
+		Oid			nspid;
 
-	return OidIsValid(nspid) ? get_relname_relid("routed_keys", nspid) : InvalidOid;
+		/*
+		 * Known from before the lookup: an invalidation it accepts clears
+		 * the flag again, so that the next call looks once more.
+		 */
+		routed_keys_known = true;
+		nspid = get_namespace_oid(STORAGE_SCHEMA, true);
+		routed_keys_found = OidIsValid(nspid) ?
+			get_relname_relid("routed_keys", nspid) : InvalidOid;
+	}
+	return routed_keys_found;
 }
 
 /*
