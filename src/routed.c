@@ -652,10 +652,10 @@ routed_purge_cutoffs(RetentionWindows *windows, Datum *args)
 /*
  * Removes the routed keys that have expired by the rule of retention.c (a
  * key older than its consumer's window counted back from that consumer's
- * latest routed key), of one consumer or of all (consumer NULL); returns
- * how many (routed_purge_cutoffs).  Two scans
- * of the routed keys, which Citus runs on every shard at once: one for the
- * latest activity of each consumer, one that deletes, so a purge costs in
+ * latest routed key, cutoffs from routed_purge_cutoffs), of one consumer
+ * or of all (consumer NULL); returns how many.  Two scans of the routed
+ * keys, which Citus runs on every shard at once: one for the latest
+ * activity of each consumer, one that deletes, so a purge costs in
  * proportion to the keys stored, not to the keys it removes.  The routed
  * effects expire by the same rule (effects_purge_routed).
  */
