@@ -20,7 +20,6 @@
 
 #include "fmgr.h"
 #include "nodes/params.h"
-#include "nodes/pg_list.h"
 #include "storage/block.h"
 #include "storage/itemptr.h"
 #include "utils/array.h"
@@ -145,7 +144,6 @@ extern void keygen_init(void);
 extern int	keygen_switch_if_due(int64 wait_ms);
 extern bool keygen_retention_by_generation(void);
 extern int	keygen_retire(void);
-extern List *keygen_dropped_files(MemoryContext cxt);
 extern int	keygen_build_filters(void);
 extern void keystore_table_blocks(BlockNumber *blocks);
 extern uint64 keystore_remove_rows(KeystoreTable table, ItemPointer tids,

@@ -40,9 +40,7 @@
  *	   ACCESS EXCLUSIVE until that transaction ends.  Until then the switch
  *	   does not open the generation again.
  * Each call takes the step 2 left from earlier ones; the purge worker
- * calls again at once, having first had the kernel release the cached
- * pages of the files keygen_dropped_files lists (purge_worker.c), so that
- * the truncation does not free them all at once.
+ * calls again at once.
  *
  * The caller must be connected to SPI.
  *
@@ -63,7 +61,6 @@
 #include "miscadmin.h"
 #include "storage/bufmgr.h"
 #include "storage/lmgr.h"
-#include "utils/array.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
@@ -75,7 +72,6 @@ typedef enum RetireStmt
 	KR_CONSUMERS_OF,
 	KR_FORGET,
 	KR_OPEN,
-	KR_FILES,
 	KR_NUM_STMTS
 } RetireStmt;
 
@@ -112,19 +108,6 @@ static const StorageStmt retire_stmt_defs[KR_NUM_STMTS] = {
 	[KR_OPEN] = {
 		"SELECT generation FROM " STORAGE_SCHEMA ".key_generations",
 		0, {InvalidOid}
-	},
-	/* the main files of the tables $1, of their indexes and TOAST */
-	[KR_FILES] = {
-		"WITH t AS (SELECT pg_catalog.unnest($1) AS oid),"
-		" r AS (SELECT oid FROM t"
-		"  UNION ALL SELECT c.reltoastrelid FROM pg_catalog.pg_class AS c, t"
-		"   WHERE c.oid OPERATOR(pg_catalog.=) t.oid"
-		"   AND c.reltoastrelid OPERATOR(pg_catalog.<>) 0)"
-		" SELECT pg_catalog.pg_relation_filepath(x.oid)"
-		" FROM (SELECT oid FROM r UNION ALL"
-		"  SELECT i.indexrelid FROM pg_catalog.pg_index AS i, r"
-		"   WHERE i.indrelid OPERATOR(pg_catalog.=) r.oid) AS x",
-		1, {OIDARRAYOID}
 	},
 };
 
@@ -226,62 +209,6 @@ truncate_dropped(const bool *open)
 		emptied++;
 	}
 	return emptied;
-}
-
-/*
- * The data files of the generations dropped but not yet truncated, the
- * pages truncate_dropped will free, as paths relative to the data
- * directory, allocated in cxt.  Each segment of each fork of the main files
- * listed may exist; a file listed may also be gone by the time it is read,
- * as a truncation meanwhile replaces it.  Takes no lock beyond the
- * ACCESS SHARE of keygen_generation_empty.
- */
-List *
-keygen_dropped_files(MemoryContext cxt)
-{
-	const StorageInfo *si = storage_locate();
-	bool		open[KEYGEN_NUM];
-	Datum	   *relids;
-	int			nrelids = 0;
-	List	   *files = NIL;
-	Datum		arg;
-
-	if (!si->has_ring)
-		return NIL;
-	read_open(open);
-	relids = palloc(sizeof(Datum) * 3 * KEYGEN_RING);
-	for (KeyGenSlot g = 1; g <= KEYGEN_RING; g++)
-	{
-		const KeyGeneration *gen = &si->gens[g];
-
-		if (open[g] || keygen_generation_empty(gen))
-			continue;
-		relids[nrelids++] = ObjectIdGetDatum(gen->keys_relid);
-		if (OidIsValid(gen->collisions_relid))
-			relids[nrelids++] = ObjectIdGetDatum(gen->collisions_relid);
-		if (OidIsValid(gen->filter_relid))
-			relids[nrelids++] = ObjectIdGetDatum(gen->filter_relid);
-	}
-	if (nrelids == 0)
-		return NIL;
-
-	arg = PointerGetDatum(construct_array(relids, nrelids, OIDOID, sizeof(Oid),
-										  true, TYPALIGN_INT));
-	storage_stmt_run(&retire_stmts, KR_FILES, &arg, NULL, 0);
-	for (uint64 i = 0; i < SPI_processed; i++)
-	{
-		char	   *path = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
-
-		if (path != NULL)
-		{
-			MemoryContext old = MemoryContextSwitchTo(cxt);
-
-			files = lappend(files, pstrdup(path));
-			MemoryContextSwitchTo(old);
-		}
-	}
-	SPI_freetuptable(SPI_tuptable);
-	return files;
 }
 
 /*

@@ -13,9 +13,6 @@
  * own transaction with a fresh snapshot, so the worker holds neither row
  * locks nor a snapshot for longer than one chunk, and after each chunk it
  * sleeps purge_delay milliseconds to leave the machine to consumers.
- * Where keys expire by generation it first switches, drops and truncates
- * generations (keygen.c, keygen_retire.c), releasing the kernel's cached
- * pages of a dropped generation beforehand at the same pace.
  * While the extension is not installed in its database the worker logs
  * that once and checks again at every interval.  An error ends the worker
  * and the postmaster starts it again PURGE_WORKER_RESTART_SECS later.
@@ -29,8 +26,6 @@
  */
 #include "postgres.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 #ifdef __linux__
 #include <sched.h>
 #endif
@@ -42,7 +37,6 @@
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
-#include "storage/fd.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
 #include "tcop/tcopprot.h"
@@ -65,14 +59,6 @@
  * record keys (docs/retention-costs.md).
  */
 #define PURGE_PAUSE_FACTOR			5
-
-/*
- * Releasing the cached pages of a dropped generation: the kernel is asked
- * a megabyte at a time, and the worker pauses as after a chunk of the
- * purge once it has spent this long doing so.
- */
-#define RELEASE_STEP_BYTES			(1024 * 1024)
-#define RELEASE_BURST_USECS			500
 
 /* GUCs */
 static char *purge_databases = "";
@@ -263,107 +249,6 @@ generation_step(int step)
 }
 
 /*
- * Asks the kernel to drop from its cache the pages of the generations
- * dropped and not yet truncated, a little at a time, pausing as the purge
- * does.  Truncating a file frees its cached pages in the truncating
- * process, a tenth of a second of CPU per gigabyte, all at once at the
- * commit of the truncation: for a generation of tens of gigabytes that is
- * seconds of a CPU taken from consumers in one go.  Released beforehand,
- * in steps, the same work leaves consumers most of the machine, and the
- * truncation frees little.  The pages are read only by sessions that saw
- * the generation before its drop, which read them from disk again; a page
- * still dirty in the kernel is written out first, as the kernel would.
- * Outside a transaction: it holds no lock and no snapshot while it works.
- */
-static void
-purge_worker_release_dropped(const char *dbname, MemoryContext loop_cxt)
-{
-#ifdef USE_POSIX_FADVISE
-	static const char *const fork_suffixes[] = {"", "_fsm", "_vm"};
-	List	   *files = NIL;
-	ListCell   *lc;
-	uint64		bytes = 0;
-	TimestampTz start;
-	TimestampTz burst_start;
-	long		secs;
-	int			usecs;
-
-	SetCurrentStatementStartTimestamp();
-	StartTransactionCommand();
-	SPI_connect();
-	PushActiveSnapshot(GetTransactionSnapshot());
-	pgstat_report_activity(STATE_RUNNING, "idem_consumer key generations");
-	if (OidIsValid(get_extension_oid("idem_consumer", true)) &&
-		keygen_retention_by_generation())
-		files = keygen_dropped_files(loop_cxt);
-	SPI_finish();
-	PopActiveSnapshot();
-	CommitTransactionCommand();
-	MemoryContextSwitchTo(loop_cxt);
-	if (files == NIL)
-	{
-		pgstat_report_activity(STATE_IDLE, NULL);
-		return;
-	}
-
-	pgstat_report_activity(STATE_RUNNING,
-						   "idem_consumer releasing the cached pages of dropped key generations");
-	start = burst_start = GetCurrentTimestamp();
-	foreach(lc, files)
-	{
-		const char *base = lfirst(lc);
-
-		for (int f = 0; f < lengthof(fork_suffixes); f++)
-		{
-			for (int segno = 0;; segno++)
-			{
-				char	   *path = segno == 0 ?
-					psprintf("%s%s", base, fork_suffixes[f]) :
-					psprintf("%s%s.%d", base, fork_suffixes[f], segno);
-				int			fd = BasicOpenFile(path, O_RDONLY | PG_BINARY);
-				off_t		size;
-
-				if (fd < 0)
-				{
-					/* past the last segment, or truncated meanwhile */
-					if (errno != ENOENT)
-						ereport(LOG,
-								(errcode_for_file_access(),
-								 errmsg("idem_consumer purge worker could not open file \"%s\": %m",
-										path)));
-					pfree(path);
-					break;
-				}
-				size = lseek(fd, 0, SEEK_END);
-				for (off_t offset = 0; offset < size; offset += RELEASE_STEP_BYTES)
-				{
-					long		burst_usecs;
-
-					(void) posix_fadvise(fd, offset, RELEASE_STEP_BYTES, POSIX_FADV_DONTNEED);
-					bytes += Min(RELEASE_STEP_BYTES, size - offset);
-					burst_usecs = (long) (GetCurrentTimestamp() - burst_start);
-					if (burst_usecs >= RELEASE_BURST_USECS)
-					{
-						purge_worker_sleep(Max(purge_delay,
-											   PURGE_PAUSE_FACTOR * burst_usecs / 1000));
-						burst_start = GetCurrentTimestamp();
-					}
-				}
-				close(fd);
-				pfree(path);
-			}
-		}
-	}
-	pgstat_report_activity(STATE_IDLE, NULL);
-
-	TimestampDifference(start, GetCurrentTimestamp(), &secs, &usecs);
-	ereport(LOG,
-			(errmsg("idem_consumer released the cached pages of %.1f MB of dropped generations of keys in database \"%s\" in %ld.%03d s",
-					(double) bytes / (1024.0 * 1024.0), dbname, secs, usecs / 1000)));
-#endif
-}
-
-/*
  * Switches generations of keys, drops the expired ones and builds the
  * filters of the sealed ones left when keys expire by generation
  * (idem_consumer.key_generation_interval), each in a transaction of its
@@ -372,21 +257,17 @@ purge_worker_release_dropped(const char *dbname, MemoryContext loop_cxt)
  * tried again at the next run.
  */
 static void
-purge_worker_generations(const char *dbname, MemoryContext loop_cxt)
+purge_worker_generations(const char *dbname)
 {
 	/*
 	 * switch, drop, build the filters of the generations left (so that the
 	 * filter of all sealed generations is built once, without the dropped
-	 * ones), release the dropped ones' cached pages, and truncate them
+	 * ones), and truncate what the drop dropped
 	 */
 	for (int step = 0; step < 4; step++)
 	{
-		int			done;
-
-		if (step == 3)
-			purge_worker_release_dropped(dbname, loop_cxt);
-		done = (int) purge_worker_in_transaction("idem_consumer key generations",
-												 generation_step, step);
+		int			done = (int) purge_worker_in_transaction("idem_consumer key generations",
+															 generation_step, step);
 
 		if (done > 0 && step == 0)
 			ereport(LOG,
@@ -437,7 +318,7 @@ purge_worker_run(MemoryContext loop_cxt, const char *dbname)
 	uint64		total = 0;
 	PurgeProgress progress = PURGE_CONTINUES;
 
-	purge_worker_generations(dbname, loop_cxt);
+	purge_worker_generations(dbname);
 	purge_worker_routed(dbname);
 
 	while (progress != PURGE_RUN_DONE)
