@@ -35,6 +35,26 @@
  * sides of a switch is therefore recorded once (the isolation spec
  * key_generation_switch.spec runs each interleaving).
  *
+ * Who counts on a seal.  Retirement (keygen_retire.c) drops a sealed
+ * generation without reading its keys, from two facts per generation that
+ * this file keeps true:
+ *
+ *	3. Every consumer with a key in the generation is registered there
+ *	   (generation_consumers) by a transaction that commits if the key
+ *	   does: keygen_note_recording registers in the recording transaction
+ *	   unless this session's registration is known to have committed or
+ *	   belongs to the recording transaction itself.  A registration still
+ *	   in progress in another transaction counts for nothing, as that
+ *	   transaction may yet roll back: the only such transaction of this
+ *	   session is one it prepared (PREPARE TRANSACTION), which stays in
+ *	   progress after the session moves on.
+ *	4. No key in the generation is newer than its seal, the opened_at of
+ *	   the next generation: a key's processed_at is its transaction's
+ *	   start, every transaction that recorded there ended before the
+ *	   switch got its lock (by 2), and the switch reads the clock after
+ *	   that, not its own start, which may precede a recording transaction
+ *	   that began while it waited.
+ *
  * The switch never queues for its lock: a queued SHARE ROW EXCLUSIVE would
  * hold up every delivery behind it for as long as it waited.  It tries the
  * lock without waiting, every millisecond, up to the wait it was given.
@@ -121,9 +141,15 @@ static const StorageStmt keygen_stmt_defs[KG_NUM_STMTS] = {
 		" (SELECT FROM " STORAGE_SCHEMA ".key_generations)",
 		1, {INT4OID}
 	},
+	/*
+	 * The seal's time is read once the switch holds its lock, not at its
+	 * transaction's start: a transaction that began while the switch waited
+	 * may have recorded keys since, and retirement takes no key of a
+	 * sealed generation to be newer than its seal (keygen_retire.c).
+	 */
 	[KG_OPEN_NEXT] = {
 		"INSERT INTO " STORAGE_SCHEMA ".key_generations (epoch, generation, opened_at)"
-		" SELECT pg_catalog.max(epoch) OPERATOR(pg_catalog.+) 1, $1, pg_catalog.now()"
+		" SELECT pg_catalog.max(epoch) OPERATOR(pg_catalog.+) 1, $1, pg_catalog.clock_timestamp()"
 		" FROM " STORAGE_SCHEMA ".key_generations",
 		1, {INT4OID}
 	},
@@ -631,6 +657,14 @@ keygen_note_recording(int32 consumer_id, int32 processed_at)
 	regkey.consumer_id = consumer_id;
 	regkey.storage_generation = storage_locate()->generation;
 	entry = hash_search(registered, &regkey, HASH_ENTER, &found);
+	/*
+	 * A registration of this session's counts once it has committed, or
+	 * while it is part of this very transaction.  Anything else registers
+	 * again: an aborted one, and one still in progress that is not ours,
+	 * which can only be a transaction this session prepared (PREPARE
+	 * TRANSACTION) and left to be committed or rolled back later, by
+	 * anyone: its registration is not this transaction's to count on.
+	 */
 	if (found)
 	{
 		if (!TransactionIdIsValid(entry->xid) ||
@@ -641,8 +675,6 @@ keygen_note_recording(int32 consumer_id, int32 processed_at)
 			entry->xid = InvalidTransactionId;
 			return;
 		}
-		if (TransactionIdIsInProgress(entry->xid))
-			return;				/* another of ours cannot be: a subxact */
 	}
 
 	args[0] = Int64GetDatum(st->current_epoch);

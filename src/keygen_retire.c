@@ -14,12 +14,11 @@
  * of every key in it, which is checked per consumer with two bounds that
  * can only keep keys longer:
  *	- no key of a sealed generation is newer than its seal, the opening of
- *	  the next generation (every transaction that recorded there had ended
- *	  before it, keygen.c);
+ *	  the next generation (keygen.c, fact 4);
  *	- a consumer's latest activity is at least the newest first_at of its
  *	  rows in generation_consumers, the processed_at of a key it recorded
- *	  (keygen_note_recording registers every consumer in the generation of
- *	  its keys, in the transaction that records them).
+ *	  (keygen.c, fact 3: every consumer with a key in a generation is
+ *	  registered there).
  * So a generation goes when, for each consumer registered in it, its seal
  * is older than the consumer's cutoff; a consumer whose window is forever,
  * or that has been idle since, keeps it, and with it the keys of every

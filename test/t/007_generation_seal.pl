@@ -1,0 +1,106 @@
+# What a generation's seal promises retirement (src/keygen.c, "Who counts
+# on a seal"): every consumer that recorded a key in the generation is
+# registered there by a transaction of its own, and no key in it is newer
+# than its seal.
+#
+# 1. A session that prepared a transaction recording a key (PREPARE
+#    TRANSACTION, as an XA/JTA transaction manager does) and records
+#    another key of the same consumer before the prepared one is resolved
+#    registers the consumer again: once the prepared transaction is rolled
+#    back, the generation still knows the consumer, retirement keeps it,
+#    and the second key's redelivery is a duplicate.
+# 2. A switch that waits for a transaction recording keys seals the
+#    generation at the time it got its lock, not at its start: a key
+#    recorded by a transaction that began while the switch waited is not
+#    older than the seal, and retirement keeps it for its whole window.
+# Bounded: about 15 s.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(sleep);
+
+my $node = PostgreSQL::Test::Cluster->new('generation_seal');
+$node->init;
+$node->append_conf(
+	'postgresql.conf', qq{
+shared_preload_libraries = 'idem_consumer'
+max_prepared_transactions = 5
+});
+$node->start;
+$node->safe_psql('postgres', q{
+	CREATE EXTENSION idem_consumer;
+	CREATE TABLE applied (key text);
+	SELECT idem_consumer_create('xa');
+	SELECT idem_set_retention('xa', '1 hour');
+	SELECT idem_consumer_create('late');
+	SELECT idem_set_retention('late', '2 seconds');
+});
+
+my $apply = q{idem_apply(%s, %s, 'INSERT INTO applied VALUES ($1)', ARRAY[%s])};
+
+sub apply_sql
+{
+	my ($key, $consumer) = @_;
+	return sprintf($apply, "'$key'", "'$consumer'", "'$key'");
+}
+
+# 1. a prepared transaction and the same session's next key
+my $outcome = $node->safe_psql(
+	'postgres', sprintf(q{
+	BEGIN;
+	SELECT %s;
+	PREPARE TRANSACTION 'branch-1';
+	SELECT %s;
+	ROLLBACK PREPARED 'branch-1';
+}, apply_sql('xa-1', 'xa'), apply_sql('xa-2', 'xa')));
+is($outcome, "t\nt", 'both keys applied, the first in a prepared transaction');
+is( $node->safe_psql(
+		'postgres', q{
+	SELECT count(*) FROM idem_consumer.generation_consumers AS g
+	  JOIN idem_consumer.consumers AS c USING (consumer_id)
+	 WHERE c.name = 'xa'}),
+	'1',
+	'after ROLLBACK PREPARED the consumer is still registered in the generation of its second key');
+$node->safe_psql('postgres', q{SELECT idem_key_generation_switch()});
+is($node->safe_psql('postgres', q{SELECT idem_key_generation_retire()}),
+	'0', 'retirement keeps the generation whose key is within its window');
+is($node->safe_psql('postgres', 'SELECT ' . apply_sql('xa-2', 'xa')),
+	'f', "the second key's redelivery is a duplicate");
+is($node->safe_psql('postgres', q{SELECT count(*) FROM applied WHERE key = 'xa-2'}),
+	'1', 'applied once');
+
+# 2. a key recorded while a switch waits, in a generation of its own
+$node->safe_psql('postgres', q{SELECT idem_key_generation_switch()});
+my $holder = $node->background_psql('postgres', on_error_stop => 1);
+$holder->query_safe('BEGIN');
+$holder->query_safe('SELECT ' . apply_sql('late-0', 'late'));
+my $switcher = $node->background_psql('postgres', on_error_stop => 1);
+$switcher->query_until(qr/switching/, qq{\\echo switching\nSELECT idem_key_generation_switch('30s');\n});
+# the key comes more than its window after the switch began waiting
+sleep 4;
+is($node->safe_psql('postgres', 'SELECT ' . apply_sql('late-1', 'late')),
+	't', 'a key recorded while the switch waits');
+$holder->query_safe('COMMIT');
+$holder->quit;
+$switcher->quit;
+is( $node->safe_psql(
+		'postgres', q{
+	SELECT opened_at >= (SELECT max(first_at) FROM idem_consumer.generation_consumers AS g
+	                       JOIN idem_consumer.consumers AS c USING (consumer_id)
+	                      WHERE c.name = 'late')
+	                    * interval '1 second' + timestamptz '2000-01-01 00:00:00+00'
+	  FROM idem_consumer.key_generations ORDER BY epoch DESC LIMIT 1}),
+	't', 'the seal is not older than the key recorded while the switch waited');
+$node->safe_psql('postgres', q{SELECT idem_key_generation_retire()});
+is($node->safe_psql('postgres', q{SELECT count(*) FROM idem_processed_keys WHERE key = 'late-1'}),
+	'1', 'retirement keeps the generation of that key');
+is($node->safe_psql('postgres', 'SELECT ' . apply_sql('late-1', 'late')),
+	'f', 'the redelivery within its window is a duplicate');
+is($node->safe_psql('postgres', q{SELECT count(*) FROM applied WHERE key = 'late-1'}),
+	'1', 'applied once');
+
+$node->stop;
+done_testing();
