@@ -15,6 +15,7 @@ OBJS = \
 	src/routed.o \
 	src/keygen.o \
 	src/keygen_retire.o \
+	src/keygen_holders.o \
 	src/keygen_filter.o \
 	src/consumers.o \
 	src/consumers_sql.o \

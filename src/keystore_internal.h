@@ -192,6 +192,9 @@ extern KeyGenSlot keygen_lock_current(void);
 extern bool keygen_seal_visible(KeyGenSlot slot, Snapshot snapshot);
 extern void keygen_note_recording(int32 consumer_id, int32 processed_at);
 
+/* keygen_holders.c */
+extern char *keygen_switch_holders(KeyGenSlot slot);
+
 /* keygen_filter.c */
 extern bool keygen_filter_may_hold(KeyGenSlot slot, int32 nchunks,
 								   uint64 hash);

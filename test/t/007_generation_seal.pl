@@ -13,7 +13,9 @@
 #    generation at the time it got its lock, not at its start: a key
 #    recorded by a transaction that began while the switch waited is not
 #    older than the seal, and retirement keeps it for its whole window.
-# Bounded: about 15 s.
+# 3. A switch held back by a prepared transaction that recorded a key says
+#    which, in its error and in the purge worker's log.
+# Bounded: about 25 s.
 use strict;
 use warnings;
 
@@ -101,6 +103,36 @@ is($node->safe_psql('postgres', 'SELECT ' . apply_sql('late-1', 'late')),
 	'f', 'the redelivery within its window is a duplicate');
 is($node->safe_psql('postgres', q{SELECT count(*) FROM applied WHERE key = 'late-1'}),
 	'1', 'applied once');
+
+# 3. a switch held back by a prepared transaction says by which, and so
+# does the purge worker's log, once
+$node->safe_psql('postgres', sprintf(q{
+	BEGIN;
+	SELECT %s;
+	PREPARE TRANSACTION 'branch-2';
+}, apply_sql('xa-3', 'xa')));
+my ($rc, $out, $err) = $node->psql('postgres', q{SELECT idem_key_generation_switch('200ms')});
+like($err, qr/ERROR:  could not switch key generations: transactions recording keys in generation \d+ did not end in time\nDETAIL:  Generation \d+ is held by prepared transaction 'branch-2' \(prepared \d+ s ago\)\./,
+	'the switch names the prepared transaction that holds it back');
+$node->append_conf(
+	'postgresql.conf', q{
+idem_consumer.purge_databases = 'postgres'
+idem_consumer.purge_interval = 1
+idem_consumer.key_generation_interval = 1
+});
+my $log_offset = -s $node->logfile;
+$node->restart;
+ok( $node->wait_for_log(
+		qr/LOG:  idem_consumer could not switch generations of keys in database "postgres": transactions recording keys in generation \d+ did not end in time\n.*DETAIL:  Generation \d+ is held by prepared transaction 'branch-2'/,
+		$log_offset),
+	'the worker logs the prepared transaction that holds its switch back');
+sleep 3;
+my $lines = () = slurp_file($node->logfile, $log_offset) =~ /could not switch generations of keys/g;
+is($lines, 1, 'once, not at every run');
+$node->safe_psql('postgres', q{COMMIT PREPARED 'branch-2'});
+ok( $node->wait_for_log(qr/idem_consumer opened generation \d+ of keys in database "postgres"/,
+		$log_offset),
+	'once it is resolved, the worker switches');
 
 $node->stop;
 done_testing();

@@ -1,0 +1,124 @@
+/*-------------------------------------------------------------------------
+ *
+ * keygen_holders.c
+ *	  Who holds back a switch of key generations: the transactions that
+ *	  still hold the current generation's key table, as a sentence for the
+ *	  switch's error or the purge worker's log.
+ *
+ * A switch waits for every transaction that recorded a key in the
+ * generation it seals (keygen.c, rule 2).  When one does not end in time,
+ * retention by generations stops until it does, so the operator must learn
+ * which: a session (its process, role and how long its transaction has
+ * been open) or a prepared transaction, which no session holds and which
+ * stays until someone commits or rolls it back by its name.  The holders
+ * are read from pg_locks only when a switch has already given up, never on
+ * a delivery's path.
+ *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/keygen_holders.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "lib/stringinfo.h"
+#include "utils/builtins.h"
+
+#include "keystore_internal.h"
+
+/* at most this many holders are named; the rest are counted */
+#define HOLDERS_NAMED 5
+
+typedef enum HoldersStmt
+{
+	KH_HOLDERS,
+	KH_NUM_STMTS
+} HoldersStmt;
+
+static const StorageStmt holders_stmt_defs[KH_NUM_STMTS] = {
+	/*
+	 * The transactions holding a lock on relation $1 that a switch's SHARE
+	 * ROW EXCLUSIVE waits for, oldest first: a session's process, role and
+	 * seconds in its transaction, or a prepared transaction's name and
+	 * seconds since it was prepared (pg_locks shows its locks without a
+	 * process, under a virtual transaction that also holds its xid).
+	 */
+	[KH_HOLDERS] = {
+		"SELECT l.pid, a.usename, p.gid,"
+		" pg_catalog.floor(pg_catalog.date_part('epoch', pg_catalog.now()"
+		"   OPERATOR(pg_catalog.-) COALESCE(a.xact_start, p.prepared)))::pg_catalog.int8"
+		" FROM pg_catalog.pg_locks AS l"
+		" LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid OPERATOR(pg_catalog.=) l.pid"
+		" LEFT JOIN pg_catalog.pg_locks AS x"
+		"   ON l.pid IS NULL AND x.pid IS NULL"
+		"  AND x.locktype OPERATOR(pg_catalog.=) 'transactionid'"
+		"  AND x.virtualtransaction OPERATOR(pg_catalog.=) l.virtualtransaction"
+		" LEFT JOIN pg_catalog.pg_prepared_xacts AS p"
+		"   ON p.transaction OPERATOR(pg_catalog.=) x.transactionid"
+		" WHERE l.locktype OPERATOR(pg_catalog.=) 'relation'"
+		"   AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database AS d"
+		"        WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())"
+		"   AND l.relation OPERATOR(pg_catalog.=) $1 AND l.granted"
+		"   AND l.mode OPERATOR(pg_catalog.=) ANY ('{RowExclusiveLock,ShareUpdateExclusiveLock,"
+		"ShareLock,ShareRowExclusiveLock,ExclusiveLock,AccessExclusiveLock}'::pg_catalog.text[])"
+		"   AND l.pid IS DISTINCT FROM pg_catalog.pg_backend_pid()"
+		" ORDER BY 4 DESC NULLS LAST",
+		1, {OIDOID}
+	},
+};
+
+static SPIPlanPtr holders_plans[KH_NUM_STMTS];
+static StorageStmtSet holders_stmts = STORAGE_STMT_SET(holders_stmt_defs, holders_plans);
+
+/*
+ * Returns a sentence naming the transactions that hold the key table of a
+ * generation against a switch, or NULL when none is left (the holder ended
+ * since the switch gave up).  The caller is connected to SPI; the sentence
+ * is allocated in the caller's memory context.
+ */
+char *
+keygen_switch_holders(KeyGenSlot slot)
+{
+	MemoryContext caller_cxt = CurrentMemoryContext;
+	Datum		arg = ObjectIdGetDatum(storage_locate()->gens[slot].keys_relid);
+	StringInfoData buf;
+	uint64		n;
+
+	storage_stmt_run(&holders_stmts, KH_HOLDERS, &arg, NULL, 0);
+	n = SPI_processed;
+	if (n == 0)
+		return NULL;
+
+	MemoryContextSwitchTo(caller_cxt);
+	initStringInfo(&buf);
+	appendStringInfo(&buf, "Generation %d is held by ", slot);
+	for (uint64 i = 0; i < n && i < HOLDERS_NAMED; i++)
+	{
+		HeapTuple	tuple = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		char	   *pid = SPI_getvalue(tuple, desc, 1);
+		char	   *role = SPI_getvalue(tuple, desc, 2);
+		char	   *gid = SPI_getvalue(tuple, desc, 3);
+		char	   *seconds = SPI_getvalue(tuple, desc, 4);
+
+		if (i > 0)
+			appendStringInfoString(&buf, ", ");
+		if (pid != NULL)
+			appendStringInfo(&buf, "process %s (role %s, in a transaction for %s s)",
+							 pid, role ? role : "unknown", seconds ? seconds : "?");
+		else if (gid != NULL)
+			appendStringInfo(&buf, "prepared transaction %s (prepared %s s ago)",
+							 quote_literal_cstr(gid), seconds ? seconds : "?");
+		else
+			appendStringInfoString(&buf, "a transaction of another session");
+	}
+	if (n > HOLDERS_NAMED)
+		appendStringInfo(&buf, " and " UINT64_FORMAT " more", n - HOLDERS_NAMED);
+	appendStringInfoChar(&buf, '.');
+	SPI_freetuptable(SPI_tuptable);
+	return buf.data;
+}
