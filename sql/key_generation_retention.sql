@@ -2,8 +2,9 @@
 -- Retention by whole generations (src/keygen_retire.c): a sealed
 -- generation is dropped, its tables truncated, once every consumer that
 -- recorded keys there has expired them by the rule of retention (its
--- window counted back from its latest activity); a window of forever, an
--- idle consumer or a pending dead letter keeps it.  Time is moved by
+-- window counted back from its latest activity); a window of forever
+-- keeps it, while the keys of an idle consumer or of a pending dead
+-- letter are carried into the current generation.  Time is moved by
 -- writing the times back, consistently: the keys' processed_at, the
 -- consumers' registrations and the generations' openings.
 --
@@ -97,22 +98,36 @@ SELECT idem_set_retention('forever', '30 days');
 SELECT idem_key_generation_retire() AS dropped;
 SELECT * FROM generations;
 
--- an idle consumer stops its clock: its keys are kept however old
+-- an idle consumer stops its clock: its keys are kept however old, but
+-- not its generation: they are carried into the current one, which
+-- registers the consumer at its latest activity, and the generation goes
+-- with the other consumers' expired keys
 SELECT idem_key_generation_switch() AS opened;
 SELECT deliver('idle', 'i-', 10) AS idle, deliver('short', 's5-', 10) AS short;
 SELECT idem_key_generation_switch() AS opened;
 SELECT age_all(20);
 SELECT activity('t6') AS active;
+SELECT max(first_at) AS idle_latest FROM idem_consumer.generation_consumers
+ WHERE consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'idle') \gset
 SELECT idem_key_generation_retire() AS dropped;
 SELECT * FROM generations;
-SELECT deliver('idle', 'i-', 10) AS idle_again;
--- its next new message moves its clock, and the generation goes
+SELECT count(*) AS idle_keys_in_current,
+       count(*) FILTER (WHERE processed_at <= :idle_latest) AS with_their_times
+  FROM idem_consumer.processed_keys_6
+ WHERE consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'idle');
+SELECT g.epoch = (SELECT max(epoch) FROM idem_consumer.key_generations) AS in_current,
+       g.first_at = :idle_latest AS at_its_latest_activity
+  FROM idem_consumer.generation_consumers AS g
+ WHERE g.consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'idle');
+SELECT deliver('idle', 'i-', 10) AS idle_again, deliver('short', 's5-', 10) AS short_expired;
+-- its next new message moves its clock; nothing is left to drop
 SELECT deliver('idle', 'i2-', 1) AS idle_new;
 SELECT idem_key_generation_retire() AS dropped;
 SELECT * FROM generations;
 
--- a pending dead letter keeps the generation of its key; once it is
--- resolved, the entry goes with the generation
+-- a pending dead letter's key is carried into the current generation, as
+-- an idle consumer's keys are, and its generation goes; once the entry is
+-- resolved, it goes with the generation its key is in now
 SELECT idem_key_generation_switch() AS opened;
 SELECT idem_try_apply('bad-1', 'short', 'select 1 / 0') AS parked;
 SELECT deliver('short', 's7-', 10) AS short;
@@ -146,6 +161,7 @@ SELECT activity('t9') AS active, deliver('idle', 'i9-', 1) AS idle;
 SELECT idem_key_generation_retire() > 0 AS dropped;
 SELECT idem_key_generation_retire() AS dropped;
 SELECT * FROM generations;
+SELECT count(*) AS entries_left FROM idem_dead_letters WHERE key = 'bad-1';
 SELECT idem_key_generation_build_filters() AS built;
 SELECT * FROM filter_of_all;
 SELECT count(*) AS filter_of_all_rows FROM idem_consumer_local.key_filter_all;

@@ -193,6 +193,14 @@ SELECT count(*) AS live, max(generation) FILTER (WHERE state = 'current') AS cur
   FROM idem_key_generations;
 SELECT idem_key_generation_switch();
 SELECT deliver('a-', 1000) AS a_again, deliver('b-', 1000) AS b_again, deliver('c-', 1000) AS c_again;
+-- retirement carries the live keys of the generation the switch opens
+-- next into the current one and drops it, so that the ring goes on; its
+-- tables are emptied at the next call, once the drop has committed
+SELECT idem_key_generation_retire() AS dropped;
+SELECT idem_key_generation_retire() AS dropped;
+SELECT idem_key_generation_switch() > 0 AS switched;
+SELECT count(*) AS live FROM idem_key_generations;
+SELECT deliver('a-', 1000) AS a_again, deliver('b-', 1000) AS b_again, deliver('c-', 1000) AS c_again;
 
 \c :regression_db
 DROP DATABASE idem_generations;

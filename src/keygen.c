@@ -72,7 +72,6 @@
 #include "access/htup_details.h"
 #include "access/table.h"
 #include "access/xact.h"
-#include "commands/dbcommands.h"
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
 #include "executor/spi.h"
@@ -92,12 +91,6 @@
 
 /* how long the switch sleeps between two tries of its lock */
 #define SWITCH_LOCK_RETRY_US 1000
-
-/* how often the worker logs again that a switch is still held back */
-#define HELD_BACK_LOG_INTERVAL_MS (60 * 1000)
-
-/* when this backend last logged a switch held back; 0: it is not */
-static TimestampTz held_back_logged_at = 0;
 
 /* idem_consumer.key_generation_interval, in seconds; 0: no switch */
 static int	key_generation_interval = 0;
@@ -517,27 +510,6 @@ keygen_generation_empty(const KeyGeneration *gen)
 }
 
 /*
- * Logs, for the purge worker, that a due switch was held back and by whom:
- * at the first attempt held back and then once a minute while it lasts, so
- * that a worker that tries every second does not fill the log.
- */
-static void
-report_held_back(KeyGenSlot sealing, const char *holders)
-{
-	TimestampTz now = GetCurrentTimestamp();
-
-	if (held_back_logged_at != 0 &&
-		!TimestampDifferenceExceeds(held_back_logged_at, now, HELD_BACK_LOG_INTERVAL_MS))
-		return;
-	held_back_logged_at = now;
-	ereport(LOG,
-			(errmsg("idem_consumer could not switch generations of keys in database \"%s\": transactions recording keys in generation %d did not end in time",
-					get_database_name(MyDatabaseId), sealing),
-			 holders ? errdetail_internal("%s", holders) : 0,
-			 errhint("Keys expire by generations only once the switch seals this one; end or resolve these transactions.")));
-}
-
-/*
  * Seals the current generation and opens the next one of the ring, waiting
  * at most wait_ms for the transactions recording keys in the current one;
  * returns the generation opened.  When that cannot be done now (the wait
@@ -583,7 +555,7 @@ keygen_switch(int64 wait_ms, bool quiet)
 					 errmsg("could not switch key generations: generation %d still holds keys",
 							opening),
 					 errdetail("The ring has %d generations, all in use.", KEYGEN_RING),
-					 errhint("Generation %d is dropped once its keys have expired; switch less often than the longest retention window divided by %d.",
+					 errhint("Run idem_key_generation_retire(), which carries the live keys of generation %d into the current one and drops it; switch less often than the longest retention window divided by %d.",
 							 opening, KEYGEN_RING - 2)));
 		}
 	if (!keygen_generation_empty(&si->gens[opening]))
@@ -599,21 +571,10 @@ keygen_switch(int64 wait_ms, bool quiet)
 
 	if (!lock_within(si->gens[sealing].keys_relid, ShareRowExclusiveLock, deadline))
 	{
-		char	   *holders = keygen_switch_holders(sealing);
-
-		if (quiet)
-		{
-			report_held_back(sealing, holders);
-			return 0;
-		}
-		ereport(ERROR,
-				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
-				 errmsg("could not switch key generations: transactions recording keys in generation %d did not end in time",
-						sealing),
-				 holders ? errdetail_internal("%s", holders) : 0,
-				 errhint("Try again, or give a longer wait; a prepared transaction waits for COMMIT PREPARED or ROLLBACK PREPARED.")));
+		keygen_switch_held_back(sealing, quiet);
+		return 0;
 	}
-	held_back_logged_at = 0;
+	keygen_switch_held_back(0, quiet);
 
 	arg = Int32GetDatum(sealing);
 	storage_stmt_run(&keygen_stmts, KG_RECORD_FIRST, &arg, NULL, 0);

@@ -2,8 +2,8 @@
  *
  * keygen_holders.c
  *	  Who holds back a switch of key generations: the transactions that
- *	  still hold the current generation's key table, as a sentence for the
- *	  switch's error or the purge worker's log.
+ *	  still hold the current generation's key table, named in the switch's
+ *	  error or the purge worker's log.
  *
  * A switch waits for every transaction that recorded a key in the
  * generation it seals (keygen.c, rule 2).  When one does not end in time,
@@ -24,14 +24,23 @@
 #include "postgres.h"
 
 #include "catalog/pg_type.h"
+#include "commands/dbcommands.h"
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
+#include "miscadmin.h"
 #include "utils/builtins.h"
+#include "utils/timestamp.h"
 
 #include "keystore_internal.h"
 
 /* at most this many holders are named; the rest are counted */
 #define HOLDERS_NAMED 5
+
+/* how often the worker logs again that a switch is still held back */
+#define HELD_BACK_LOG_INTERVAL_MS (60 * 1000)
+
+/* when this backend last logged a switch held back; 0: it is not */
+static TimestampTz held_back_logged_at = 0;
 
 typedef enum HoldersStmt
 {
@@ -80,8 +89,8 @@ static StorageStmtSet holders_stmts = STORAGE_STMT_SET(holders_stmt_defs, holder
  * since the switch gave up).  The caller is connected to SPI; the sentence
  * is allocated in the caller's memory context.
  */
-char *
-keygen_switch_holders(KeyGenSlot slot)
+static char *
+switch_holders(KeyGenSlot slot)
 {
 	MemoryContext caller_cxt = CurrentMemoryContext;
 	Datum		arg = ObjectIdGetDatum(storage_locate()->gens[slot].keys_relid);
@@ -121,4 +130,42 @@ keygen_switch_holders(KeyGenSlot slot)
 	appendStringInfoChar(&buf, '.');
 	SPI_freetuptable(SPI_tuptable);
 	return buf.data;
+}
+
+/*
+ * Reports that a switch could not seal generation sealing in time, naming
+ * who holds it: as an error for a call of idem_key_generation_switch(), or
+ * for the purge worker (quiet) as a log line, at the first attempt held
+ * back and then once a minute while it lasts, so that a worker that tries
+ * every second does not fill the log.  With sealing 0, notes that a switch
+ * got through.
+ */
+void
+keygen_switch_held_back(KeyGenSlot sealing, bool quiet)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	char	   *holders;
+
+	if (sealing == 0)
+	{
+		held_back_logged_at = 0;
+		return;
+	}
+	if (quiet && held_back_logged_at != 0 &&
+		!TimestampDifferenceExceeds(held_back_logged_at, now, HELD_BACK_LOG_INTERVAL_MS))
+		return;
+	holders = switch_holders(sealing);
+	if (!quiet)
+		ereport(ERROR,
+				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+				 errmsg("could not switch key generations: transactions recording keys in generation %d did not end in time",
+						sealing),
+				 holders ? errdetail_internal("%s", holders) : 0,
+				 errhint("Try again, or give a longer wait; a prepared transaction waits for COMMIT PREPARED or ROLLBACK PREPARED.")));
+	held_back_logged_at = now;
+	ereport(LOG,
+			(errmsg("idem_consumer could not switch generations of keys in database \"%s\": transactions recording keys in generation %d did not end in time",
+					get_database_name(MyDatabaseId), sealing),
+			 holders ? errdetail_internal("%s", holders) : 0,
+			 errhint("Keys expire by generations only once the switch seals this one; end or resolve these transactions.")));
 }

@@ -20,12 +20,26 @@
  *	  (keygen.c, fact 3: every consumer with a key in a generation is
  *	  registered there).
  * So a generation goes when, for each consumer registered in it, its seal
- * is older than the consumer's cutoff; a consumer whose window is forever,
- * or that has been idle since, keeps it, and with it the keys of every
- * other consumer there.  A key is kept at most about two generation
- * intervals longer than its window.  A generation that holds the key of a
- * pending dead letter is kept whole, as the purge keeps such keys; the
- * resolved dead-letter entries of its keys go with it.
+ * is older than the consumer's cutoff, and no pending dead letter's key is
+ * in it; a consumer whose window is forever keeps it, and with it the keys
+ * of every other consumer there.  A key is kept at most about two
+ * generation intervals longer than its window.  The resolved dead-letter
+ * entries of its keys go with it.
+ *
+ * Which keys are carried.  A consumer that has gone idle would keep the
+ * generations of its keys for as long as it stays idle (its cutoff counts
+ * from its latest activity), and a pending dead letter for as long as it
+ * waits; so a generation kept only by those is dropped once their keys
+ * are carried into the current generation (retire_action), and so is the
+ * generation the next switch would open, whoever keeps it, lest the ring
+ * stop.  Carrying keeps both facts of keygen.c: the keys keep their times,
+ * older than any seal, and each consumer whose keys were carried is
+ * registered in the current generation at its latest activity.  It keeps
+ * every key recorded: a delivery that finds the key in neither place
+ * (the copy not yet visible, the sealed generation emptied since) inserts
+ * it into the current generation, where the copy's unique index entry
+ * decides; and it holds a SHARE lock on the sealed generation, taken
+ * without waiting, so that no forget there can be undone by a copy.
  *
  * How it goes, in two steps that never wait for a lock:
  *	1. its rows in key_generations and generation_consumers are deleted:
@@ -60,6 +74,7 @@
 #include "miscadmin.h"
 #include "storage/bufmgr.h"
 #include "storage/lmgr.h"
+#include "utils/array.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
@@ -71,6 +86,7 @@ typedef enum RetireStmt
 	KR_CONSUMERS_OF,
 	KR_FORGET,
 	KR_OPEN,
+	KR_REGISTER,
 	KR_NUM_STMTS
 } RetireStmt;
 
@@ -108,6 +124,13 @@ static const StorageStmt retire_stmt_defs[KR_NUM_STMTS] = {
 		"SELECT generation FROM " STORAGE_SCHEMA ".key_generations",
 		0, {InvalidOid}
 	},
+	/* consumers $2 registered in generation $1 at their latest activity $3 */
+	[KR_REGISTER] = {
+		"INSERT INTO " STORAGE_SCHEMA ".generation_consumers (epoch, consumer_id, first_at)"
+		" SELECT $1, r.consumer_id, r.first_at"
+		" FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS r(consumer_id, first_at)",
+		3, {INT8OID, INT4ARRAYOID, INT4ARRAYOID}
+	},
 };
 
 static SPIPlanPtr retire_plans[KR_NUM_STMTS];
@@ -121,32 +144,211 @@ typedef struct SealedGeneration
 	int32		sealed_at;		/* seconds since 2000-01-01 */
 } SealedGeneration;
 
+/* how many carried keys are read at a time */
+#define CARRY_PAGE 1000
+
+/* a consumer registered in a sealed generation, and what it asks of it */
+typedef struct GenerationConsumer
+{
+	int32		consumer_id;
+	int32		latest;			/* its latest activity, seconds since 2000 */
+	bool		holds;			/* its window still covers keys here */
+	bool		stopped;		/* only because its clock stopped */
+} GenerationConsumer;
+
+/* what retirement does with a sealed generation */
+typedef enum RetireAction
+{
+	RETIRE_KEEP,
+	RETIRE_DROP,				/* every key in it has expired */
+	RETIRE_CARRY				/* drop it once its live keys are carried */
+} RetireAction;
+
 /*
- * Whether every key of a sealed generation has expired, by the bounds of
- * the header, and none is the key of a pending dead letter.
+ * Reads the consumers registered in a sealed generation, and whether each
+ * still holds it by the bounds of the header; returns how many, in
+ * *consumers.
  */
-static bool
-generation_expired(const SealedGeneration *gen, RetentionWindows *windows)
+static int
+read_generation_consumers(const SealedGeneration *gen, RetentionWindows *windows,
+						  GenerationConsumer **consumers)
 {
 	Datum		arg = Int64GetDatum(gen->epoch);
+	int32		now_secs = (int32) (GetCurrentTimestamp() / USECS_PER_SEC);
+	GenerationConsumer *list;
+	int			n;
 
 	storage_stmt_run(&retire_stmts, KR_CONSUMERS_OF, &arg, NULL, 0);
-	for (uint64 i = 0; i < SPI_processed; i++)
+	n = (int) SPI_processed;
+	list = palloc(sizeof(GenerationConsumer) * Max(n, 1));
+	for (int i = 0; i < n; i++)
 	{
 		bool		isnull;
-		int32		consumer_id = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[i],
-															  SPI_tuptable->tupdesc, 1, &isnull));
-		int32		latest = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[i],
-														 SPI_tuptable->tupdesc, 2, &isnull));
-		int32		cutoff = retention_cutoff(windows, consumer_id, latest);
+		int32		cutoff;
 
+		list[i].consumer_id = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[i],
+														  SPI_tuptable->tupdesc, 1, &isnull));
+		list[i].latest = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[i],
+													 SPI_tuptable->tupdesc, 2, &isnull));
+		cutoff = retention_cutoff(windows, list[i].consumer_id, list[i].latest);
 		/* a key of second s is purgeable when s < cutoff; every s <= seal */
-		if (cutoff <= 0 || gen->sealed_at >= cutoff)
-			return false;
+		list[i].holds = cutoff <= 0 || gen->sealed_at >= cutoff;
+		/* counted from now instead, the window would have passed */
+		cutoff = retention_cutoff(windows, list[i].consumer_id, now_secs);
+		list[i].stopped = list[i].holds && cutoff > 0 && gen->sealed_at < cutoff;
+	}
+	SPI_freetuptable(SPI_tuptable);
+	*consumers = list;
+	return n;
+}
+
+/*
+ * Decides what becomes of a sealed generation.  It is dropped when every
+ * key in it has expired and none is a pending dead letter's.  Otherwise
+ * the consumers whose windows still cover its keys keep it, and with it
+ * every other consumer's keys, but for two cases where its live keys are
+ * carried into the current generation and it is dropped all the same:
+ *	- every consumer that keeps it does so only because it has been idle:
+ *	  windows count from a consumer's latest activity, so an idle consumer
+ *	  would keep it, and the others' expired keys, for as long as it stays
+ *	  idle, where counted from now its window has passed;
+ *	- its place is the next one a switch opens: the ring would stop.
+ * Either way only the keeping consumers' keys are copied, once per
+ * generation they outlive.
+ */
+static RetireAction
+retire_action(const SealedGeneration *gen, const GenerationConsumer *consumers,
+			  int nconsumers, KeyGenSlot next_opened)
+{
+	bool		held = false;
+	bool		held_by_window = false;
+
+	for (int i = 0; i < nconsumers; i++)
+		if (consumers[i].holds)
+		{
+			held = true;
+			if (!consumers[i].stopped)
+				held_by_window = true;
+		}
+	if (!held)
+	{
+		keystore_execute_in(gen->slot, KS_PENDING_IN_GENERATION, NULL, NULL, 1);
+		held = SPI_processed > 0;
+	}
+	if (!held)
+		return RETIRE_DROP;
+	return !held_by_window || gen->slot == next_opened ? RETIRE_CARRY : RETIRE_KEEP;
+}
+
+/*
+ * Returns an int4[] of the ids of consumers[i] with chosen[i] set; of the
+ * consumers that hold their generation when chosen is NULL.
+ */
+static Datum
+consumer_array(const GenerationConsumer *consumers, int nconsumers, const bool *chosen)
+{
+	Datum	   *ids = palloc(sizeof(Datum) * Max(nconsumers, 1));
+	int			n = 0;
+
+	for (int i = 0; i < nconsumers; i++)
+		if (chosen ? chosen[i] : consumers[i].holds)
+			ids[n++] = Int32GetDatum(consumers[i].consumer_id);
+	return PointerGetDatum(construct_array(ids, n, INT4OID, sizeof(int32), true,
+										   TYPALIGN_INT));
+}
+
+/*
+ * Copies into generation current the keys of a sealed generation that are
+ * still live: those of the consumers that hold it, and those of pending
+ * dead letters; notes in carried[i] whether consumers[i] had one copied.
+ * Returns false, copying nothing, when a transaction holds the sealed
+ * generation against the SHARE lock that keeps forgets out while the keys
+ * are copied (a forget there would otherwise be undone by its copy).
+ */
+static bool
+carry_live_keys(const SealedGeneration *gen, KeyGenSlot current,
+				const GenerationConsumer *consumers, int nconsumers, bool *carried)
+{
+	const KeyGeneration *g = &storage_locate()->gens[gen->slot];
+	KeystoreStmt tables[2] = {KS_CARRY_KEYS, KS_CARRY_COLLISIONS};
+	Datum		args[3];
+
+	if (!ConditionalLockRelationOid(g->keys_relid, ShareLock))
+		return false;
+	if (!ConditionalLockRelationOid(g->collisions_relid, ShareLock))
+	{
+		UnlockRelationOid(g->keys_relid, ShareLock);
+		return false;
 	}
 
-	keystore_execute_in(gen->slot, KS_PENDING_IN_GENERATION, NULL, NULL, 1);
-	return SPI_processed == 0;
+	args[0] = consumer_array(consumers, nconsumers, NULL);
+	args[2] = Int32GetDatum(CARRY_PAGE);
+	for (int t = 0; t < lengthof(tables); t++)
+	{
+		ItemPointerData after;
+
+		ItemPointerSet(&after, 0, 0);
+		for (;;)
+		{
+			uint64		n;
+			SPITupleTable *page;
+
+			CHECK_FOR_INTERRUPTS();
+			args[1] = PointerGetDatum(&after);
+			keystore_execute_in(gen->slot, tables[t], args, NULL, 0);
+			n = SPI_processed;
+			page = SPI_tuptable;	/* each carried key runs statements */
+			for (uint64 r = 0; r < n; r++)
+			{
+				HeapTuple	row = page->vals[r];
+				TupleDesc	desc = page->tupdesc;
+				bool		isnull;
+				bool		fp_null;
+				int32		consumer_id = DatumGetInt32(SPI_getbinval(row, desc, 2, &isnull));
+				int32		processed_at = DatumGetInt32(SPI_getbinval(row, desc, 3, &isnull));
+				text	   *key = DatumGetTextPP(SPI_getbinval(row, desc, 4, &isnull));
+				int32		fingerprint = DatumGetInt32(SPI_getbinval(row, desc, 5, &fp_null));
+
+				if (r == n - 1)
+					after = *(ItemPointer) DatumGetPointer(SPI_getbinval(row, desc, 1, &isnull));
+				(void) keystore_carry_key(current, consumer_id, processed_at, key,
+										  fp_null ? NULL : &fingerprint);
+				for (int i = 0; i < nconsumers; i++)
+					if (consumers[i].consumer_id == consumer_id)
+						carried[i] = true;
+			}
+			SPI_freetuptable(page);
+			if (n < CARRY_PAGE)
+				break;
+		}
+	}
+	return true;
+}
+
+/*
+ * Registers in the current generation each consumer whose keys were
+ * carried there, at its latest activity: its keys there are no newer, and
+ * the generation must not outlive its window counted from that activity
+ * any more than the one it came from (keygen.c, fact 3).
+ */
+static void
+register_carried(int64 current_epoch, const GenerationConsumer *consumers,
+				 int nconsumers, const bool *carried)
+{
+	Datum	   *latest = palloc(sizeof(Datum) * Max(nconsumers, 1));
+	int			n = 0;
+	Datum		args[3];
+
+	for (int i = 0; i < nconsumers; i++)
+		if (carried[i])
+			latest[n++] = Int32GetDatum(consumers[i].latest);
+	if (n == 0)
+		return;
+	args[0] = Int64GetDatum(current_epoch);
+	args[1] = consumer_array(consumers, nconsumers, carried);
+	args[2] = PointerGetDatum(construct_array(latest, n, INT4OID, sizeof(int32), true,
+											  TYPALIGN_INT));
+	storage_stmt_run(&retire_stmts, KR_REGISTER, args, NULL, 0);
 }
 
 /*
@@ -225,6 +427,7 @@ keygen_retire(void)
 	int			nsealed;
 	int			dropped = 0;
 	bool		open_before[KEYGEN_NUM];
+	const KeyGenState *state;
 
 	if (!si->has_ring)
 		return 0;
@@ -254,16 +457,35 @@ keygen_retire(void)
 	SPI_freetuptable(SPI_tuptable);
 
 	windows = retention_windows_load();
+	state = keygen_state_latest();
 	for (int i = 0; i < nsealed; i++)
 	{
 		Datum		arg = Int64GetDatum(sealed[i].epoch);
+		GenerationConsumer *consumers;
+		int			nconsumers;
+		RetireAction action;
+		bool	   *carried;
+		Datum		spared;
 
 		CHECK_FOR_INTERRUPTS();
-		if (sealed[i].slot < 1 || sealed[i].slot > KEYGEN_RING ||
-			!generation_expired(&sealed[i], windows))
+		if (sealed[i].slot < 1 || sealed[i].slot > KEYGEN_RING)
 			continue;
+		nconsumers = read_generation_consumers(&sealed[i], windows, &consumers);
+		action = retire_action(&sealed[i], consumers, nconsumers,
+							   state->current % KEYGEN_RING + 1);
+		if (action == RETIRE_KEEP)
+			continue;
+		carried = palloc0(sizeof(bool) * Max(nconsumers, 1));
+		if (action == RETIRE_CARRY)
+		{
+			if (!carry_live_keys(&sealed[i], keygen_lock_current(), consumers,
+								 nconsumers, carried))
+				continue;
+			register_carried(state->current_epoch, consumers, nconsumers, carried);
+		}
+		spared = consumer_array(consumers, nconsumers, carried);
 		keystore_execute_in(sealed[i].slot, KS_EXPIRE_RESOLVED_IN_GENERATION,
-							NULL, NULL, 0);
+							&spared, NULL, 0);
 		storage_stmt_run(&retire_stmts, KR_FORGET, &arg, NULL, 0);
 		dropped++;
 	}

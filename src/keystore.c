@@ -366,6 +366,19 @@ fastpath_record(KeyFastPath *fp, const KeyGenState *st, KeyGenSlot slot,
 }
 
 /*
+ * Records a key carried out of a sealed generation into the current one,
+ * slot, with the time and fingerprint it was recorded with; returns
+ * whether it was not there yet.  For retirement (keygen_retire.c), which
+ * holds the current generation locked and the sealed one against removals.
+ */
+bool
+keystore_carry_key(KeyGenSlot slot, int32 consumer_id, int32 processed_at,
+				   text *key, const int32 *fingerprint)
+{
+	return record_key_sql(slot, consumer_id, processed_at, key, fingerprint, NULL);
+}
+
+/*
  * Whether this database has sealed generations that may hold keys, each
  * probed before a key is recorded.  Locks the current generation first,
  * so that no switch adds one before this transaction ends.

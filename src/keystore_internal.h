@@ -113,6 +113,8 @@ typedef enum KeystoreStmt
 	KS_PENDING_IN_GENERATION,
 	KS_EXPIRE_RESOLVED_IN_GENERATION,
 	KS_TRUNCATE_GENERATION,
+	KS_CARRY_KEYS,
+	KS_CARRY_COLLISIONS,
 	KS_NUM_STMTS
 } KeystoreStmt;
 
@@ -189,11 +191,13 @@ extern const KeyGenState *keygen_state_latest(void);
 extern bool keygen_state_is_current(void);
 extern bool keygen_generation_empty(const KeyGeneration *gen);
 extern KeyGenSlot keygen_lock_current(void);
+extern bool keystore_carry_key(KeyGenSlot slot, int32 consumer_id, int32 processed_at,
+							   text *key, const int32 *fingerprint);
 extern bool keygen_seal_visible(KeyGenSlot slot, Snapshot snapshot);
 extern void keygen_note_recording(int32 consumer_id, int32 processed_at);
 
 /* keygen_holders.c */
-extern char *keygen_switch_holders(KeyGenSlot slot);
+extern void keygen_switch_held_back(KeyGenSlot sealing, bool quiet);
 
 /* keygen_filter.c */
 extern bool keygen_filter_may_hold(KeyGenSlot slot, int32 nchunks,

@@ -148,6 +148,16 @@
 	" GROUP BY k.consumer_id"
 
 
+/* KS_CARRY_KEYS and KS_CARRY_COLLISIONS on the given table */
+#define CARRIED_ROWS(table) \
+	"SELECT t.ctid, t.consumer_id, t.processed_at, t.key, t.fingerprint" \
+	" FROM " table " AS t WHERE t.ctid OPERATOR(pg_catalog.>) $2" \
+	" AND (t.consumer_id OPERATOR(pg_catalog.=) ANY ($1)" \
+	" OR (t.consumer_id, t.key) OPERATOR(pg_catalog.=) ANY" \
+	" (SELECT d.consumer_id, d.key FROM " STORAGE_SCHEMA ".dead_letters AS d" \
+	" WHERE d.status OPERATOR(pg_catalog.=) 'pending'))" \
+	" ORDER BY t.ctid LIMIT $3"
+
 /*
  * In every statement on keys, $1 is a consumer id and $2 a key, but for
  * the inserts into the key and collision tables, whose columns are in
@@ -386,21 +396,40 @@ static const StorageStmt keystore_stmt_defs[KS_NUM_STMTS] = {
 		" LIMIT 1",
 		0, {InvalidOid}
 	},
-	/* the resolved dead-letter entries of a generation's keys expire with them */
+	/*
+	 * The resolved dead-letter entries of a generation's keys expire with
+	 * them, but for those of the consumers $1, whose keys a retirement
+	 * carries into the current generation
+	 */
 	[KS_EXPIRE_RESOLVED_IN_GENERATION] = {
 		"DELETE FROM " STORAGE_SCHEMA ".dead_letters AS d"
 		" WHERE d.status OPERATOR(pg_catalog.<>) 'pending'"
+		" AND d.consumer_id OPERATOR(pg_catalog.<>) ALL ($1)"
 		" AND (EXISTS (SELECT FROM @KEYS@ AS k"
 		"  WHERE @HASH@(k.consumer_id, k.key) OPERATOR(pg_catalog.=) @HASH@(d.consumer_id, d.key)"
 		"  AND k.consumer_id OPERATOR(pg_catalog.=) d.consumer_id AND k.key OPERATOR(pg_catalog.=) d.key)"
 		" OR EXISTS (SELECT FROM @COLLISIONS@ AS c"
 		"  WHERE c.consumer_id OPERATOR(pg_catalog.=) d.consumer_id AND c.key OPERATOR(pg_catalog.=) d.key))",
-		0, {InvalidOid}
+		1, {INT4ARRAYOID}
 	},
 	/* the caller holds ACCESS EXCLUSIVE on both already: no wait */
 	[KS_TRUNCATE_GENERATION] = {
 		"TRUNCATE @KEYS@, @COLLISIONS@@FILTER@",
 		0, {InvalidOid}
+	},
+
+	/*
+	 * The keys a retirement carries out of a generation into the current
+	 * one (keygen_retire.c): those of the consumers $1, and those of
+	 * pending dead letters, after the row $2, a page at a time.
+	 */
+	[KS_CARRY_KEYS] = {
+		CARRIED_ROWS("@KEYS@"),
+		3, {INT4ARRAYOID, TIDOID, INT4OID}
+	},
+	[KS_CARRY_COLLISIONS] = {
+		CARRIED_ROWS("@COLLISIONS@"),
+		3, {INT4ARRAYOID, TIDOID, INT4OID}
 	},
 
 	/* the identity sequence behind replicated rows (IDS_PAST_ROWS) */
