@@ -58,6 +58,10 @@ sub problems
 	{
 		push @found, "cast ::$1" unless $2 || $grammar_type{ lc $1 };
 	}
+	while ($s =~ /\bCAST\s*\([^()]*?\bAS\s+([A-Za-z_]\w*)(\s*\.)?/gi)
+	{
+		push @found, "cast AS $1" unless $2 || $grammar_type{ lc $1 };
+	}
 	$s =~ s/::\s*[A-Za-z_]\w*(?:\s*\.\s*[A-Za-z_]\w*)?(?:\[\])?/ /g;
 	while ($s =~ /(?<![.\w\$])([A-Za-z_]\w*)\s*\(/g)
 	{
@@ -122,13 +126,15 @@ my @bad = (
 	"SELECT x::timestamptz", "SELECT timestamptz '2000-01-01'",
 	"SELECT now()", "SELECT count(*) FROM t", "WHERE a = \$1",
 	"WHERE a OPERATOR(pg_catalog.=) \$1 AND b < 2", "WHERE a IN (1, 2)",
-	"SELECT a || b", "WHERE a IS DISTINCT FROM b", "JOIN t USING (a)");
+	"SELECT a || b", "WHERE a IS DISTINCT FROM b", "JOIN t USING (a)",
+	"SELECT CAST(\$1 AS timestamptz)");
 is(scalar(grep { problems($_) } @bad), scalar(@bad), 'the check flags each unqualified form');
 my @good = (
 	"SELECT x::pg_catalog.timestamptz, '2000-01-01'::pg_catalog.timestamptz",
 	"SELECT pg_catalog.count(*), pg_catalog.now() FROM idem_consumer.t AS t (a, b)",
 	"UPDATE idem_consumer.t SET a = \$2, b = pg_catalog.now() WHERE a OPERATOR(pg_catalog.=) \$1",
-	"SELECT COALESCE(\$1, 0)::bigint, ARRAY(SELECT 1), -1, x.* FROM idem_consumer.t AS x");
+	"SELECT COALESCE(\$1, 0)::bigint, ARRAY(SELECT 1), -1, x.* FROM idem_consumer.t AS x",
+	"SELECT CAST(\$1 AS pg_catalog.timestamptz), CAST(\$2 AS bigint)");
 is(scalar(grep { problems($_) } @good), 0, 'the check passes qualified forms');
 
 my @found;
