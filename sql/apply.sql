@@ -133,7 +133,8 @@ EXCEPTION WHEN division_by_zero THEN
 END $$;
 SELECT idem_is_processed('k-caught', 'payments');
 
--- business SQL may itself call idem_apply
+-- business SQL may not call idem_apply itself, for another consumer either:
+-- the inner call is refused (55006), and the outer message fails whole
 SELECT idem_apply('k-outer', 'payments',
                   'select idem_apply($1, ''inner'', ''update orders set note = $1 where id = 5'', array[''nested''])',
                   ARRAY['k-inner']);

@@ -52,8 +52,8 @@ UPDATE idem_consumer.dead_letters
 SELECT idem_dlq_replay(id) FROM idem_dead_letters WHERE consumer = 'bss' AND key = 't2';
 SHOW search_path;
 
--- a nested call: the inner business SQL's setting ends with the inner call,
--- before the outer business SQL goes on
+-- a nested call is refused (55006) before its business SQL runs, so that
+-- its setting is never made
 SELECT idem_apply('n1', 'bss',
     'insert into bss_log select current_setting(''search_path'') from (select idem_apply(''n2'', ''bss'', ''select set_config(''''search_path'''', ''''bss_evil'''', false)'')) s');
 SELECT k FROM bss_log ORDER BY k;

@@ -169,8 +169,8 @@ COMMIT;
 SELECT count(*) AS entries FROM idem_dead_letters WHERE key = 'rb-3';
 SELECT idem_is_processed('rb-3', 'billing');
 
--- business SQL may call idem_try_apply itself; an inner entry goes with
--- an outer failure
+-- business SQL may not call idem_try_apply itself: the refusal (55006) is
+-- a permanent failure of the outer message, which is parked
 SELECT idem_try_apply('outer-1', 'nesting',
                       'select idem_try_apply($1, ''nested'', ''update wallets set balance = -1 where id = 1'')',
                       ARRAY['inner-1']);

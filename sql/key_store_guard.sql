@@ -8,7 +8,9 @@
 --   (idem_forget, idem_purge, idem_dlq_replay, idem_dlq_discard,
 --   idem_set_fingerprint, idem_consumer_set_owner, idem_set_retention,
 --   idem_reset_retention) raise 55006, from triggers the business SQL
---   fires too, SECURITY DEFINER ones of other roles included.
+--   fires too, SECURITY DEFINER ones of other roles included, and so do
+--   the calls that record keys, of any key (sql/trigger_guard.sql has
+--   the triggers that fire after the business SQL returned).
 -- Before, a deferred trigger that forgot the key just recorded ran after
 -- every check, and the redelivery applied the message again; a trigger on
 -- another table could forget, replay or purge whatever it liked.
@@ -39,8 +41,9 @@ END $$;
 CREATE CONSTRAINT TRIGGER ksg_forget_at_commit AFTER UPDATE ON ksg_orders
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION ksg_forget_applied();
 
--- the trigger fires at commit, after idem_apply returned: the commit fails,
--- and with it the delivery, which nothing applied
+-- the trigger fires at commit, after idem_apply returned: it is refused, as
+-- every trigger's change of keys after business SQL (sql/trigger_guard.sql),
+-- the commit fails, and with it the delivery, which nothing applied
 SELECT idem_apply('p1', 'ksg', 'update ksg_orders set paid = paid + 1, k = $1 where id = 1', ARRAY['p1']);
 SELECT paid FROM ksg_orders;
 SELECT idem_is_processed('p1', 'ksg') AS p1_recorded;
@@ -49,6 +52,12 @@ SET idem_consumer.fast_path = off;
 SELECT idem_apply('p1', 'ksg', 'update ksg_orders set paid = paid + 1, k = $1 where id = 1', ARRAY['p1']);
 RESET idem_consumer.fast_path;
 SELECT paid FROM ksg_orders;
+-- in a transaction without business SQL the key store refuses it itself
+BEGIN;
+SELECT k FROM idem_record_batch('ksg', ARRAY['p0']) AS k;
+UPDATE ksg_orders SET k = 'p0' WHERE id = 1;
+COMMIT;
+SELECT idem_is_processed('p0', 'ksg') AS p0_recorded;
 DROP TRIGGER ksg_forget_at_commit ON ksg_orders;
 -- without the trigger the message applies once
 SELECT idem_apply('p1', 'ksg', 'update ksg_orders set paid = paid + 1, k = $1 where id = 1', ARRAY['p1']);
@@ -103,7 +112,7 @@ SELECT idem_apply('p6', 'ksg', 'select 1');
 SELECT idem_forget('p6', 'ksg') AS p6_forgotten_fast_path;
 
 -- a plain trigger on another table, which the business SQL touches, runs
--- whatever its row asks; each key-store change is refused
+-- whatever its row asks; each key-store change is refused, of any key
 CREATE TABLE ksg_audit (stmt text NOT NULL, outcome text);
 CREATE FUNCTION ksg_run_stmt() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -181,7 +190,8 @@ SELECT idem_is_processed('o1', 'ksg_other_c') AS o1_recorded;
 
 -- a purge in a transaction that records keys is refused, whoever calls it
 -- and when: with a window shorter than the transaction's age it could
--- remove a key the transaction recorded, as a forget would
+-- remove a key the transaction recorded, as a forget would (a deferred
+-- trigger after business SQL is refused before that, as a trigger)
 CREATE FUNCTION ksg_purge_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM idem_purge('ksg');

@@ -96,6 +96,7 @@ apply_message(FunctionCallInfo fcinfo, int event_time_argno,
 		fingerprint = fingerprint_of_bound_call(explicit_fingerprint, sql,
 												bound_params);
 	inflight_check_key(consumer_id, consumer, key, "record");
+	inflight_check_call(fcinfo);
 	if (routed)
 	{
 		routed_refuse_two_roles("idem_apply_routed", consumer, GetUserId());

@@ -162,9 +162,10 @@ record_batch_sql(ReturnSetInfo *rsinfo, int32 consumer_id,
  * the new ones, each once; keys is non-empty, with its nkeys elems.
  */
 static void
-record_batch(ReturnSetInfo *rsinfo, const char *consumer, ArrayType *keys,
+record_batch(FunctionCallInfo fcinfo, const char *consumer, ArrayType *keys,
 			 Datum *elems, int nkeys)
 {
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	int32		consumer_id;
 	int64		nnew;
 	int			call;
@@ -172,6 +173,7 @@ record_batch(ReturnSetInfo *rsinfo, const char *consumer, ArrayType *keys,
 	SPI_connect();
 	consumer_id = keystore_consumer_id(consumer, true);
 	inflight_check_keys(consumer_id, consumer, elems, nkeys, "record");
+	inflight_check_call(fcinfo);
 	call = stats_call_begin(consumer);
 
 	nnew = record_batch_by_key(rsinfo, consumer_id, elems, NULL, nkeys, true);
@@ -205,8 +207,7 @@ idem_record_batch(PG_FUNCTION_ARGS)
 
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 	if (keys != NULL)
-		record_batch((ReturnSetInfo *) fcinfo->resultinfo, consumer, keys,
-					 elems, nkeys);
+		record_batch(fcinfo, consumer, keys, elems, nkeys);
 	return (Datum) 0;
 }
 
@@ -318,6 +319,7 @@ idem_record_batch_routed(PG_FUNCTION_ARGS)
 	SPI_connect();
 	consumer_id = keystore_consumer_id(consumer, true);
 	inflight_check_keys(consumer_id, consumer, elems, nkeys, "record");
+	inflight_check_call(fcinfo);
 	if (routed)
 		routed_refuse_two_roles("idem_record_batch_routed", consumer, GetUserId());
 	call = stats_call_begin(consumer);
@@ -378,6 +380,7 @@ idem_record_batch_fingerprinted(PG_FUNCTION_ARGS)
 	consumer_id = keystore_consumer_id_and_fp_check(consumer, true,
 														&check_fingerprint);
 	inflight_check_keys(consumer_id, consumer, elems, nkeys, "record");
+	inflight_check_call(fcinfo);
 	call = stats_call_begin(consumer);
 	if (!check_fingerprint)
 		memset(has_fingerprint, 0, nkeys * sizeof(bool));

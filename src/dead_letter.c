@@ -598,7 +598,10 @@ refuse_inside_business_sql(const char *function_name, const char *action,
 	bool		isnull;
 
 	if (!inflight_any())
+	{
+		inflight_check_none(function_name);
 		return;
+	}
 	dead_letter_execute(DL_ENTRY_KEY, &arg, NULL, 1);
 	if (SPI_processed > 0)
 		inflight_check_dead_letter(function_name, action,

@@ -217,6 +217,7 @@ effect_begin(FunctionCallInfo fcinfo, int route_argno, const char *funcname)
 	EffectAction action;
 
 	require_own_transaction(funcname);
+	inflight_check_call(fcinfo);
 	effect_place_args(fcinfo, route_argno, &place);
 	request = PG_ARGISNULL(next) ? NULL : PG_GETARG_JSONB_P(next);
 	lease_us = get_duration_arg(fcinfo, next + 1, "lease", MAX_LEASE_US);
@@ -272,6 +273,7 @@ effect_complete(FunctionCallInfo fcinfo, int route_argno, const char *funcname)
 	char		argnulls[2] = {result == NULL ? 'n' : ' ', ' '};
 	bool		completed;
 
+	inflight_check_call(fcinfo);
 	effect_place_args(fcinfo, route_argno, &place);
 	SPI_connect();
 	/* like idem_apply, everything about the SQL is checked before any write */
@@ -342,6 +344,7 @@ effect_fail(FunctionCallInfo fcinfo, int route_argno)
 	EffectPolicy policy;
 	EffectAction action;
 
+	inflight_check_call(fcinfo);
 	effect_place_args(fcinfo, route_argno, &place);
 	SPI_connect();
 	effect_consumer_id(&place);
@@ -404,6 +407,7 @@ effect_heartbeat(FunctionCallInfo fcinfo, int route_argno)
 	EffectRow	row = {.cxt = CurrentMemoryContext};
 	bool		extended = false;
 
+	inflight_check_call(fcinfo);
 	effect_place_args(fcinfo, route_argno, &place);
 	SPI_connect();
 	effect_consumer_id(&place);
@@ -458,6 +462,7 @@ effect_enqueue(FunctionCallInfo fcinfo, int route_argno)
 				 errdetail("The request is what the dispatcher sends to the provider.")));
 	request = PG_GETARG_JSONB_P(2);
 	arg = JsonbPGetDatum(request);
+	inflight_check_call(fcinfo);
 	effect_place_args(fcinfo, route_argno, &place);
 
 	SPI_connect();
@@ -554,6 +559,7 @@ idem_effect_claim(PG_FUNCTION_ARGS)
 
 	refuse_unrouted("idem_effect_claim");
 	require_own_transaction("idem_effect_claim");
+	inflight_check_call(fcinfo);
 	place.consumer = get_consumer_arg(fcinfo, 0);
 	max_count = get_count_arg(fcinfo, 1, "max_count");
 	lease_us = get_duration_arg(fcinfo, 2, "lease", MAX_LEASE_US);
@@ -596,6 +602,7 @@ idem_effect_claim_routed(PG_FUNCTION_ARGS)
 	int64		lease_us;
 
 	require_own_transaction("idem_effect_claim_routed");
+	inflight_check_call(fcinfo);
 	place.consumer = get_consumer_arg(fcinfo, 0);
 	max_count = get_count_arg(fcinfo, 2, "max_count");
 	lease_us = get_duration_arg(fcinfo, 3, "lease", MAX_LEASE_US);
@@ -671,6 +678,7 @@ idem_set_effect_policy(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("max_delay must not be shorter than base_delay")));
 
+	inflight_check_call(fcinfo);
 	SPI_connect();
 	values[0] = Int32GetDatum(keystore_consumer_id(consumer, true));
 	values[1] = Int32GetDatum(max_attempts);

@@ -375,6 +375,7 @@ extern void inflight_check_dead_letter(const char *function_name, const char *ac
 									   const char *entry_name, int32 consumer_id,
 									   text *key);
 extern void inflight_check_none(const char *function_name);
+extern void inflight_check_call(FunctionCallInfo fcinfo);
 extern void inflight_note_recording(void);
 extern void inflight_check_not_recording(const char *function_name);
 

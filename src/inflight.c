@@ -14,20 +14,52 @@
  * replay of the running message's own dead-letter entry applies it again
  * inside itself, and a replay of its consumer's entries picks that entry
  * too; a discard of it leaves the running replay an entry it can no longer
- * resolve.  Recording the running key again, purging, and the operator
- * functions that change what is recorded or how (owners, fingerprints,
- * retention) are refused for the same reason.  Those functions ask here
- * first and raise object_in_use.  The messages name no running key: a
- * trigger of another role may be the one that reads them.
+ * resolve.  Nor may it change the record of other keys, of any consumer
+ * the caller may act on: a trigger of another team that forgets an older
+ * key of the caller's consumer makes that message's redelivery apply
+ * again, and one that records a key the consumer has yet to receive makes
+ * its real delivery a duplicate that changes nothing, a lost message.
+ *
+ * The rule, for every function that changes what is recorded (idem_apply,
+ * idem_try_apply and their typed and routed forms, the batches,
+ * idem_forget, the effect functions, dead-letter replay and discard,
+ * idem_purge, and the operator functions that change how keys are
+ * recorded: owners, fingerprints, retention):
+ *
+ *	 - while business SQL runs in this backend, the function is refused,
+ *	   whatever key and consumer it names;
+ *	 - once business SQL has run in the current top-level transaction, the
+ *	   function is refused for the rest of that transaction whenever it is
+ *	   called from a trigger (pg_trigger_depth() > 0).
+ *
+ * The first covers everything the business SQL's statements run: triggers,
+ * rules, column defaults, check constraints, index expressions and views
+ * all run inside them.  The second covers what they leave behind to run
+ * later with the caller's rights: deferred constraint triggers fired at
+ * commit or by SET CONSTRAINTS ... IMMEDIATE (both at trigger depth 1 or
+ * more), which business SQL of another team's table queues.  The calls the
+ * transaction makes itself, from its own statements at trigger depth 0,
+ * go on as before; so does a trigger's call before any business SQL ran,
+ * but not a second one after it: which trigger calls cannot be told, so
+ * an inbox trigger that applies one message per row applies the first row
+ * of a transaction and refuses the next (one message per transaction, or
+ * the calls in the transaction's own statements).  Event triggers belong
+ * to superusers, and run only for the DDL of the statement that fires
+ * them.  Refusals raise object_in_use, as for a key held by business SQL:
+ * the same call succeeds in a transaction of its own, so it is the state
+ * of the transaction that refuses, not a privilege.  The messages name no
+ * running key: a trigger of another role may be the one that reads them.
  *
  * The list lives in TopMemoryContext.  Whoever pushes an entry pops it
  * again on every exit, error included (PG_FINALLY), so the list is empty
  * whenever no business SQL runs; a transaction's end clears it as well,
- * in case an error escaped some caller's cleanup.  Deferred triggers run
- * at commit, after the list is empty: keystore.c refuses to forget a key
- * in the transaction that recorded it, whoever asks, and a purge is
- * refused in a transaction that has recorded keys (noted here, and cleared
- * by the same transaction-end callback).
+ * in case an error escaped some caller's cleanup, and with it the note
+ * that business SQL ran (a subtransaction's abort keeps the note: the
+ * triggers the business SQL queued before may still be pending, and
+ * erring on the side of refusal costs only a trigger's call).  keystore.c
+ * refuses, besides, to forget a key in the transaction that recorded it,
+ * whoever asks, and a purge is refused in a transaction that has recorded
+ * keys (noted here, and cleared by the same transaction-end callback).
  *
  * Copyright (c) 2025-2026, idem_consumer maintainers
  *
@@ -39,7 +71,10 @@
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "fmgr.h"
 #include "utils/builtins.h"
+#include "utils/fmgrprotos.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 
 #include "idem_consumer.h"
@@ -66,6 +101,12 @@ static bool callback_registered = false;
 static bool recording_in_xact = false;
 
 /*
+ * Whether business SQL has started in the current top-level transaction:
+ * from then on, triggers may not change the record of keys.
+ */
+static bool business_ran_in_xact = false;
+
+/*
  * Forgets every held key when a transaction ends: no business SQL can be
  * running then, and the next transaction has recorded nothing yet.
  */
@@ -81,6 +122,7 @@ inflight_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_PREPARE:
 			inflight_pop(0);
 			recording_in_xact = false;
+			business_ran_in_xact = false;
 			break;
 		default:
 			break;
@@ -107,6 +149,7 @@ int
 inflight_push(int32 consumer_id, const char *consumer, text *key)
 {
 	inflight_register_callback();
+	business_ran_in_xact = true;
 	if (ninflight == maxinflight)
 	{
 		int			newmax = Max(4, maxinflight * 2);
@@ -237,7 +280,10 @@ inflight_check_dead_letter(const char *function_name, const char *action,
 	const InflightKey *running;
 
 	if (ninflight == 0)
+	{
+		inflight_check_none(function_name);
 		return;
+	}
 
 	if (key != NULL && inflight_find(consumer_id, key) != NULL)
 		ereport(ERROR,
@@ -261,15 +307,46 @@ inflight_check_dead_letter(const char *function_name, const char *action,
 }
 
 /*
- * Raises object_in_use if any business SQL runs in this backend: function
- * changes the record of keys, which business SQL, and whatever triggers it
- * fires, must not do while a message is being applied.
+ * pg_trigger_depth(): how many triggers are running in this backend, the
+ * deferred ones fired at commit included.
+ */
+static int
+trigger_depth(void)
+{
+	LOCAL_FCINFO(fcinfo, 0);
+
+	InitFunctionCallInfoData(*fcinfo, NULL, 0, InvalidOid, NULL, NULL);
+	return DatumGetInt32(pg_trigger_depth(fcinfo));
+}
+
+/*
+ * Whether the header's rule refuses a change of the record of keys now.
+ */
+static bool
+inflight_refuses(void)
+{
+	return ninflight > 0 || (business_ran_in_xact && trigger_depth() > 0);
+}
+
+/*
+ * Raises object_in_use if function, which changes the record of keys, may
+ * not run now: business SQL runs in this backend, or it ran earlier in
+ * this transaction and function is called from a trigger.
  */
 void
 inflight_check_none(const char *function_name)
 {
-	if (ninflight == 0)
+	if (!inflight_refuses())
 		return;
+	if (ninflight == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_IN_USE),
+				 errmsg("%s cannot run from a trigger in a transaction that has run business SQL",
+						function_name),
+				 errdetail("A trigger, a deferred one at commit included, may belong to another role "
+						   "whose table the business SQL changed; it must not change the record of messages."),
+				 errhint("Call %s from the transaction's own statements, or in a transaction of its own.",
+						 function_name)));
 	ereport(ERROR,
 			(errcode(ERRCODE_OBJECT_IN_USE),
 			 errmsg("%s cannot run inside the business SQL of a message", function_name),
@@ -277,6 +354,18 @@ inflight_check_none(const char *function_name)
 					   "is running its business SQL, which must not change the record of messages, "
 					   "nor may the triggers it fires."),
 			 errhint("Call %s in a transaction of its own.", function_name)));
+}
+
+/*
+ * inflight_check_none() for the SQL function that fcinfo calls, named only
+ * when it is refused.
+ */
+void
+inflight_check_call(FunctionCallInfo fcinfo)
+{
+	if (!inflight_refuses())
+		return;
+	inflight_check_none(get_func_name(fcinfo->flinfo->fn_oid));
 }
 
 /*

@@ -95,7 +95,7 @@ static const StorageStmt retire_stmt_defs[KR_NUM_STMTS] = {
 	[KR_SEALED] = {
 		"SELECT g.epoch, g.generation,"
 		" pg_catalog.floor(pg_catalog.date_part('epoch', n.opened_at"
-		" OPERATOR(pg_catalog.-) timestamptz '2000-01-01 00:00:00+00'))::pg_catalog.int4"
+		" OPERATOR(pg_catalog.-) '2000-01-01 00:00:00+00'::pg_catalog.timestamptz))::pg_catalog.int4"
 		" FROM " STORAGE_SCHEMA ".key_generations AS g"
 		" CROSS JOIN LATERAL (SELECT x.opened_at FROM " STORAGE_SCHEMA ".key_generations AS x"
 		"  WHERE x.epoch OPERATOR(pg_catalog.>) g.epoch ORDER BY x.epoch LIMIT 1) AS n"

@@ -5,10 +5,22 @@
  *	  plans, and binding the caller's text parameters to them.
  *
  * Each backend keeps a plan per distinct SQL text, bounded by
- * idem_consumer.plan_cache_size with least-recently-used eviction.  The
- * plans are SPI plans, so the plan cache of PostgreSQL replans them when a
- * table they use changes, and checks permissions as the current user at
- * every execution.
+ * idem_consumer.plan_cache_size texts and idem_consumer.plan_cache_memory
+ * bytes, with least-recently-used eviction.  The plans are SPI plans, so
+ * the plan cache of PostgreSQL replans them when a table they use changes,
+ * and checks permissions as the current user at every execution.
+ *
+ * The bytes are what the memory contexts of the cache hold: its own (the
+ * texts, the hash table, the parameters' input functions) and each plan's
+ * (the plan source with its parse and query trees, and its generic plan).
+ * A plan's bytes are measured when it is made and again when it is used
+ * after PostgreSQL replanned it or built its generic plan, so the total is
+ * kept without walking every plan at each call; it may run over by what
+ * the plan last executed built since.  The text being applied is never
+ * evicted, so one plan larger than the bound is kept until the next call.
+ * The count is each session's to set; the bytes only a superuser's, which
+ * bounds what a session of any role can make its backend hold: business
+ * SQL texts are the caller's, and 200 texts of a megabyte held 400 MB.
  *
  * Parameter types are inferred once, the way a driver's unnamed prepared
  * statement infers them (parse analysis with variable parameters), then
@@ -50,10 +62,19 @@ struct BusinessPlan
 	FmgrInfo   *input_funcs;
 	Oid		   *input_ioparams;
 	dlist_node	lru_node;		/* most recently used first */
+	Size		plan_bytes;		/* the plan's contexts when last measured */
+	const void *measured_query; /* its query trees and generic plan then */
+	const void *measured_gplan;
 };
 
 /* Number of distinct business SQL texts whose plans a backend keeps. */
 static int	plan_cache_size = 256;
+
+/* Bytes the plans a backend keeps may hold, in kB. */
+static int	plan_cache_memory = 32 * 1024;
+
+/* The plan_bytes of every entry together. */
+static Size plan_cache_plan_bytes = 0;
 
 static HTAB *plan_cache = NULL;
 static MemoryContext plan_cache_cxt = NULL;
@@ -241,6 +262,47 @@ analyze_business_sql(const char *sql, Oid **argtypes, int *nargs)
 }
 
 /*
+ * Measures the memory of bplan's plan again if PostgreSQL has replanned it
+ * or built its generic plan since it was last measured, and keeps the
+ * cache's total up to date.
+ */
+static void
+business_plan_measure(BusinessPlan *bplan)
+{
+	List	   *sources = SPI_plan_get_plan_sources(bplan->plan);
+	CachedPlanSource *source;
+	Size		bytes;
+
+	if (sources == NIL)
+		return;
+	/* business SQL is one statement: one plan source */
+	source = (CachedPlanSource *) linitial(sources);
+	if (bplan->plan_bytes > 0 &&
+		bplan->measured_query == (const void *) source->query_context &&
+		bplan->measured_gplan == (const void *) source->gplan)
+		return;
+
+	/* the query trees' context is a child of the source's */
+	bytes = MemoryContextMemAllocated(source->context, true);
+	if (source->gplan != NULL)
+		bytes += MemoryContextMemAllocated(source->gplan->context, true);
+	plan_cache_plan_bytes -= bplan->plan_bytes;
+	plan_cache_plan_bytes += bytes;
+	bplan->plan_bytes = bytes;
+	bplan->measured_query = source->query_context;
+	bplan->measured_gplan = source->gplan;
+}
+
+/*
+ * The bytes the cache holds, as far as it has measured them.
+ */
+static Size
+plan_cache_bytes(void)
+{
+	return MemoryContextMemAllocated(plan_cache_cxt, true) + plan_cache_plan_bytes;
+}
+
+/*
  * Prepares a business SQL text and stores its plan in the cache.
  *
  * Everything the entry needs is allocated before the entry is made: an
@@ -293,25 +355,31 @@ business_plan_create(const char *sql)
 	PG_END_TRY();
 
 	Assert(!found);
+	entry.plan_bytes = 0;
 	*bplan = entry;
 	dlist_push_head(&plan_lru, &bplan->lru_node);
+	business_plan_measure(bplan);
 	return bplan;
 }
 
 /*
- * Drops least recently used plans until the cache fits its limit.
+ * Drops least recently used plans until the cache fits its limits, the
+ * most recently used one excepted.
  */
 static void
 plan_cache_evict(void)
 {
 	while (executing_depth == 0 &&
-		   hash_get_num_entries(plan_cache) > plan_cache_size)
+		   (hash_get_num_entries(plan_cache) > plan_cache_size ||
+			(hash_get_num_entries(plan_cache) > 1 &&
+			 plan_cache_bytes() > (Size) plan_cache_memory * 1024)))
 	{
 		BusinessPlan *victim = dlist_container(BusinessPlan, lru_node,
 											   dlist_tail_node(&plan_lru));
 		const char *sql = victim->sql;
 
 		dlist_delete(&victim->lru_node);
+		plan_cache_plan_bytes -= victim->plan_bytes;
 		SPI_freeplan(victim->plan);
 		pfree(victim->argtypes);
 		pfree(victim->input_funcs);
@@ -359,12 +427,13 @@ business_plan_get(const char *sql)
 
 	bplan = hash_search(plan_cache, &sql, HASH_FIND, NULL);
 	if (bplan != NULL)
-		dlist_move_head(&plan_lru, &bplan->lru_node);
-	else
 	{
-		bplan = business_plan_create(sql);
-		plan_cache_evict();
+		dlist_move_head(&plan_lru, &bplan->lru_node);
+		business_plan_measure(bplan);
 	}
+	else
+		bplan = business_plan_create(sql);
+	plan_cache_evict();
 	return bplan;
 }
 
@@ -541,6 +610,19 @@ plan_cache_init(void)
 							65536,
 							PGC_USERSET,
 							0,
+							NULL,
+							NULL,
+							NULL);
+	DefineCustomIntVariable("idem_consumer.plan_cache_memory",
+							"Sets how much memory the prepared plans of business SQL may hold in a session.",
+							"The least recently used plans are dropped when the limit is reached; "
+							"the plan in use is kept.",
+							&plan_cache_memory,
+							32 * 1024,
+							64,
+							MAX_KILOBYTES,
+							PGC_SUSET,
+							GUC_UNIT_KB,
 							NULL,
 							NULL,
 							NULL);

@@ -189,6 +189,7 @@ try_apply_message(FunctionCallInfo fcinfo, int event_time_argno,
 	if (check_fingerprint)
 		fingerprint = fingerprint_of_try_call(explicit_fingerprint, sql, params);
 	inflight_check_key(place.consumer_id, consumer, key, "record");
+	inflight_check_call(fcinfo);
 	if (place.routed)
 	{
 		routed_refuse_two_roles("idem_try_apply_routed", consumer, GetUserId());
