@@ -24,6 +24,7 @@
 #include "catalog/pg_proc.h"
 #include "executor/executor.h"
 #include "pgstat.h"
+#include "storage/lock.h"
 #include "utils/acl.h"
 #include "utils/guc.h"
 
@@ -158,6 +159,24 @@ compat_guc_extra_free(void *extra)
 	guc_free(extra);
 #else
 	free(extra);
+#endif
+}
+
+/*
+ * Takes a lock, reporting running out of shared memory as an error, and
+ * sets *locallockp to its local entry (18 added whether a failure to take
+ * it without waiting is logged).
+ */
+static inline LockAcquireResult
+compat_lock_acquire(const LOCKTAG *locktag, LOCKMODE lockmode, bool sessionLock,
+					bool dontWait, LOCALLOCK **locallockp)
+{
+#if PG_VERSION_NUM >= 180000
+	return LockAcquireExtended(locktag, lockmode, sessionLock, dontWait, true,
+							   locallockp, false);
+#else
+	return LockAcquireExtended(locktag, lockmode, sessionLock, dontWait, true,
+							   locallockp);
 #endif
 }
 

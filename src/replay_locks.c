@@ -1,0 +1,168 @@
+/*-------------------------------------------------------------------------
+ *
+ * replay_locks.c
+ *	  The session-level advisory locks of the operator who replays a dead
+ *	  letter: what the replayed SQL takes is released when the replay ends,
+ *	  and what the operator held before is held again.
+ *
+ * A replay runs another role's SQL in the operator's session
+ * (replay_role.c).  The security-restricted operation it runs in undoes
+ * settings and refuses temporary objects, prepared statements, LISTEN and
+ * cursors WITH HOLD, but pg_advisory_lock() is allowed there, and a
+ * session-level advisory lock outlives the transaction: the operator's
+ * session would go on holding a lock that the team's own workers wait
+ * for, and pg_advisory_unlock_all() in the SQL would drop the operator's
+ * own.  So the session-level holds of every advisory lock the backend
+ * holds are counted before the replay and after it, and the difference is
+ * undone: the extra holds released, the lost ones taken again.  Locks
+ * taken at transaction level (pg_advisory_xact_lock) belong to the
+ * operator's transaction, as every other lock the replay takes, and end
+ * with it.
+ *
+ * The lock manager tells which advisory locks this backend holds
+ * (GetLockStatusData, a copy of the shared lock table: a replay is an
+ * operator's action, not a hot path), but not how many of the holds are
+ * at session level; the backend's own LOCALLOCK entry does, and taking one
+ * more session-level hold of a lock already held (never a wait) returns
+ * it, after which that hold is released again.
+ *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/replay_locks.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "miscadmin.h"
+#include "storage/lock.h"
+
+#include "compat.h"
+#include "idem_consumer.h"
+
+/* One advisory lock in one mode, and this backend's session-level holds. */
+typedef struct AdvisoryHold
+{
+	LOCKTAG		tag;
+	LOCKMODE	mode;
+	int			session_holds;
+} AdvisoryHold;
+
+struct ReplayLocks
+{
+	int			nholds;
+	AdvisoryHold *holds;
+};
+
+/*
+ * Returns how many of this backend's holds of a lock it holds are at
+ * session level.
+ */
+static int
+session_holds(const LOCKTAG *tag, LOCKMODE mode)
+{
+	LOCALLOCK  *locallock = NULL;
+	int			holds = 0;
+
+	if (compat_lock_acquire(tag, mode, true, true, &locallock) == LOCKACQUIRE_NOT_AVAIL)
+		return 0;
+	for (int i = 0; i < locallock->numLockOwners; i++)
+		if (locallock->lockOwners[i].owner == NULL)
+			holds = (int) locallock->lockOwners[i].nLocks;
+	(void) LockRelease(tag, mode, true);
+	return holds - 1;
+}
+
+/*
+ * Returns the advisory locks this backend holds, each mode apart, with
+ * their session-level holds (those without any included).
+ */
+static ReplayLocks *
+advisory_holds(void)
+{
+	LockData   *data = GetLockStatusData();
+	ReplayLocks *held = palloc(sizeof(ReplayLocks));
+
+	held->nholds = 0;
+	held->holds = NULL;
+	for (int i = 0; i < data->nelements; i++)
+	{
+		LockInstanceData *instance = &data->locks[i];
+
+		if (instance->pid != MyProcPid ||
+			instance->locktag.locktag_type != LOCKTAG_ADVISORY)
+			continue;
+		for (LOCKMODE mode = 1; mode <= MaxLockMode; mode++)
+		{
+			AdvisoryHold *hold;
+
+			if ((instance->holdMask & LOCKBIT_ON(mode)) == 0)
+				continue;
+			held->holds = held->holds == NULL ?
+				palloc(sizeof(AdvisoryHold)) :
+				repalloc(held->holds, (held->nholds + 1) * sizeof(AdvisoryHold));
+			hold = &held->holds[held->nholds++];
+			hold->tag = instance->locktag;
+			hold->mode = mode;
+			hold->session_holds = session_holds(&hold->tag, mode);
+		}
+	}
+	return held;
+}
+
+/*
+ * Returns the session-level holds of a lock in a list of them.
+ */
+static int
+holds_of(const ReplayLocks *held, const AdvisoryHold *lock)
+{
+	for (int i = 0; i < held->nholds; i++)
+		if (held->holds[i].mode == lock->mode &&
+			memcmp(&held->holds[i].tag, &lock->tag, sizeof(LOCKTAG)) == 0)
+			return held->holds[i].session_holds;
+	return 0;
+}
+
+/*
+ * Returns the session-level advisory locks this backend holds, for
+ * replay_locks_restore() once the replayed SQL has run.
+ */
+ReplayLocks *
+replay_locks_save(void)
+{
+	return advisory_holds();
+}
+
+/*
+ * Releases the session-level advisory lock holds taken since saved was
+ * made and, with retake, takes again those released since (waiting for
+ * them, as pg_advisory_lock() does).  Without retake it only releases and
+ * never waits: for a replay whose error is on its way to the operator.
+ */
+void
+replay_locks_restore(ReplayLocks *saved, bool retake)
+{
+	ReplayLocks *now = advisory_holds();
+
+	for (int i = 0; i < now->nholds; i++)
+	{
+		AdvisoryHold *lock = &now->holds[i];
+
+		for (int n = holds_of(saved, lock); n < lock->session_holds; n++)
+			(void) LockRelease(&lock->tag, lock->mode, true);
+	}
+	if (retake)
+	{
+		for (int i = 0; i < saved->nholds; i++)
+		{
+			AdvisoryHold *lock = &saved->holds[i];
+
+			for (int n = holds_of(now, lock); n < lock->session_holds; n++)
+				(void) LockAcquire(&lock->tag, lock->mode, true, false);
+		}
+	}
+	if (now->holds != NULL)
+		pfree(now->holds);
+	pfree(now);
+}
