@@ -71,6 +71,29 @@ SELECT * FROM rl_held();
 COMMIT;
 SELECT * FROM rl_held();
 
+-- the rest of the session's state is refused to the SQL outright: as
+-- business SQL's own statement, and run by a function it calls, since a
+-- replay is a security-restricted operation; each fails again
+CREATE FUNCTION rl_run(stmt text) RETURNS int LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE stmt;
+    RETURN 1;
+END $$;
+GRANT EXECUTE ON FUNCTION rl_run(text) TO rl_team;
+SET ROLE rl_team;
+SELECT idem_try_apply('k-' || g, 'rl', 'select 1/0') FROM generate_series(9, 12) g;
+RESET ROLE;
+SELECT idem_dlq_replay(rl_entry('k-9', 'listen rl_channel'));
+SELECT idem_dlq_replay(rl_entry('k-10', $$select rl_run('listen rl_channel')$$));
+SELECT idem_dlq_replay(rl_entry('k-11', $$select rl_run('prepare rl_prepared as select 1')$$));
+SELECT idem_dlq_replay(rl_entry('k-12', $$select rl_run('create temp table rl_temp (i int)')$$));
+SELECT key, sqlstate, message FROM idem_dead_letters
+ WHERE consumer = 'rl' AND key IN ('k-9', 'k-10', 'k-11', 'k-12') ORDER BY key;
+SELECT (SELECT count(*) FROM pg_listening_channels()) AS channels,
+       (SELECT count(*) FROM pg_prepared_statements) AS prepared,
+       (SELECT count(*) FROM pg_class WHERE relname = 'rl_temp') AS temp_tables;
+
+DROP FUNCTION rl_run(text);
 DROP FUNCTION rl_entry(text, text);
 DROP FUNCTION rl_held();
 DROP FUNCTION rl_transient();

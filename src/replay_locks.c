@@ -7,7 +7,7 @@
  *
  * A replay runs another role's SQL in the operator's session
  * (replay_role.c).  The security-restricted operation it runs in undoes
- * settings and refuses temporary objects, prepared statements, LISTEN and
+ * settings and refuses temporary tables, prepared statements, LISTEN and
  * cursors WITH HOLD, but pg_advisory_lock() is allowed there, and a
  * session-level advisory lock outlives the transaction: the operator's
  * session would go on holding a lock that the team's own workers wait
