@@ -496,35 +496,6 @@ entry_mark_run(const DeadLetterEntry *entry, ErrorData *edata)
 }
 
 /*
- * Runs an entry's SQL as run_as through business_run(), and puts the
- * session-level advisory locks back as the operator held them before
- * (replay_locks.c), whether the SQL succeeds, fails or raises.
- */
-static ErrorData *
-replay_run(const DeadLetterEntry *entry, const char *consumer, Oid run_as,
-		   int64 expect_rows)
-{
-	ReplayLocks *locks = replay_locks_save();
-	ErrorData  *volatile edata = NULL;
-	uint64		rows;
-
-	PG_TRY();
-	{
-		edata = business_run(entry->place.consumer_id, consumer, entry->key,
-							 entry->sql, entry->params, entry->settings,
-							 run_as, expect_rows, &rows);
-	}
-	PG_CATCH();
-	{
-		replay_locks_restore(locks, false);
-		PG_RE_THROW();
-	}
-	PG_END_TRY();
-	replay_locks_restore(locks, true);
-	return edata;
-}
-
-/*
  * Runs a locked pending entry again under its key, as the role that
  * dead-lettered it, and records the result: replayed on success, the new
  * error and one more attempt on a permanent failure.  A transient error is
@@ -536,6 +507,7 @@ replay_entry(const DeadLetterEntry *entry)
 	ErrorData  *edata;
 	Oid			run_as;
 	char	   *consumer;
+	uint64		rows;
 	int64		expect_rows;
 
 	/* the entry of a dead external effect: replaying it re-arms the effect */
@@ -579,8 +551,13 @@ replay_entry(const DeadLetterEntry *entry)
 		expect_rows = dead_letter_expect_rows(entry->id);
 	}
 
-	/* a message parked by idem_try_apply_rows demands its rows again */
-	edata = replay_run(entry, consumer, run_as, expect_rows);
+	/*
+	 * A message parked by idem_try_apply_rows demands its rows again; the
+	 * operator's session advisory locks are left as they were.
+	 */
+	edata = replay_locks_business_run(entry->place.consumer_id, consumer, entry->key,
+									  entry->sql, entry->params, entry->settings,
+									  run_as, expect_rows, &rows);
 	entry_mark_run(entry, edata);
 	return edata == NULL ? OUTCOME_APPLIED : OUTCOME_DEAD_LETTERED;
 }

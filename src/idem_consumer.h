@@ -398,12 +398,6 @@ extern Oid	replay_role_check(const char *entry_name, const char *consumer, Oid r
 extern ReplayRoleState replay_role_begin(Oid roleid);
 extern void replay_role_end(ReplayRoleState state);
 
-/* replay_locks.c */
-typedef struct ReplayLocks ReplayLocks;
-
-extern ReplayLocks *replay_locks_save(void);
-extern void replay_locks_restore(ReplayLocks *saved, bool retake);
-
 /* business_run.c */
 extern void business_run_init(void);
 

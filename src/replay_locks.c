@@ -39,7 +39,7 @@
 #include "storage/lock.h"
 
 #include "compat.h"
-#include "idem_consumer.h"
+#include "dead_letter.h"
 
 /* One advisory lock in one mode, and this backend's session-level holds. */
 typedef struct AdvisoryHold
@@ -49,11 +49,12 @@ typedef struct AdvisoryHold
 	int			session_holds;
 } AdvisoryHold;
 
-struct ReplayLocks
+/* The advisory locks a backend holds at some moment. */
+typedef struct ReplayLocks
 {
 	int			nholds;
 	AdvisoryHold *holds;
-};
+} ReplayLocks;
 
 /*
  * Returns how many of this backend's holds of a lock it holds are at
@@ -125,22 +126,12 @@ holds_of(const ReplayLocks *held, const AdvisoryHold *lock)
 }
 
 /*
- * Returns the session-level advisory locks this backend holds, for
- * replay_locks_restore() once the replayed SQL has run.
- */
-ReplayLocks *
-replay_locks_save(void)
-{
-	return advisory_holds();
-}
-
-/*
  * Releases the session-level advisory lock holds taken since saved was
  * made and, with retake, takes again those released since (waiting for
  * them, as pg_advisory_lock() does).  Without retake it only releases and
  * never waits: for a replay whose error is on its way to the operator.
  */
-void
+static void
 replay_locks_restore(ReplayLocks *saved, bool retake)
 {
 	ReplayLocks *now = advisory_holds();
@@ -165,4 +156,32 @@ replay_locks_restore(ReplayLocks *saved, bool retake)
 	if (now->holds != NULL)
 		pfree(now->holds);
 	pfree(now);
+}
+
+/*
+ * business_run() for a replay: runs an entry's SQL as run_as, and puts the
+ * session-level advisory locks back as the operator held them before,
+ * whether the SQL succeeds, fails or raises.
+ */
+ErrorData *
+replay_locks_business_run(int32 consumer_id, const char *consumer, text *key,
+						  const char *sql, ArrayType *params, ArrayType *settings,
+						  Oid run_as, int64 expect_rows, uint64 *rows)
+{
+	ReplayLocks *saved = advisory_holds();
+	ErrorData  *volatile edata = NULL;
+
+	PG_TRY();
+	{
+		edata = business_run(consumer_id, consumer, key, sql, params, settings,
+							 run_as, expect_rows, rows);
+	}
+	PG_CATCH();
+	{
+		replay_locks_restore(saved, false);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	replay_locks_restore(saved, true);
+	return edata;
 }
