@@ -25,6 +25,7 @@
 #include "executor/executor.h"
 #include "pgstat.h"
 #include "storage/lock.h"
+#include "storage/proc.h"
 #include "utils/acl.h"
 #include "utils/guc.h"
 
@@ -177,6 +178,31 @@ compat_lock_acquire(const LOCKTAG *locktag, LOCKMODE lockmode, bool sessionLock,
 #else
 	return LockAcquireExtended(locktag, lockmode, sessionLock, dontWait, true,
 							   locallockp);
+#endif
+}
+
+/*
+ * Returns the PROCLOCK of this backend after prev (the first if prev is
+ * NULL) in one lock partition, whose LWLock the caller holds; NULL after
+ * the last (16 made the list a dlist).
+ */
+static inline PROCLOCK *
+compat_my_proclock_next(int partition, PROCLOCK *prev)
+{
+#if PG_VERSION_NUM >= 160000
+	dlist_head *head = &MyProc->myProcLocks[partition];
+
+	if (prev == NULL)
+		return dlist_is_empty(head) ? NULL :
+			dlist_container(PROCLOCK, procLink, dlist_head_node(head));
+	return dlist_has_next(head, &prev->procLink) ?
+		dlist_container(PROCLOCK, procLink, dlist_next_node(head, &prev->procLink)) :
+		NULL;
+#else
+	SHM_QUEUE  *head = &MyProc->myProcLocks[partition];
+
+	return (PROCLOCK *) SHMQueueNext(head, prev == NULL ? head : &prev->procLink,
+									 offsetof(PROCLOCK, procLink));
 #endif
 }
 

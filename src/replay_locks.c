@@ -19,12 +19,13 @@
  * operator's transaction, as every other lock the replay takes, and end
  * with it.
  *
- * The lock manager tells which advisory locks this backend holds
- * (GetLockStatusData, a copy of the shared lock table: a replay is an
- * operator's action, not a hot path), but not how many of the holds are
- * at session level; the backend's own LOCALLOCK entry does, and taking one
- * more session-level hold of a lock already held (never a wait) returns
- * it, after which that hold is released again.
+ * Which advisory locks this backend holds is read from its own PROCLOCKs
+ * in the shared lock table (the list pg_locks reads, without copying the
+ * whole table: two reads per replay cost a few microseconds), not how
+ * many of the holds are at session level; the backend's own LOCALLOCK
+ * entry tells that, and taking one more session-level hold of a lock
+ * already held (never a wait) returns it, after which that hold is
+ * released again.
  *
  * Copyright (c) 2025-2026, idem_consumer maintainers
  *
@@ -35,7 +36,6 @@
  */
 #include "postgres.h"
 
-#include "miscadmin.h"
 #include "storage/lock.h"
 
 #include "compat.h"
@@ -77,38 +77,49 @@ session_holds(const LOCKTAG *tag, LOCKMODE mode)
 
 /*
  * Returns the advisory locks this backend holds, each mode apart, with
- * their session-level holds (those without any included).
+ * their session-level holds.  Its own PROCLOCKs are read under each
+ * partition's lock in turn; the holds are counted after, without them.
  */
 static ReplayLocks *
 advisory_holds(void)
 {
-	LockData   *data = GetLockStatusData();
 	ReplayLocks *held = palloc(sizeof(ReplayLocks));
+	int			allocated = 4;
 
 	held->nholds = 0;
-	held->holds = NULL;
-	for (int i = 0; i < data->nelements; i++)
+	held->holds = palloc(allocated * sizeof(AdvisoryHold));
+	for (int partition = 0; partition < NUM_LOCK_PARTITIONS; partition++)
 	{
-		LockInstanceData *instance = &data->locks[i];
+		LWLock	   *partition_lock = LockHashPartitionLockByIndex(partition);
 
-		if (instance->pid != MyProcPid ||
-			instance->locktag.locktag_type != LOCKTAG_ADVISORY)
-			continue;
-		for (LOCKMODE mode = 1; mode <= MaxLockMode; mode++)
+		LWLockAcquire(partition_lock, LW_SHARED);
+		for (PROCLOCK *proclock = compat_my_proclock_next(partition, NULL);
+			 proclock != NULL;
+			 proclock = compat_my_proclock_next(partition, proclock))
 		{
-			AdvisoryHold *hold;
+			const LOCK *lock = proclock->tag.myLock;
 
-			if ((instance->holdMask & LOCKBIT_ON(mode)) == 0)
+			if (lock->tag.locktag_type != LOCKTAG_ADVISORY)
 				continue;
-			held->holds = held->holds == NULL ?
-				palloc(sizeof(AdvisoryHold)) :
-				repalloc(held->holds, (held->nholds + 1) * sizeof(AdvisoryHold));
-			hold = &held->holds[held->nholds++];
-			hold->tag = instance->locktag;
-			hold->mode = mode;
-			hold->session_holds = session_holds(&hold->tag, mode);
+			for (LOCKMODE mode = 1; mode <= MaxLockMode; mode++)
+			{
+				if ((proclock->holdMask & LOCKBIT_ON(mode)) == 0)
+					continue;
+				if (held->nholds == allocated)
+				{
+					allocated *= 2;
+					held->holds = repalloc(held->holds, allocated * sizeof(AdvisoryHold));
+				}
+				held->holds[held->nholds].tag = lock->tag;
+				held->holds[held->nholds].mode = mode;
+				held->nholds++;
+			}
 		}
+		LWLockRelease(partition_lock);
 	}
+	for (int i = 0; i < held->nholds; i++)
+		held->holds[i].session_holds = session_holds(&held->holds[i].tag,
+													 held->holds[i].mode);
 	return held;
 }
 
@@ -153,8 +164,7 @@ replay_locks_restore(ReplayLocks *saved, bool retake)
 				(void) LockAcquire(&lock->tag, lock->mode, true, false);
 		}
 	}
-	if (now->holds != NULL)
-		pfree(now->holds);
+	pfree(now->holds);
 	pfree(now);
 }
 
