@@ -28,6 +28,8 @@ BEGIN
                JOIN pg_depend d ON d.objid = p.oid AND d.classid = 'pg_proc'::regclass
               WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idem_consumer')
                 AND p.pronamespace = 'public'::regnamespace
+                -- its EXECUTE is the right to reset every consumer's counters
+                AND p.proname <> 'idem_stats_reset'
     LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO mb_owner, mb_inherit, mb_noinherit, mb_other', f);
     END LOOP;

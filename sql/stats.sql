@@ -67,15 +67,18 @@ SELECT consumer, applied, duplicates, failed, latency_p50_ms IS NULL AS no_laten
        lag_last_ms IS NULL AS no_lag, last_applied_at IS NULL AS never_applied
   FROM idem_stats WHERE consumer IN ('stats-a', 'stats-b') ORDER BY consumer;
 
--- only superusers and roles granted it may reset
+-- only superusers and roles granted it may reset; a role reads the
+-- counters of the consumers whose owner's privileges it has, pg_monitor
+-- (pg_read_all_stats) every consumer's
 CREATE ROLE stats_reader;
 SET ROLE stats_reader;
-SELECT applied FROM idem_stats WHERE consumer = 'stats-b';
+SELECT count(*) AS rows_of_stats_b FROM idem_stats WHERE consumer = 'stats-b';
 SELECT idem_stats_reset();
 SELECT idem_metrics() IS NOT NULL;
 RESET ROLE;
 GRANT pg_monitor TO stats_reader;
 SET ROLE stats_reader;
+SELECT applied FROM idem_stats WHERE consumer = 'stats-b';
 SELECT idem_metrics() LIKE '%idem_applied_total{database="contrib_regression",consumer="stats-b"} 1%' AS monitor_reads_metrics;
 RESET ROLE;
 DROP ROLE stats_reader;

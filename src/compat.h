@@ -24,6 +24,8 @@
 #include "catalog/pg_proc.h"
 #include "executor/executor.h"
 #include "pgstat.h"
+#include "storage/lock.h"
+#include "storage/proc.h"
 #include "utils/acl.h"
 #include "utils/guc.h"
 
@@ -158,6 +160,49 @@ compat_guc_extra_free(void *extra)
 	guc_free(extra);
 #else
 	free(extra);
+#endif
+}
+
+/*
+ * Takes a lock, reporting running out of shared memory as an error, and
+ * sets *locallockp to its local entry (18 added whether a failure to take
+ * it without waiting is logged).
+ */
+static inline LockAcquireResult
+compat_lock_acquire(const LOCKTAG *locktag, LOCKMODE lockmode, bool sessionLock,
+					bool dontWait, LOCALLOCK **locallockp)
+{
+#if PG_VERSION_NUM >= 180000
+	return LockAcquireExtended(locktag, lockmode, sessionLock, dontWait, true,
+							   locallockp, false);
+#else
+	return LockAcquireExtended(locktag, lockmode, sessionLock, dontWait, true,
+							   locallockp);
+#endif
+}
+
+/*
+ * Returns the PROCLOCK of this backend after prev (the first if prev is
+ * NULL) in one lock partition, whose LWLock the caller holds; NULL after
+ * the last (16 made the list a dlist).
+ */
+static inline PROCLOCK *
+compat_my_proclock_next(int partition, PROCLOCK *prev)
+{
+#if PG_VERSION_NUM >= 160000
+	dlist_head *head = &MyProc->myProcLocks[partition];
+
+	if (prev == NULL)
+		return dlist_is_empty(head) ? NULL :
+			dlist_container(PROCLOCK, procLink, dlist_head_node(head));
+	return dlist_has_next(head, &prev->procLink) ?
+		dlist_container(PROCLOCK, procLink, dlist_next_node(head, &prev->procLink)) :
+		NULL;
+#else
+	SHM_QUEUE  *head = &MyProc->myProcLocks[partition];
+
+	return (PROCLOCK *) SHMQueueNext(head, prev == NULL ? head : &prev->procLink,
+									 offsetof(PROCLOCK, procLink));
 #endif
 }
 

@@ -477,6 +477,20 @@ keystore_may_act_on_consumer_id(int32 consumer_id)
 }
 
 /*
+ * Tells whether the current role may read the counters of a consumer of
+ * this database: one with no owner, or whose owner's privileges it has.
+ * A consumer that no longer exists has no owner to ask, and is nobody's
+ * to read but pg_read_all_stats's, which the caller checks first.
+ */
+bool
+keystore_may_read_consumer(const char *consumer)
+{
+	ConsumerIdEntry found;
+
+	return lookup_consumer(consumer, &found) && has_owner_privileges(found.owner);
+}
+
+/*
  * Raises 42501 unless the current role may act on the consumer of this id.
  */
 void
@@ -500,26 +514,24 @@ keystore_check_consumer_id(int32 consumer_id)
 
 /*
  * Raises 42501 unless the current role may act on every consumer; for the
- * functions that act on all consumers at once.  Consumer names are public
- * (idem_stats), their owners are not.
+ * functions that act on all consumers at once.  Neither the names of
+ * other roles' consumers nor their owners are told.
  */
 void
 keystore_check_every_consumer(const char *what)
 {
 	Datum		arg = ObjectIdGetDatum(GetUserId());
-	char	   *name;
 
 	if (superuser() || !storage_locate()->consumers_have_owners)
 		return;
 	consumers_execute(CS_FOREIGN, &arg, NULL, 1);
 	if (SPI_processed == 0)
 		return;
-	name = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
 	ereport(ERROR,
 			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 			 errmsg("permission denied to %s of every consumer", what),
-			 errdetail("Role \"%s\" does not have the privileges of the owner of consumer \"%s\".",
-					   role_name_for_message(GetUserId()), name),
+			 errdetail("Role \"%s\" does not have the privileges of the owners of every consumer of this database.",
+					   role_name_for_message(GetUserId())),
 			 errhint("Name the consumer, or act as a role with the privileges of every owner.")));
 }
 

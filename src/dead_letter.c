@@ -551,10 +551,13 @@ replay_entry(const DeadLetterEntry *entry)
 		expect_rows = dead_letter_expect_rows(entry->id);
 	}
 
-	/* a message parked by idem_try_apply_rows demands its rows again */
-	edata = business_run(entry->place.consumer_id, consumer, entry->key,
-						 entry->sql, entry->params, entry->settings,
-						 run_as, expect_rows, &rows);
+	/*
+	 * A message parked by idem_try_apply_rows demands its rows again; the
+	 * operator's session advisory locks are left as they were.
+	 */
+	edata = replay_locks_business_run(entry->place.consumer_id, consumer, entry->key,
+									  entry->sql, entry->params, entry->settings,
+									  run_as, expect_rows, &rows);
 	entry_mark_run(entry, edata);
 	return edata == NULL ? OUTCOME_APPLIED : OUTCOME_DEAD_LETTERED;
 }

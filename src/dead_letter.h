@@ -1,7 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * dead_letter.h
- *	  What try_apply.c, dead_letter.c, dead_letter_sql.c and business_run.c
+ *	  What try_apply.c, dead_letter.c, dead_letter_sql.c, business_run.c
+ *	  and replay_locks.c
  *	  share.
  *
  * Calls run downwards: try_apply.c uses dead_letter.c and business_run.c,
@@ -81,5 +82,12 @@ extern ErrorData *business_run(int32 consumer_id, const char *consumer, text *ke
 							   int64 expect_rows, uint64 *rows);
 extern bool business_run_error_is_transient(int sqlerrcode);
 extern ArrayType *business_run_capture_settings(void);
+
+/* replay_locks.c */
+extern ErrorData *replay_locks_business_run(int32 consumer_id, const char *consumer,
+											text *key, const char *sql,
+											ArrayType *params, ArrayType *settings,
+											Oid run_as, int64 expect_rows,
+											uint64 *rows);
 
 #endif							/* IDEM_DEAD_LETTER_H */

@@ -161,6 +161,7 @@ extern int32 keystore_consumer_id_and_fp_check(const char *consumer,
 												bool *check_fingerprint);
 extern void keystore_check_consumer_id(int32 consumer_id);
 extern bool keystore_may_act_on_consumer_id(int32 consumer_id);
+extern bool keystore_may_read_consumer(const char *consumer);
 extern void keystore_check_every_consumer(const char *what);
 extern bool role_can_become(Oid roleid);
 extern bool consumer_row_visible(const char *consumer, TransactionId *xmin);
@@ -277,6 +278,10 @@ extern void stats_init(void);
 extern void stats_foreach(Oid dbid,
 						  void (*fn) (const ConsumerStatsCopy *copy, void *arg),
 						  void *arg);
+extern void stats_foreach_readable(Oid dbid,
+								   void (*fn) (const ConsumerStatsCopy *copy, void *arg),
+								   void *arg);
+extern bool stats_read_all(void);
 
 /* stats_file.c */
 extern void stats_file_init(void);

@@ -8,10 +8,16 @@
  * histograms of histogram.c, so each cumulative bucket count is exact.
  *
  * A scrape is one pass over the counters in shared memory that copies one
- * consumer at a time (stats_foreach), and reads no stored key (the
+ * consumer at a time (stats_foreach_readable), and reads no stored key (the
  * dead-letter gauges read the pending entries only, through their partial
  * index): its time and memory are those of the text it returns, about
  * 4 kB per consumer, whatever the number of keys.
+ *
+ * A scrape shows the consumers the caller may read, by stats.c's rule:
+ * every consumer of every database to pg_read_all_stats (pg_monitor, the
+ * usual scraping role), and to any other role with EXECUTE the consumers
+ * of its database whose owner's privileges it has; the dead-letter gauges
+ * follow the same rule.
  *
  * Copyright (c) 2025-2026, idem_consumer maintainers
  *
@@ -243,7 +249,7 @@ database_name(MetricsPass *pass, Oid dbid)
 
 /*
  * Appends one consumer's samples to the buffer of each family; called by
- * stats_foreach() with the consumer's counters copied.
+ * stats_foreach_readable() with the consumer's counters copied.
  */
 static void
 append_consumer(const ConsumerStatsCopy *copy, void *arg)
@@ -294,22 +300,29 @@ static void
 append_dead_letter_gauges(StringInfo buf, const char *database)
 {
 	StringInfoData ages;
+	SPITupleTable *summary;
+	uint64		nrows = dead_letter_pending_summary();
+	bool		all = stats_read_all();
 
-	(void) dead_letter_pending_summary();
+	/* the summary's rows are judged one by one, each judgement a query */
+	summary = SPI_tuptable;
+	SPI_tuptable = NULL;
 
 	initStringInfo(&ages);
 	append_family(buf, "idem_dlq_pending", "gauge",
 				  "Dead letters waiting for a replay or a discard, per consumer.");
 	append_family(&ages, "idem_dlq_oldest_pending_age_seconds", "gauge",
 				  "Time since the first failure of the oldest pending dead letter.");
-	for (uint64 i = 0; i < SPI_processed; i++)
+	for (uint64 i = 0; i < nrows; i++)
 	{
-		HeapTuple	row = SPI_tuptable->vals[i];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
+		HeapTuple	row = summary->vals[i];
+		TupleDesc	desc = summary->tupdesc;
 		char	   *consumer = SPI_getvalue(row, desc, 1);
 		bool		isnull;
 		Datum		age;
 
+		if (!all && !keystore_may_read_consumer(consumer))
+			continue;
 		append_series_start(buf, "idem_dlq_pending", database, consumer);
 		appendStringInfo(buf, "} %s\n", SPI_getvalue(row, desc, 2));
 
@@ -320,6 +333,7 @@ append_dead_letter_gauges(StringInfo buf, const char *database)
 							consumer);
 		appendStringInfo(&ages, "} %.3f\n", DatumGetFloat8(age));
 	}
+	SPI_freetuptable(summary);
 	appendBinaryStringInfo(buf, ages.data, ages.len);
 }
 
@@ -348,7 +362,7 @@ metrics_text(Oid dbid, bool labelled)
 	}
 	if (labelled)
 		current = database_name(&pass, MyDatabaseId);
-	stats_foreach(dbid, append_consumer, &pass);
+	stats_foreach_readable(dbid, append_consumer, &pass);
 
 	initStringInfo(&tail);
 	append_family(&tail, "idem_keys_stored", "gauge",
@@ -407,7 +421,5 @@ idem_metrics(PG_FUNCTION_ARGS)
 Datum
 idem_metrics_1_2(PG_FUNCTION_ARGS)
 {
-	bool		all = has_privs_of_role(GetUserId(), ROLE_PG_READ_ALL_STATS);
-
-	PG_RETURN_TEXT_P(metrics_text(all ? InvalidOid : MyDatabaseId, true));
+	PG_RETURN_TEXT_P(metrics_text(stats_read_all() ? InvalidOid : MyDatabaseId, true));
 }

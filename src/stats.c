@@ -8,6 +8,17 @@
  * database's OID and the name: "payments" in two databases has two sets.
  * The views show the counters of the database they are read in.
  *
+ * Who reads which counters, pg_stat_statements' rule for other users'
+ * queries: a role with the privileges of pg_read_all_stats (pg_monitor,
+ * superusers) reads every consumer's; any other role reads those of the
+ * consumers of its database whose owner's privileges it has (the test of
+ * the other views, pg_has_role(owner, 'USAGE')) and those without an
+ * owner.  A consumer of another database, whose owner only that
+ * database's catalog knows, or one that no longer exists, is read by
+ * pg_read_all_stats only.  The functions that read counters filter the
+ * rows themselves (stats_foreach_readable), so that no row they hide ever
+ * reaches a plan node, a WHERE clause or EXPLAIN ANALYZE's row counts.
+ *
  * Locking protocol, in the manner of pg_stat_statements:
  *	- the hash tables' shape is protected by stats_state->lock: exclusive to
  *	  add or remove an entry, shared to look one up, to iterate, or to touch
@@ -35,10 +46,13 @@
  */
 #include "postgres.h"
 
+#include "catalog/pg_authid.h"
+#include "executor/spi.h"
 #include "miscadmin.h"
 #include "port/atomics.h"
 #include "storage/lwlock.h"
 #include "storage/spin.h"
+#include "utils/acl.h"
 #include "utils/guc.h"
 #include "utils/hsearch.h"
 #include "utils/timestamp.h"
@@ -47,12 +61,14 @@
 
 /* GUCs */
 int			idem_max_consumers = 1000;
+int			idem_max_consumers_per_database = 0;
 bool		idem_track = true;
 bool		idem_save = true;
 
 StatsSharedState *stats_state = NULL;
 HTAB	   *stats_hash = NULL;
 HTAB	   *db_hash = NULL;
+HTAB	   *db_slots_hash = NULL;
 
 /*
  * Fills a key: the name zero-padded, since keys are hashed as bytes.
@@ -98,6 +114,18 @@ stats_init(void)
 							16,
 							100000,
 							PGC_POSTMASTER,
+							0,
+							NULL, NULL, NULL);
+	DefineCustomIntVariable("idem_consumer.max_consumers_per_database",
+							"Sets how many consumers of one database have counters in shared memory.",
+							"0 leaves every database the whole of idem_consumer.max_consumers. "
+							"Calls of further consumers of a database at its share are counted in its "
+							"idem_stats_info.untracked_calls only.",
+							&idem_max_consumers_per_database,
+							0,
+							0,
+							100000,
+							PGC_SIGHUP,
 							0,
 							NULL, NULL, NULL);
 	DefineCustomBoolVariable("idem_consumer.track",
@@ -169,6 +197,104 @@ stats_count_untracked(int64 calls)
 		SpinLockRelease(&stats_state->mutex);
 	}
 	LWLockRelease(stats_state->lock);
+}
+
+/* What filter_readable() passes on, and to whom. */
+typedef struct ReadableFilter
+{
+	HTAB	   *readable;		/* names of this database's readable consumers */
+	void		(*fn) (const ConsumerStatsCopy *copy, void *arg);
+	void	   *arg;
+} ReadableFilter;
+
+/*
+ * Tells whether the current role reads every consumer's counters, of
+ * every database: it has the privileges of pg_read_all_stats.
+ */
+bool
+stats_read_all(void)
+{
+	return has_privs_of_role(GetUserId(), ROLE_PG_READ_ALL_STATS);
+}
+
+/*
+ * Returns the names of this database's consumers with a slot whose
+ * counters the current role may read.  The names are copied under the
+ * shared lock, then judged without it: judging reads the catalog.
+ */
+static HTAB *
+readable_consumers(void)
+{
+	HASHCTL		ctl;
+	HTAB	   *readable;
+	HASH_SEQ_STATUS hash_seq;
+	ConsumerStatsEntry *entry;
+	List	   *names = NIL;
+	ListCell   *lc;
+
+	ctl.keysize = IDEM_MAX_CONSUMER_BYTES + 1;
+	ctl.entrysize = IDEM_MAX_CONSUMER_BYTES + 1;
+	ctl.hcxt = CurrentMemoryContext;
+	readable = hash_create("idem_consumer readable consumers", 16, &ctl,
+						   HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+
+	LWLockAcquire(stats_state->lock, LW_SHARED);
+	hash_seq_init(&hash_seq, stats_hash);
+	while ((entry = hash_seq_search(&hash_seq)) != NULL)
+		if (entry->key.dbid == MyDatabaseId)
+			names = lappend(names, pstrdup(entry->key.consumer));
+	LWLockRelease(stats_state->lock);
+
+	SPI_connect();
+	foreach(lc, names)
+	{
+		const char *name = lfirst(lc);
+
+		if (keystore_may_read_consumer(name))
+			(void) hash_search(readable, name, HASH_ENTER, NULL);
+	}
+	SPI_finish();
+	list_free_deep(names);
+	return readable;
+}
+
+/*
+ * Passes a copy on to the filter's function if its consumer is readable.
+ */
+static void
+filter_readable(const ConsumerStatsCopy *copy, void *arg)
+{
+	ReadableFilter *filter = (ReadableFilter *) arg;
+
+	if (hash_search(filter->readable, copy->consumer, HASH_FIND, NULL) != NULL)
+		filter->fn(copy, filter->arg);
+}
+
+/*
+ * stats_foreach(), for the consumers whose counters the current role may
+ * read only (see the top of this file).
+ */
+void
+stats_foreach_readable(Oid dbid, void (*fn) (const ConsumerStatsCopy *copy, void *arg),
+					   void *arg)
+{
+	ReadableFilter filter;
+
+	stats_require_shmem();
+	if (stats_read_all())
+	{
+		stats_foreach(dbid, fn, arg);
+		return;
+	}
+	/* other databases' consumers are pg_read_all_stats's only */
+	if (OidIsValid(dbid) && dbid != MyDatabaseId)
+		return;
+
+	filter.readable = readable_consumers();
+	filter.fn = fn;
+	filter.arg = arg;
+	stats_foreach(MyDatabaseId, filter_readable, &filter);
+	hash_destroy(filter.readable);
 }
 
 /*

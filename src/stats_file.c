@@ -327,6 +327,7 @@ stats_file_fill(const char *data, int32 ndbs, int32 nentries)
 			break;
 		SpinLockInit(&entry->mutex);
 		entry->counters = counters;
+		stats_count_slot(key.dbid, 1);
 	}
 }
 
@@ -362,6 +363,8 @@ stats_memsize(void)
 
 	size = add_size(size, hash_estimate_size(idem_max_consumers,
 											 sizeof(ConsumerStatsEntry)));
+	size = add_size(size, hash_estimate_size(idem_max_consumers,
+											 sizeof(DatabaseSlots)));
 	return add_size(size, hash_estimate_size(idem_max_consumers,
 											 sizeof(DatabaseStatsEntry)));
 }
@@ -393,6 +396,7 @@ stats_shmem_startup(void)
 	stats_state = NULL;
 	stats_hash = NULL;
 	db_hash = NULL;
+	db_slots_hash = NULL;
 
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
 
@@ -415,6 +419,10 @@ stats_shmem_startup(void)
 	db_hash = ShmemInitHash("idem_consumer database stats hash",
 							idem_max_consumers, idem_max_consumers,
 							&info, HASH_ELEM | HASH_BLOBS);
+	info.entrysize = sizeof(DatabaseSlots);
+	db_slots_hash = ShmemInitHash("idem_consumer database slots hash",
+								  idem_max_consumers, idem_max_consumers,
+								  &info, HASH_ELEM | HASH_BLOBS);
 
 	LWLockRelease(AddinShmemInitLock);
 

@@ -47,6 +47,17 @@ typedef struct DatabaseStatsEntry
 	TimestampTz stats_reset;	/* of untracked_calls */
 } DatabaseStatsEntry;
 
+/*
+ * How many slots a database holds, for its share
+ * (idem_consumer.max_consumers_per_database); an entry exists while the
+ * count is positive.  Changed with the slots, under the exclusive lock.
+ */
+typedef struct DatabaseSlots
+{
+	Oid			dbid;			/* hash key */
+	int32		slots;
+} DatabaseSlots;
+
 typedef struct StatsSharedState
 {
 	LWLock	   *lock;
@@ -59,7 +70,9 @@ typedef struct StatsSharedState
 extern StatsSharedState *stats_state;
 extern HTAB *stats_hash;
 extern HTAB *db_hash;
+extern HTAB *db_slots_hash;
 extern int	idem_max_consumers;
+extern int	idem_max_consumers_per_database;
 extern bool idem_track;
 extern bool idem_save;
 
@@ -75,6 +88,7 @@ extern bool stats_resolve_slot(const char *consumer, ConsumerStatsEntry **entry,
 							   uint64 *generation, bool *exists);
 extern void stats_remember_slot(const char *consumer, ConsumerStatsEntry *entry,
 								uint64 generation);
+extern void stats_count_slot(Oid dbid, int delta);
 extern void stats_warn_untracked(const char *consumer, bool transaction_full);
 
 #endif							/* IDEM_STATS_INTERNAL_H */

@@ -15,6 +15,15 @@
  * removes the entries of databases that were dropped, of consumers of this
  * database that no longer exist, and of counters that are all zero.
  *
+ * Shares.  With idem_consumer.max_consumers_per_database set, a database
+ * that holds that many slots gets no new one, whatever room is left, so
+ * that the roles allowed to create consumers in one database cannot take
+ * the slots of every other: a consumer refused one is counted as one
+ * refused for a full table is, in its database's untracked calls, and its
+ * warning names the database and its share.  A database at its share runs
+ * reclaim passes as a full table does.  Slots a database already holds
+ * stay when the share is lowered; it takes no new one until it is below.
+ *
  * Copyright (c) 2025-2026, idem_consumer maintainers
  *
  * IDENTIFICATION
@@ -26,6 +35,7 @@
 
 #include "access/transam.h"
 #include "access/xact.h"
+#include "commands/dbcommands.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
@@ -100,13 +110,52 @@ stats_remember_slot(const char *consumer, ConsumerStatsEntry *entry, uint64 gene
 }
 
 /*
+ * Adds delta to the slots database dbid holds; the caller holds the
+ * exclusive lock (or is the postmaster, filling the table at start-up).
+ * The table has room for a count per slot, so the entry is always made.
+ */
+void
+stats_count_slot(Oid dbid, int delta)
+{
+	DatabaseSlots *db;
+	bool		found;
+
+	db = hash_search(db_slots_hash, &dbid, delta > 0 ? HASH_ENTER : HASH_FIND, &found);
+	if (db == NULL)
+		return;
+	if (!found)
+		db->slots = 0;
+	db->slots += delta;
+	if (db->slots <= 0)
+		(void) hash_search(db_slots_hash, &dbid, HASH_REMOVE, NULL);
+}
+
+/*
+ * Tells whether this database holds its share of slots; the caller holds
+ * the lock, shared or exclusive.
+ */
+static bool
+database_at_share(void)
+{
+	DatabaseSlots *db;
+
+	if (idem_max_consumers_per_database <= 0)
+		return false;
+	db = hash_search(db_slots_hash, &MyDatabaseId, HASH_FIND, NULL);
+	return db != NULL && db->slots >= idem_max_consumers_per_database;
+}
+
+/*
  * Warns, once per consumer and session (for at most max_consumers
- * consumers), that a consumer's calls are not counted per consumer.
+ * consumers), that a consumer's calls are not counted per consumer: its
+ * transaction has too many consumers, or this database holds its share
+ * of slots, or the table is full.
  */
 void
 stats_warn_untracked(const char *consumer, bool transaction_full)
 {
 	bool		found;
+	bool		at_share;
 
 	if (warned == NULL)
 	{
@@ -123,6 +172,10 @@ stats_warn_untracked(const char *consumer, bool transaction_full)
 	(void) hash_search(warned, consumer, HASH_ENTER, &found);
 	if (found)
 		return;
+	LWLockAcquire(stats_state->lock, LW_SHARED);
+	at_share = database_at_share();
+	LWLockRelease(stats_state->lock);
+
 	if (transaction_full)
 		ereport(WARNING,
 				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
@@ -131,6 +184,19 @@ stats_warn_untracked(const char *consumer, bool transaction_full)
 						   "the calls of further ones count in idem_stats_info.untracked_calls only.",
 						   idem_max_consumers),
 				 errhint("Call fewer consumers in one transaction, or raise idem_consumer.max_consumers (it takes a restart).")));
+	else if (at_share)
+	{
+		char	   *dbname = get_database_name(MyDatabaseId);
+
+		ereport(WARNING,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("counters of consumer \"%s\" are not tracked", consumer),
+				 errdetail("Database \"%s\" holds its share of idem_consumer.max_consumers_per_database consumers (%d) with counters; "
+						   "the calls of this one count in idem_stats_info.untracked_calls only.",
+						   dbname != NULL ? dbname : "?", idem_max_consumers_per_database),
+				 errhint("Raise idem_consumer.max_consumers_per_database (a reload is enough), or reset the counters "
+						 "of consumers this database no longer uses with idem_stats_reset(), which lets a reclaim pass free their slots.")));
+	}
 	else
 		ereport(WARNING,
 				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
@@ -178,7 +244,8 @@ consumer_visible(const char *consumer)
 }
 
 /*
- * Tells whether the table of slots is full.
+ * Tells whether the table of slots is full, or this database holds its
+ * share of it.
  */
 static bool
 slots_full(void)
@@ -186,7 +253,8 @@ slots_full(void)
 	bool		full;
 
 	LWLockAcquire(stats_state->lock, LW_SHARED);
-	full = hash_get_num_entries(stats_hash) >= idem_max_consumers;
+	full = hash_get_num_entries(stats_hash) >= idem_max_consumers ||
+		database_at_share();
 	LWLockRelease(stats_state->lock);
 	return full;
 }
@@ -249,6 +317,7 @@ remove_slots(const StatsKey *keys, int nkeys, const bool *dead, List *dead_dbs)
 		if (dead[i] || stats_counters_empty(&entry->counters))
 		{
 			hash_search(stats_hash, &keys[i], HASH_REMOVE, NULL);
+			stats_count_slot(keys[i].dbid, -1);
 			removed++;
 		}
 	}
@@ -264,7 +333,8 @@ remove_slots(const StatsKey *keys, int nkeys, const bool *dead, List *dead_dbs)
 }
 
 /*
- * When the table of slots is full, removes the entries of databases that
+ * When the table of slots is full or this database holds its share,
+ * removes the entries of databases that
  * were dropped, of this database's consumers that no longer exist, and of
  * counters that are all zero.  At most once a second per backend (less
  * often when a pass takes more than a tenth of that), and only
@@ -351,7 +421,7 @@ stats_find_or_make_slot(const char *consumer, uint64 *generation)
 
 	LWLockAcquire(stats_state->lock, LW_EXCLUSIVE);
 	/* a shared hash table can outgrow its size: hold it to the GUC */
-	if (hash_get_num_entries(stats_hash) < idem_max_consumers)
+	if (hash_get_num_entries(stats_hash) < idem_max_consumers && !database_at_share())
 		entry = hash_search(stats_hash, &key, HASH_ENTER_NULL, &found);
 	else
 		entry = hash_search(stats_hash, &key, HASH_FIND, &found);
@@ -360,6 +430,7 @@ stats_find_or_make_slot(const char *consumer, uint64 *generation)
 		SpinLockInit(&entry->mutex);
 		memset(&entry->counters, 0, sizeof(ConsumerCounters));
 		entry->counters.stats_reset = GetCurrentTimestamp();
+		stats_count_slot(MyDatabaseId, 1);
 	}
 	*generation = pg_atomic_read_u64(&stats_state->generation);
 	LWLockRelease(stats_state->lock);

@@ -5,10 +5,12 @@
 # grant does all of it and a role outside does none of it.  From 16 on a
 # grant can carry the privileges without the right to become the role
 # (WITH INHERIT TRUE, SET FALSE): such a member acts on the consumer but
-# may neither make the role an owner nor replay as it.
+# may neither make the role an owner nor replay as it.  The README's grant
+# of idem_stats_reset to an operator does what it says.
 use strict;
 use warnings;
 
+use File::Spec;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -111,6 +113,29 @@ SKIP:
 			q{SELECT string_agg(consumer, ',' ORDER BY consumer) FROM idem_consumers WHERE consumer LIKE '%-p'}),
 		'spare-p', 'no consumer was made for that role');
 }
+
+# The README's grant of idem_stats_reset, as written, lets a role that
+# owns no consumer reset the counters of a team's, one or all: the EXECUTE
+# grant is the permission, as for pg_stat_statements_reset()
+my $readme = slurp_file(File::Spec->catfile($ENV{TESTDIR}, '..', 'README.md'));
+$readme =~ s/\s+/ /g;
+my ($reset_grant) = $readme =~ /`(GRANT EXECUTE ON FUNCTION idem_stats_reset\(text\) TO ops)`/;
+ok(defined $reset_grant, 'README.md grants idem_stats_reset to ops');
+$node->safe_psql('postgres', "CREATE ROLE ops; $reset_grant");
+cmp_ok($node->safe_psql('postgres', q{SELECT applied FROM idem_stats WHERE consumer = 'orders'}),
+	'>', 0, 'the team\'s consumer has counted');
+($out, $err) = as_role('ops', q{SELECT idem_stats_reset('orders')});
+is($err, '', 'ops resets the counters of a team\'s consumer');
+is($node->safe_psql('postgres', q{SELECT applied FROM idem_stats WHERE consumer = 'orders'}),
+	'0', 'which are zero');
+$node->safe_psql('postgres', q{SELECT idem_apply('r:1', 'orders', 'select 1')});
+($out, $err) = as_role('ops', q{SELECT idem_stats_reset()});
+is($err, '', 'and all of the database\'s');
+is($node->safe_psql('postgres', q{SELECT applied FROM idem_stats WHERE consumer = 'orders'}),
+	'0', 'which are zero again');
+($out, $err) = as_role('outsider', q{SELECT idem_stats_reset('orders')});
+like($err, qr/permission denied for function idem_stats_reset/,
+	'a role without the grant resets nothing');
 
 $node->stop;
 done_testing();
