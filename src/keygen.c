@@ -612,6 +612,15 @@ keygen_switch_if_due(int64 wait_ms)
 }
 
 /*
+ * key_generation_interval in seconds; 0 when no switch is scheduled.
+ */
+int
+keygen_interval_seconds(void)
+{
+	return key_generation_interval;
+}
+
+/*
  * Whether keys expire by whole generations (key_generation_interval is
  * set): the purge then leaves the ring's tables to keygen_retire.c.
  */

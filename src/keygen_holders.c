@@ -1,9 +1,10 @@
 /*-------------------------------------------------------------------------
  *
  * keygen_holders.c
- *	  Who holds back a switch of key generations: the transactions that
- *	  still hold the current generation's key table, named in the switch's
- *	  error or the purge worker's log.
+ *	  Whether and by whom switches of key generations are held back: the
+ *	  transactions that still hold the current generation's key table,
+ *	  named in the switch's error or the purge worker's log, and the
+ *	  current generation's age for the metrics.
  *
  * A switch waits for every transaction that recorded a key in the
  * generation it seals (keygen.c, rule 2).  When one does not end in time,
@@ -45,6 +46,7 @@ static TimestampTz held_back_logged_at = 0;
 typedef enum HoldersStmt
 {
 	KH_HOLDERS,
+	KH_GAUGES,
 	KH_NUM_STMTS
 } HoldersStmt;
 
@@ -77,6 +79,14 @@ static const StorageStmt holders_stmt_defs[KH_NUM_STMTS] = {
 		"   AND l.pid IS DISTINCT FROM pg_catalog.pg_backend_pid()"
 		" ORDER BY 4 DESC NULLS LAST",
 		1, {OIDOID}
+	},
+	/* seconds since the current generation opened (NULL: the first), and the generations open */
+	[KH_GAUGES] = {
+		"SELECT pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-)"
+		"  (SELECT g.opened_at FROM " STORAGE_SCHEMA ".key_generations AS g"
+		"    ORDER BY g.epoch DESC LIMIT 1)),"
+		" (SELECT pg_catalog.count(*) FROM " STORAGE_SCHEMA ".key_generations)",
+		0, {InvalidOid}
 	},
 };
 
@@ -168,4 +178,29 @@ keygen_switch_held_back(KeyGenSlot sealing, bool quiet)
 					get_database_name(MyDatabaseId), sealing),
 			 holders ? errdetail_internal("%s", holders) : 0,
 			 errhint("Keys expire by generations only once the switch seals this one; end or resolve these transactions.")));
+}
+
+/*
+ * Reads the gauges of the ring for idem_metrics(): how long ago the
+ * current generation opened (negative before the first switch) and how
+ * many are sealed; returns false where the key store has no ring.  A
+ * current generation older than the interval by much more than the purge
+ * worker's period is a switch held back.  Needs an SPI connection.
+ */
+bool
+keygen_ring_gauges(double *current_age, int *sealed)
+{
+	bool		isnull;
+
+	if (!storage_locate()->has_ring)
+		return false;
+	storage_stmt_run(&holders_stmts, KH_GAUGES, NULL, NULL, 1);
+	*current_age = DatumGetFloat8(SPI_getbinval(SPI_tuptable->vals[0],
+												SPI_tuptable->tupdesc, 1, &isnull));
+	if (isnull)
+		*current_age = -1;
+	/* before the first switch no row is there, and the first is current */
+	*sealed = (int) Max(DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+													SPI_tuptable->tupdesc, 2, &isnull)) - 1, 0);
+	return true;
 }

@@ -338,6 +338,53 @@ append_dead_letter_gauges(StringInfo buf, const char *database)
 }
 
 /*
+ * Appends one sample of a family of the database, labelled with database
+ * unless it is NULL.
+ */
+static void
+append_database_gauge(StringInfo buf, const char *name, const char *type,
+					  const char *help, const char *database, double value)
+{
+	append_family(buf, name, type, help);
+	appendStringInfoString(buf, name);
+	if (database != NULL)
+	{
+		appendStringInfoString(buf, "{database=\"");
+		append_label_value(buf, database);
+		appendStringInfoString(buf, "\"}");
+	}
+	appendStringInfo(buf, " %.3f\n", value);
+}
+
+/*
+ * Appends the gauges of the ring of key generations, where the key store
+ * has one: the interval of the switches, the age of the current
+ * generation (once a switch has opened one) and the sealed generations.
+ * A current generation much older than the interval is a switch held
+ * back, by a transaction that recorded keys and stays open (the purge
+ * worker's log names it).  Needs an SPI connection.
+ */
+static void
+append_generation_gauges(StringInfo buf, const char *database)
+{
+	double		age;
+	int			sealed;
+
+	if (!keygen_ring_gauges(&age, &sealed))
+		return;
+	append_database_gauge(buf, "idem_key_generation_interval_seconds", "gauge",
+						  "idem_consumer.key_generation_interval: how often the purge worker switches generations of keys; 0 when it does not.",
+						  database, keygen_interval_seconds());
+	if (age >= 0)
+		append_database_gauge(buf, "idem_key_generation_current_age_seconds", "gauge",
+							  "Time since the current generation of keys was opened.",
+							  database, age);
+	append_database_gauge(buf, "idem_key_generations_sealed", "gauge",
+						  "Sealed generations of keys not yet dropped; the ring has 16 places.",
+						  database, sealed);
+}
+
+/*
  * Returns every family as one text, ready for a scraper: the counters of
  * database dbid (of every database if InvalidOid), with a database label
  * if labelled.  Each consumer's samples go to a buffer per family, which
@@ -377,6 +424,7 @@ metrics_text(Oid dbid, bool labelled)
 		appendStringInfo(&tail, "idem_keys_stored %.0f\n", keystore_keys_estimate());
 	SPI_connect();
 	append_dead_letter_gauges(&tail, current);
+	append_generation_gauges(&tail, current);
 	SPI_finish();
 
 	/* join the families into the result, freeing each as it is copied */

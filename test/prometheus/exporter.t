@@ -95,6 +95,8 @@ for my $db (@dbs)
 		INSERT INTO orders SELECT g FROM generate_series(1, 100) AS g;
 	});
 }
+# a switch opens a second generation of keys: the ring's gauges all have a sample
+psql($dbs[0], q{SELECT idem_key_generation_switch()});
 
 # round 1: the consumers take their counters; a name to escape
 psql($dbs[0], q{
@@ -228,8 +230,8 @@ for my $k (sort keys %$dir)
 {
 	next unless exists $exp->{$k};
 	my ($a, $b) = ($exp->{$k}, $dir->{$k});
-	# the age of a dead letter moves on between the two reads
-	my $tolerance = $k =~ /^idem_dlq_oldest_pending_age_seconds/ ? 10 : 1e-9 * abs($b);
+	# the age of a dead letter or a generation moves on between the two reads
+	my $tolerance = $k =~ /^idem_(dlq_oldest_pending|key_generation_current)_age_seconds/ ? 10 : 1e-9 * abs($b);
 	push @differ, "$k: exporter $a, idem_metrics() $b"
 	  unless $a =~ /^[-+0-9.eE]+$/ && abs($a - $b) <= $tolerance;
 }
@@ -258,7 +260,9 @@ for my $name (sort keys %used)
 	my $fam = family($name);
 	my $want_type = $name =~ /_bucket$/ ? 'histogram' : $name =~ /_total$/ ? 'counter' : 'gauge';
 	my @samples = grep { /^\Q$name\E\{/ } keys %$exp;
-	my $want_labels = $name =~ /_bucket$/ ? 'consumer,database,le,server' : 'consumer,database,server';
+	# the families of the whole database: the ring of key generations
+	my $want_labels = $name =~ /_bucket$/ ? 'consumer,database,le,server'
+	  : $name =~ /^idem_key_generation/ ? 'database,server' : 'consumer,database,server';
 	my @bad = grep {
 		my %l = map { /^(\w+)=/ ? ($1 => 1) : () } ($exp_raw->{$_} =~ /(\w+="(?:[^"\\]|\\.)*")/g);
 		join(',', sort keys %l) ne $want_labels

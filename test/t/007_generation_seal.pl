@@ -14,7 +14,8 @@
 #    recorded by a transaction that began while the switch waited is not
 #    older than the seal, and retirement keeps it for its whole window.
 # 3. A switch held back by a prepared transaction that recorded a key says
-#    which, in its error and in the purge worker's log.
+#    which, in its error and in the purge worker's log, and the current
+#    generation's age in idem_metrics() shows it.
 # Bounded: about 25 s.
 use strict;
 use warnings;
@@ -129,6 +130,10 @@ ok( $node->wait_for_log(
 sleep 3;
 my $lines = () = slurp_file($node->logfile, $log_offset) =~ /could not switch generations of keys/g;
 is($lines, 1, 'once, not at every run');
+cmp_ok(
+	$node->safe_psql('postgres', q~
+		SELECT substring(idem_metrics() from E'\nidem_key_generation_current_age_seconds\\{[^}]*\\} ([0-9.]+)')~),
+	'>', 3, 'and the age of the current generation in idem_metrics() passes the interval of 1 s');
 $node->safe_psql('postgres', q{COMMIT PREPARED 'branch-2'});
 ok( $node->wait_for_log(qr/idem_consumer opened generation \d+ of keys in database "postgres"/,
 		$log_offset),
