@@ -76,7 +76,7 @@ static const StorageStmt holders_stmt_defs[KH_NUM_STMTS] = {
 		"   AND l.relation OPERATOR(pg_catalog.=) $1 AND l.granted"
 		"   AND l.mode OPERATOR(pg_catalog.=) ANY ('{RowExclusiveLock,ShareUpdateExclusiveLock,"
 		"ShareLock,ShareRowExclusiveLock,ExclusiveLock,AccessExclusiveLock}'::pg_catalog.text[])"
-		"   AND l.pid IS DISTINCT FROM pg_catalog.pg_backend_pid()"
+		"   AND (l.pid IS NULL OR l.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid())"
 		" ORDER BY 4 DESC NULLS LAST",
 		1, {OIDOID}
 	},
