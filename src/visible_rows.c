@@ -48,6 +48,7 @@
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "utils/acl.h"
+#include "utils/builtins.h"
 #include "utils/tuplestore.h"
 
 #include "keystore_internal.h"
@@ -65,14 +66,20 @@ typedef enum VisibleStmt
 	VS_NUM_STMTS
 } VisibleStmt;
 
-/* $1 is the caller's role */
+/*
+ * $1 is the caller's role, by name: on Citus the test of a routed row may
+ * run on a worker, where role OIDs are the worker's own.
+ */
 #define MAY_ACT_ON(c) \
 	" (" c ".owner IS NULL OR pg_catalog.pg_has_role($1, " c ".owner, 'USAGE'))"
 
 /*
  * A routed entry whose consumer this node knows follows the consumer's
  * owner; one it does not know shows only if $2, the caller has the
- * privileges of the storage's owner.
+ * privileges of the storage's owner.  The routed statements are planned
+ * with their parameters' values each time (CURSOR_OPT_CUSTOM_PLAN): Citus
+ * plans the join of a distributed table with the local consumers in
+ * steps, and a generic plan would leave it parameters instead of values.
  */
 #define ROUTED_MAY_ACT_ON(c) \
 	" CASE WHEN " c ".consumer_id IS NULL THEN $2 ELSE" MAY_ACT_ON(c) " END"
@@ -99,7 +106,7 @@ static const StorageStmt visible_stmt_defs[VS_NUM_STMTS] = {
 		" JOIN " STORAGE_SCHEMA ".consumers AS c"
 		" ON c.consumer_id OPERATOR(pg_catalog.=) k.consumer_id"
 		" WHERE" MAY_ACT_ON("c"),
-		1, {OIDOID}
+		1, {NAMEOID}
 	},
 	[VS_DEAD_LETTERS] = {
 		"SELECT d.dead_letter_id, c.name, d.key, d.status, d.sqlstate,"
@@ -111,7 +118,7 @@ static const StorageStmt visible_stmt_defs[VS_NUM_STMTS] = {
 		" JOIN " STORAGE_SCHEMA ".consumers AS c"
 		" ON c.consumer_id OPERATOR(pg_catalog.=) d.consumer_id"
 		" WHERE" MAY_ACT_ON("c"),
-		1, {OIDOID}
+		1, {NAMEOID}
 	},
 	[VS_EFFECTS] = {
 		"SELECT c.name, e.key, e.state, e.deferred, e.attempts, e.fence,"
@@ -122,7 +129,7 @@ static const StorageStmt visible_stmt_defs[VS_NUM_STMTS] = {
 		" JOIN " STORAGE_SCHEMA ".consumers AS c"
 		" ON c.consumer_id OPERATOR(pg_catalog.=) e.consumer_id"
 		" WHERE" MAY_ACT_ON("c"),
-		1, {OIDOID}
+		1, {NAMEOID}
 	},
 	[VS_ROUTED_DEAD_LETTERS] = {
 		"SELECT d.route, d.consumer, d.key, d.status, d.sqlstate, d.message,"
@@ -134,7 +141,7 @@ static const StorageStmt visible_stmt_defs[VS_NUM_STMTS] = {
 		" LEFT JOIN " STORAGE_SCHEMA ".consumers AS c"
 		" ON c.name OPERATOR(pg_catalog.=) d.consumer"
 		" WHERE" ROUTED_MAY_ACT_ON("c"),
-		2, {OIDOID, BOOLOID}
+		2, {NAMEOID, BOOLOID}, CURSOR_OPT_CUSTOM_PLAN
 	},
 	[VS_ROUTED_EFFECTS] = {
 		"SELECT e.route, e.consumer, e.key, e.state, e.deferred, e.attempts,"
@@ -145,7 +152,7 @@ static const StorageStmt visible_stmt_defs[VS_NUM_STMTS] = {
 		" LEFT JOIN " STORAGE_SCHEMA ".consumers AS c"
 		" ON c.name OPERATOR(pg_catalog.=) e.consumer"
 		" WHERE" ROUTED_MAY_ACT_ON("c"),
-		2, {OIDOID, BOOLOID}
+		2, {NAMEOID, BOOLOID}, CURSOR_OPT_CUSTOM_PLAN
 	},
 };
 
@@ -181,6 +188,7 @@ visible_rows(FunctionCallInfo fcinfo, VisibleStmt stmt, bool routed)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	Oid			role = GetUserId();
+	NameData	role_name;
 	Datum		args[2];
 	Portal		portal;
 	bool		checked = false;
@@ -188,7 +196,8 @@ visible_rows(FunctionCallInfo fcinfo, VisibleStmt stmt, bool routed)
 	InitMaterializedSRF(fcinfo, routed ? MAT_SRF_USE_EXPECTED_DESC : 0);
 
 	SPI_connect();
-	args[0] = ObjectIdGetDatum(role);
+	namestrcpy(&role_name, GetUserNameFromId(role, false));
+	args[0] = NameGetDatum(&role_name);
 	if (routed)
 		args[1] = BoolGetDatum(has_privs_of_role(role, storage_locate()->owner));
 	portal = storage_stmt_open(&visible_stmts, stmt, args, NULL);
