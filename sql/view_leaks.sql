@@ -209,6 +209,9 @@ RESET ROLE;
 -- sees every entry, those of the unknown consumer too
 SELECT route, consumer, key FROM idem_routed_dead_letters ORDER BY route;
 SELECT route, consumer, key FROM idem_routed_effects ORDER BY route;
+-- the routed views name the columns of the function, route's type with
+-- them; without them it has none to return
+SELECT idem_consumer.routed_dead_letters_visible();
 
 \c :regress_db
 DROP DATABASE view_leaks;

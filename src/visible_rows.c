@@ -24,7 +24,7 @@
  * function's tuplestore, which spills to disk past work_mem: a key store
  * of many millions of keys never sits whole in memory.  The price is that
  * a view no longer reaches a key through an index: every read of a view
- * reads every row of the consumers the caller may act on.
+ * reads its whole table (for keys, every generation).
  *
  * The owner test is has_privs_of_role(), through pg_has_role(..., 'USAGE'),
  * as for every other check on a consumer (consumers.c); a consumer
@@ -49,6 +49,7 @@
 #include "miscadmin.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
 #include "utils/tuplestore.h"
 
 #include "keystore_internal.h"
@@ -193,6 +194,14 @@ visible_rows(FunctionCallInfo fcinfo, VisibleStmt stmt, bool routed)
 	Portal		portal;
 	bool		checked = false;
 
+	/* as the parser says of such a function called in FROM without one */
+	if (routed && (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) ||
+				   rsinfo->expectedDesc == NULL))
+		ereport(ERROR,
+				(errcode(ERRCODE_SYNTAX_ERROR),
+				 errmsg("a column definition list is required for function %s",
+						get_func_name(fcinfo->flinfo->fn_oid)),
+				 errhint("Read the views idem_routed_dead_letters and idem_routed_effects, which name the columns.")));
 	InitMaterializedSRF(fcinfo, routed ? MAT_SRF_USE_EXPECTED_DESC : 0);
 
 	SPI_connect();
