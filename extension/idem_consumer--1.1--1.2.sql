@@ -12,22 +12,43 @@
 --
 
 --
--- Views that filter rows by owner (src/consumers.c).
+-- Views that filter rows by owner (src/visible_rows.c).
 --
--- A view that shows each role only its own consumers' rows must be a
--- security barrier: otherwise the planner may evaluate a caller's cheap
--- (or error-raising) condition on every row before the owner filter, and a
--- RAISE NOTICE or a failed cast prints another team's keys, SQL and
--- parameters.  The owner test is pg_has_role(..., 'USAGE'), that is
--- has_privs_of_role(), the test PostgreSQL's own ownership checks use: a
--- member of the owner role that does not inherit its privileges (NOINHERIT,
--- or from PostgreSQL 16 a grant WITH INHERIT FALSE) sees nothing.
+-- Each shows a role only the rows of the consumers it may act on, and
+-- reads them from a set-returning function that returns nothing else, the
+-- way pg_stat_statements' view reads its function: the owner test runs
+-- inside the function, in a statement on the storage of its own.  With
+-- the test in the view's WHERE clause, even in a security barrier, the
+-- planner pushes a caller's leakproof condition (key = '...') below it
+-- into the scan of the storage, and EXPLAIN ANALYZE reports how many
+-- rows of other teams that scan found.  The owner test is
+-- pg_has_role(..., 'USAGE'), that is has_privs_of_role(), the test
+-- PostgreSQL's own ownership checks use: a member of the owner role that
+-- does not inherit its privileges (NOINHERIT, or from PostgreSQL 16 a
+-- grant WITH INHERIT FALSE) sees nothing.  A consumer created under 1.0
+-- has no owner and is open to every role.
 --
--- idem_processed_keys is defined again below, with the generations of keys.
+-- The functions are in the schema idem_consumer, where only its owner may
+-- name them; the views keep their barrier option, harmless over a
+-- function scan.  Columns keep the collation of the storage ("C" for
+-- keys and consumer names), as the views had when they read the tables.
+--
+CREATE FUNCTION idem_consumer.effects_visible(
+    OUT consumer text, OUT key text, OUT state text, OUT deferred boolean,
+    OUT attempts integer, OUT fence bigint, OUT provider_key text,
+    OUT outcome_unknown boolean, OUT lease_until timestamptz,
+    OUT retry_at timestamptz, OUT last_error text, OUT result jsonb,
+    OUT request jsonb, OUT dead_letter_id bigint, OUT created_at timestamptz,
+    OUT updated_at timestamptz, OUT completed_at timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_effects_visible'
+LANGUAGE C STABLE STRICT;
+COMMENT ON FUNCTION idem_consumer.effects_visible() IS
+    'the rows of idem_effects: the effects of the consumers the current role may act on';
 
 CREATE OR REPLACE VIEW idem_effects WITH (security_barrier) AS
-    SELECT c.name AS consumer,
-           e.key,
+    SELECT e.consumer COLLATE "C" AS consumer,
+           e.key COLLATE "C" AS key,
            e.state,
            e.deferred,
            e.attempts,
@@ -43,11 +64,9 @@ CREATE OR REPLACE VIEW idem_effects WITH (security_barrier) AS
            e.created_at,
            e.updated_at,
            e.completed_at
-      FROM idem_consumer.effects AS e
-      JOIN idem_consumer.consumers AS c USING (consumer_id)
-     WHERE c.owner IS NULL OR pg_catalog.pg_has_role(c.owner, 'USAGE');
+      FROM idem_consumer.effects_visible() AS e;
 
--- idem_dead_letters becomes one too with the rows a message demands, below.
+-- idem_dead_letters reads its function too, with the rows a message demands, below.
 
 --
 -- Function labels that say what the C code does (src/apply.c, src/stats.c).
@@ -223,11 +242,25 @@ REVOKE ALL ON FUNCTION idem_apply_rows_v(text, text, text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_try_apply_rows_v(text, text, text, bigint, "any") FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_try_apply_rows_v(text, text, text, bigint) FROM PUBLIC;
 
--- the dead-letter view, a security barrier as above, shows the demand
+-- the dead-letter view, read through its function as above, shows the demand
+CREATE FUNCTION idem_consumer.dead_letters_visible(
+    OUT id bigint, OUT consumer text, OUT key text, OUT status text,
+    OUT sqlstate text, OUT message text, OUT detail text, OUT hint text,
+    OUT context text, OUT attempts integer, OUT first_failed_at timestamptz,
+    OUT last_failed_at timestamptz, OUT event_time timestamptz, OUT sql text,
+    OUT params text[], OUT settings text[], OUT dead_lettered_by text,
+    OUT resolved_at timestamptz, OUT resolved_by text, OUT discard_reason text,
+    OUT kind text, OUT expect_rows bigint)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_dead_letters_visible'
+LANGUAGE C STABLE STRICT;
+COMMENT ON FUNCTION idem_consumer.dead_letters_visible() IS
+    'the rows of idem_dead_letters: the entries of the consumers the current role may act on';
+
 CREATE OR REPLACE VIEW idem_dead_letters WITH (security_barrier) AS
-    SELECT d.dead_letter_id AS id,
-           c.name AS consumer,
-           d.key,
+    SELECT d.id,
+           d.consumer COLLATE "C" AS consumer,
+           d.key COLLATE "C" AS key,
            d.status,
            d.sqlstate,
            d.message,
@@ -247,9 +280,7 @@ CREATE OR REPLACE VIEW idem_dead_letters WITH (security_barrier) AS
            d.discard_reason,
            d.kind,
            d.expect_rows
-      FROM idem_consumer.dead_letters AS d
-      JOIN idem_consumer.consumers AS c USING (consumer_id)
-     WHERE c.owner IS NULL OR pg_catalog.pg_has_role(c.owner, 'USAGE');
+      FROM idem_consumer.dead_letters_visible() AS d;
 
 --
 -- Logical replication (docs/replication.md).
@@ -519,116 +550,20 @@ CREATE VIEW idem_key_generations AS
 REVOKE ALL ON idem_key_generations FROM PUBLIC;
 GRANT SELECT ON idem_key_generations TO pg_monitor;
 
--- idem_processed_keys reads every generation.
+-- idem_processed_keys reads every generation, through its function.
+CREATE FUNCTION idem_consumer.processed_keys_visible(
+    OUT consumer text, OUT key text, OUT processed_at timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_processed_keys_visible'
+LANGUAGE C STABLE STRICT;
+COMMENT ON FUNCTION idem_consumer.processed_keys_visible() IS
+    'the rows of idem_processed_keys: the keys of every generation of the consumers the current role may act on';
+
 CREATE OR REPLACE VIEW idem_processed_keys WITH (security_barrier) AS
-    SELECT c.name AS consumer,
-           k.key,
-           timestamptz '2000-01-01 00:00:00+00'
-               OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs => k.processed_at)
-               AS processed_at
-      FROM (SELECT consumer_id, processed_at, key
-              FROM idem_consumer.processed_keys
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.key_collisions
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.processed_keys_1
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.key_collisions_1
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.processed_keys_2
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.key_collisions_2
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.processed_keys_3
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.key_collisions_3
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.processed_keys_4
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.key_collisions_4
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.processed_keys_5
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.key_collisions_5
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.processed_keys_6
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.key_collisions_6
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.processed_keys_7
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.key_collisions_7
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.processed_keys_8
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.key_collisions_8
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.processed_keys_9
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.key_collisions_9
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.processed_keys_10
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.key_collisions_10
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.processed_keys_11
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.key_collisions_11
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.processed_keys_12
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.key_collisions_12
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.processed_keys_13
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.key_collisions_13
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.processed_keys_14
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.key_collisions_14
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.processed_keys_15
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.key_collisions_15
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.processed_keys_16
-            UNION ALL
-            SELECT consumer_id, processed_at, key
-              FROM idem_consumer.key_collisions_16) AS k
-      JOIN idem_consumer.consumers AS c USING (consumer_id)
-     WHERE c.owner IS NULL OR pg_catalog.pg_has_role(c.owner, 'USAGE');
+    SELECT k.consumer COLLATE "C" AS consumer,
+           k.key COLLATE "C" AS key,
+           k.processed_at
+      FROM idem_consumer.processed_keys_visible() AS k;
 
 -- idem_consumers counts the keys of every generation.
 CREATE OR REPLACE VIEW idem_consumers AS
@@ -795,6 +730,27 @@ COMMENT ON FUNCTION idem_forget_routed(text, text, anyelement) IS
 REVOKE ALL ON FUNCTION idem_forget_routed(text, text, anyelement) FROM PUBLIC;
 
 --
+-- The rows of the routed views below, of the consumers the current role
+-- may act on (src/visible_rows.c); an entry of a consumer this node does
+-- not know only to the roles with the privileges of the storage's owner.
+-- Their columns are those of the routed tables, whose route has the type
+-- routed_storage_create() is given: each view names them.
+--
+CREATE FUNCTION idem_consumer.routed_dead_letters_visible()
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_routed_dead_letters_visible'
+LANGUAGE C STABLE STRICT;
+COMMENT ON FUNCTION idem_consumer.routed_dead_letters_visible() IS
+    'the rows of idem_routed_dead_letters: the entries of the consumers the current role may act on';
+
+CREATE FUNCTION idem_consumer.routed_effects_visible()
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_routed_effects_visible'
+LANGUAGE C STABLE STRICT;
+COMMENT ON FUNCTION idem_consumer.routed_effects_visible() IS
+    'the rows of idem_routed_effects: the effects of the consumers the current role may act on';
+
+--
 -- The routed tables, made by idem_citus_distribute(), which names the
 -- table to colocate them with; without one they stay local:
 --  - routed_keys (route, consumer, key, fingerprint, processed_at), the
@@ -906,20 +862,19 @@ BEGIN
             USING 'idem_consumer.routed_effects', 'idem_consumer.routed_keys';
     END IF;
 
-    -- a security barrier: the rights filter runs before any function of
-    -- the caller's WHERE, as in idem_dead_letters
+    -- each reads its function (src/visible_rows.c), as idem_dead_letters
+    -- does; the route has the type of the table's, named here
     EXECUTE pg_catalog.format(
         'CREATE VIEW %I.idem_routed_dead_letters WITH (security_barrier) AS
-             SELECT d.route, d.consumer, d.key, d.status, d.sqlstate, d.message,
-                    d.detail, d.hint, d.context, d.attempts, d.first_failed_at,
-                    d.last_failed_at, d.event_time, d.sql, d.params, d.settings,
-                    d.dead_lettered_by, d.resolved_at, d.resolved_by,
-                    d.discard_reason, d.kind, d.expect_rows
-               FROM idem_consumer.routed_dead_letters AS d
-               LEFT JOIN idem_consumer.consumers AS c
-                 ON c.name OPERATOR(pg_catalog.=) d.consumer
-              WHERE c.owner IS NULL OR pg_catalog.pg_has_role(c.owner, ''USAGE'')',
-        ext_schema);
+             SELECT * FROM idem_consumer.routed_dead_letters_visible() AS d (
+                    route %s, consumer text, key text, status text, sqlstate text,
+                    message text, detail text, hint text, context text,
+                    attempts integer, first_failed_at timestamptz,
+                    last_failed_at timestamptz, event_time timestamptz, sql text,
+                    params text[], settings text[], dead_lettered_by text,
+                    resolved_at timestamptz, resolved_by text,
+                    discard_reason text, kind text, expect_rows bigint)',
+        ext_schema, route_type);
     EXECUTE pg_catalog.format('ALTER VIEW %I.idem_routed_dead_letters OWNER TO %s',
                               ext_schema, storage_owner);
     EXECUTE pg_catalog.format('REVOKE ALL ON %I.idem_routed_dead_letters FROM PUBLIC',
@@ -930,15 +885,14 @@ BEGIN
 
     EXECUTE pg_catalog.format(
         'CREATE VIEW %I.idem_routed_effects WITH (security_barrier) AS
-             SELECT e.route, e.consumer, e.key, e.state, e.deferred, e.attempts,
-                    e.fence, e.provider_key, e.outcome_unknown, e.lease_until,
-                    e.retry_at, e.last_error, e.result, e.request, e.created_at,
-                    e.updated_at, e.completed_at
-               FROM idem_consumer.routed_effects AS e
-               LEFT JOIN idem_consumer.consumers AS c
-                 ON c.name OPERATOR(pg_catalog.=) e.consumer
-              WHERE c.owner IS NULL OR pg_catalog.pg_has_role(c.owner, ''USAGE'')',
-        ext_schema);
+             SELECT * FROM idem_consumer.routed_effects_visible() AS e (
+                    route %s, consumer text, key text, state text, deferred boolean,
+                    attempts integer, fence bigint, provider_key text,
+                    outcome_unknown boolean, lease_until timestamptz,
+                    retry_at timestamptz, last_error text, result jsonb,
+                    request jsonb, created_at timestamptz, updated_at timestamptz,
+                    completed_at timestamptz)',
+        ext_schema, route_type);
     EXECUTE pg_catalog.format('ALTER VIEW %I.idem_routed_effects OWNER TO %s',
                               ext_schema, storage_owner);
     EXECUTE pg_catalog.format('REVOKE ALL ON %I.idem_routed_effects FROM PUBLIC',

@@ -88,6 +88,9 @@ typedef struct StorageStmtSet
 extern void storage_stmts_current(StorageStmtSet *set);
 extern int	storage_stmt_run(StorageStmtSet *set, int stmt, Datum *values,
 							 const char *nulls, long tcount);
+extern struct PortalData *storage_stmt_open(StorageStmtSet *set, int stmt,
+											Datum *values, const char *nulls);
+extern void storage_stmt_fetch(struct PortalData *portal, long count);
 
 /*
  * The tables that hold keys, in the order a purge walks them: the

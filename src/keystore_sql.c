@@ -528,6 +528,27 @@ make_generation_texts(const StorageInfo *si)
 }
 
 /*
+ * Prepares a fixed statement into *plan, kept for the session, unless it
+ * is there already; the caller has switched to the owner of the storage.
+ */
+static void
+prepare_as_owner(SPIPlanPtr *plan, const StorageStmt *def)
+{
+	SPIPlanPtr	prepared;
+
+	if (*plan != NULL)
+		return;
+	prepared = SPI_prepare_cursor(def->sql, def->nargs, (Oid *) def->argtypes,
+								  def->cursor_options);
+	if (prepared == NULL)
+		elog(ERROR, "SPI_prepare failed for \"%s\": %s",
+			 def->sql, SPI_result_code_string(SPI_result));
+	if (SPI_keepplan(prepared) != 0)
+		elog(ERROR, "SPI_keepplan failed");
+	*plan = prepared;
+}
+
+/*
  * Runs a fixed statement on the storage as the owner of the storage
  * tables, preparing it into *plan, kept for the session, on first use;
  * nulls is as for SPI_execute_plan.  The text must be fully qualified and
@@ -555,19 +576,7 @@ run_as_owner(const StorageInfo *si, SPIPlanPtr *plan, const StorageStmt *def,
 						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
 						   SECURITY_RESTRICTED_OPERATION);
 
-	if (*plan == NULL)
-	{
-		SPIPlanPtr	prepared;
-
-		prepared = SPI_prepare_cursor(def->sql, def->nargs, (Oid *) def->argtypes,
-									  def->cursor_options);
-		if (prepared == NULL)
-			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
-				 def->sql, SPI_result_code_string(SPI_result));
-		if (SPI_keepplan(prepared) != 0)
-			elog(ERROR, "SPI_keepplan failed");
-		*plan = prepared;
-	}
+	prepare_as_owner(plan, def);
 
 	if (snapshot != NULL)
 		rc = SPI_execute_snapshot(*plan, values, nulls, snapshot,
@@ -632,6 +641,58 @@ storage_stmt_run(StorageStmtSet *set, int stmt, Datum *values,
 	Assert(stmt >= 0 && stmt < set->nstmts);
 	return run_as_owner(si, &set->plans[stmt], &set->stmts[stmt],
 						values, nulls, NULL, tcount);
+}
+
+/*
+ * Opens a cursor on statement stmt of a set, as the owner of the storage
+ * tables, for a read too large to hold whole in SPI's memory; nulls is as
+ * for SPI_execute_plan.  Read it with storage_stmt_fetch(), which runs
+ * the rest of the statement as the owner too, and close it with
+ * SPI_cursor_close().  The statement must be read-only.
+ */
+Portal
+storage_stmt_open(StorageStmtSet *set, int stmt, Datum *values,
+				  const char *nulls)
+{
+	const StorageInfo *si = current_storage(set);
+	MemoryContext callercxt = CurrentMemoryContext;
+	Oid			save_userid;
+	int			save_sec_context;
+	Portal		portal;
+
+	Assert(stmt >= 0 && stmt < set->nstmts);
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(si->owner,
+						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_RESTRICTED_OPERATION);
+	prepare_as_owner(&set->plans[stmt], &set->stmts[stmt]);
+	portal = SPI_cursor_open(NULL, set->plans[stmt], values, nulls, true);
+	SetUserIdAndSecContext(save_userid, save_sec_context);
+	MemoryContextSwitchTo(callercxt);
+	return portal;
+}
+
+/*
+ * Fetches up to count rows of a cursor of storage_stmt_open() into
+ * SPI_tuptable.  The executor runs on here, not only at the open: a
+ * distributed table's executor (Citus) connects to its workers as the
+ * current user while it fetches, so the owner is the current user here
+ * too.  The caller's memory context is current again on return.
+ */
+void
+storage_stmt_fetch(Portal portal, long count)
+{
+	MemoryContext callercxt = CurrentMemoryContext;
+	Oid			save_userid;
+	int			save_sec_context;
+
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(storage_locate()->owner,
+						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_RESTRICTED_OPERATION);
+	SPI_cursor_fetch(portal, true, count);
+	SetUserIdAndSecContext(save_userid, save_sec_context);
+	MemoryContextSwitchTo(callercxt);
 }
 
 /*
