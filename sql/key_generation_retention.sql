@@ -111,6 +111,11 @@ SELECT max(first_at) AS idle_latest FROM idem_consumer.generation_consumers
  WHERE consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'idle') \gset
 SELECT idem_key_generation_retire() AS dropped;
 SELECT * FROM generations;
+-- the view shows each once, though the dropped generation's tables are
+-- not emptied until the next call
+SELECT count(*) AS idle_keys_shown, count(DISTINCT key) AS distinct_keys,
+       pg_relation_size('idem_consumer.processed_keys_5') > 0 AS dropped_not_yet_emptied
+  FROM idem_processed_keys WHERE consumer = 'idle';
 SELECT count(*) AS idle_keys_in_current,
        count(*) FILTER (WHERE processed_at <= :idle_latest) AS with_their_times
   FROM idem_consumer.processed_keys_6

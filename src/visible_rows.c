@@ -85,17 +85,28 @@ typedef enum VisibleStmt
 #define ROUTED_MAY_ACT_ON(c) \
 	" CASE WHEN " c ".consumer_id IS NULL THEN $2 ELSE" MAY_ACT_ON(c) " END"
 
-/* the keys and collisions of every generation (keygen.c names them) */
+/*
+ * The keys and collisions of every generation open (keygen.c names them):
+ * a dropped generation keeps its rows until it is truncated, and the live
+ * keys of one that was carried (keygen_retire.c) are in the current one
+ * already.  Before the first switch no generation is listed, and the
+ * first is open.
+ */
 #define KEYS_OF(table) \
 	"SELECT consumer_id, processed_at, key FROM " STORAGE_SCHEMA "." table
+#define GENERATION_OPEN(n) \
+	" WHERE EXISTS (SELECT FROM " STORAGE_SCHEMA ".key_generations AS g" \
+	" WHERE g.generation OPERATOR(pg_catalog.=) " #n ")" \
+	" OR (" #n " OPERATOR(pg_catalog.=) 1 AND NOT EXISTS" \
+	" (SELECT FROM " STORAGE_SCHEMA ".key_generations))"
 #define KEYS_OF_GENERATION(n) \
-	" UNION ALL " KEYS_OF("processed_keys_" #n) \
-	" UNION ALL " KEYS_OF("key_collisions_" #n)
+	" UNION ALL " KEYS_OF("processed_keys_" #n) GENERATION_OPEN(n) \
+	" UNION ALL " KEYS_OF("key_collisions_" #n) GENERATION_OPEN(n)
 
 static const StorageStmt visible_stmt_defs[VS_NUM_STMTS] = {
 	[VS_PROCESSED_KEYS] = {
 		"SELECT c.name, k.key,"
-		" timestamptz '2000-01-01 00:00:00+00' OPERATOR(pg_catalog.+)"
+		" '2000-01-01 00:00:00+00'::pg_catalog.timestamptz OPERATOR(pg_catalog.+)"
 		" pg_catalog.make_interval(secs => k.processed_at)"
 		" FROM (" KEYS_OF("processed_keys") " UNION ALL " KEYS_OF("key_collisions")
 		KEYS_OF_GENERATION(1) KEYS_OF_GENERATION(2) KEYS_OF_GENERATION(3)
