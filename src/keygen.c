@@ -57,7 +57,8 @@
  *
  * The switch never queues for its lock: a queued SHARE ROW EXCLUSIVE would
  * hold up every delivery behind it for as long as it waited.  It tries the
- * lock without waiting, every millisecond, up to the wait it was given.
+ * lock without waiting, sleeping on its latch between tries, up to the
+ * wait it was given.
  *
  * Copyright (c) 2025-2026, idem_consumer maintainers
  *
@@ -77,6 +78,7 @@
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "storage/latch.h"
 #include "storage/lmgr.h"
 #include "storage/bufmgr.h"
 #include "storage/procarray.h"
@@ -86,11 +88,12 @@
 #include "utils/inval.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
+#include "utils/wait_event.h"
 
 #include "keystore_internal.h"
 
-/* how long the switch sleeps between two tries of its lock */
-#define SWITCH_LOCK_RETRY_US 1000
+/* the longest the switch sleeps between two tries of its lock */
+#define SWITCH_LOCK_RETRY_MAX_MS 16
 
 /* idem_consumer.key_generation_interval, in seconds; 0: no switch */
 static int	key_generation_interval = 0;
@@ -465,20 +468,27 @@ keygen_seal_visible(KeyGenSlot slot, Snapshot snapshot)
 }
 
 /*
- * Takes a lock without queueing for it, trying again every millisecond
- * until deadline; returns whether it has it.
+ * Takes a lock without queueing for it, trying again until deadline,
+ * after a millisecond at first and at most SWITCH_LOCK_RETRY_MAX_MS later
+ * on, sleeping on the latch so that an interrupt or the postmaster's death
+ * ends the wait at once; returns whether it has the lock.
  */
 static bool
 lock_within(Oid relid, LOCKMODE mode, TimestampTz deadline)
 {
+	long		sleep_ms = 1;
+
 	for (;;)
 	{
 		if (ConditionalLockRelationOid(relid, mode))
 			return true;
 		if (GetCurrentTimestamp() >= deadline)
 			return false;
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 sleep_ms, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
 		CHECK_FOR_INTERRUPTS();
-		pg_usleep(SWITCH_LOCK_RETRY_US);
+		sleep_ms = Min(sleep_ms * 2, SWITCH_LOCK_RETRY_MAX_MS);
 	}
 }
 
