@@ -49,7 +49,7 @@ COMMIT;
 -- The twenty keys recorded first are those of the second to the
 -- twenty-first lowest hash among 200, so that one new key comes before
 -- them in the index's order and the other new keys after them.
-SELECT idem_consumer_create('batch-mode') IS NOT NULL AS created;
+SELECT idem_consumer_create('batch-mode');
 CREATE TEMP TABLE batch_mode AS
     SELECT key, rank() OVER (ORDER BY h) BETWEEN 2 AND 21 AS recorded, h
       FROM (SELECT 'm' || g AS key,

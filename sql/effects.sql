@@ -269,7 +269,8 @@ SELECT idem_set_retention('pay', '1 day');
 UPDATE idem_consumer.effects SET completed_at = completed_at - interval '3 days',
        created_at = created_at - interval '3 days'
  WHERE key IN ('charge:1', 'charge:4', 'charge:5');
-SELECT idem_purge('pay') >= 0;
+-- (idem_purge counts keys, and no key of pay is older than the window)
+SELECT idem_purge('pay') AS keys_purged;
 SELECT key, state FROM idem_effects WHERE consumer = 'pay' ORDER BY key;
 SELECT idem_set_retention('pay', NULL);
 
@@ -314,8 +315,8 @@ DROP EXTENSION idem_consumer;
 CREATE EXTENSION idem_consumer VERSION '1.0';
 SELECT idem_try_apply('m-1', 'old', 'select 1 / 0');
 SELECT idem_dlq_replay(id) FROM idem_dead_letters WHERE key = 'm-1';
-SELECT idem_purge() >= 0;
-SELECT count(*) >= 1 FROM idem_stats;
+SELECT idem_purge() AS purged;
+SELECT applied, dead_lettered FROM idem_stats WHERE consumer = 'old';
 SELECT count(*) FROM pg_proc WHERE proname LIKE 'idem_effect%';
 ALTER EXTENSION idem_consumer UPDATE;
 -- a new seed came with the update: narrowed again for the tests after

@@ -74,7 +74,7 @@ SELECT idem_consumer_create(c) FROM unnest(ARRAY['hp', 'hp_other']) AS c;
 SELECT idem_set_retention('hp_other', '1 second');
 SELECT idem_apply('k' || g, 'hp', 'select 1') FROM generate_series(1, 3) AS g;
 SELECT idem_apply('old', 'hp_other', 'select 1');
-SELECT idem_key_generation_switch() IS NOT NULL AS switched;
+SELECT idem_key_generation_switch() AS switched;
 -- thirty days on: every key of the first generation has expired
 UPDATE idem_consumer.processed_keys_1 SET processed_at = processed_at - 30 * 86400;
 UPDATE idem_consumer.generation_consumers SET first_at = first_at - 30 * 86400;
@@ -103,7 +103,7 @@ SELECT action FROM idem_effect_begin('hp', 'e1', '{"n": 1}');
 SELECT idem_effect_complete('hp', 'e1', 1, '{"ok": true}');
 SELECT idem_effect_enqueue('hp', 'e2', '{"n": 2}');
 SELECT key FROM idem_effect_claim('hp');
-SELECT idem_purge('hp_other') >= 0 AS purged;
+SELECT idem_purge('hp_other') AS purged;
 SELECT idem_key_generation_retire() AS retired;
 -- the next call truncates what the first one dropped
 SELECT idem_key_generation_retire() AS retired_again;
@@ -113,7 +113,7 @@ SELECT consumer, key, status FROM idem_dead_letters ORDER BY key;
 SELECT consumer, key, state FROM idem_effects ORDER BY key;
 SELECT consumer, retention FROM idem_retention ORDER BY consumer;
 SELECT consumer, applied > 0 AS applied FROM idem_stats ORDER BY consumer;
-SELECT count(*) >= 0 AS info FROM idem_stats_info;
+SELECT count(*) AS info FROM idem_stats_info;
 SELECT count(*) > 0 AS consumers FROM idem_consumers;
 RESET search_path;
 

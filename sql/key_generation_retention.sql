@@ -141,7 +141,7 @@ SELECT age_all(5);
 SELECT activity('t8') AS active, deliver('idle', 'i8-', 1) AS idle;
 SELECT idem_key_generation_retire() AS dropped;
 SELECT * FROM generations;
-SELECT idem_dlq_discard(id, 'not ours') IS NOT NULL AS discarded
+SELECT idem_dlq_discard(id, 'not ours')
   FROM idem_dead_letters WHERE key = 'bad-1';
 SELECT idem_key_generation_retire() AS dropped;
 SELECT * FROM generations;

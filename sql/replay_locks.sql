@@ -58,8 +58,8 @@ SELECT idem_dlq_replay(rl_entry('k-5', 'select pg_advisory_lock(7005), rl_transi
 SELECT * FROM rl_held();
 
 -- a batch replay, each entry's locks released after it
-SELECT rl_entry('k-6', 'select pg_advisory_lock(7006)') IS NOT NULL AS set6,
-       rl_entry('k-7', 'select pg_advisory_lock(7007)') IS NOT NULL AS set7;
+SELECT rl_entry('k-6', 'select pg_advisory_lock(7006)') AS id6,
+       rl_entry('k-7', 'select pg_advisory_lock(7007)') AS id7 \gset
 SELECT count(*) AS replayed FROM idem_dlq_replay('rl', 10) WHERE outcome = 'applied';
 SELECT * FROM rl_held();
 

@@ -491,28 +491,6 @@ keystore_may_read_consumer(const char *consumer)
 }
 
 /*
- * Raises 42501 unless the current role may act on the consumer of this id.
- */
-void
-keystore_check_consumer_id(int32 consumer_id)
-{
-	Datum		arg = Int32GetDatum(consumer_id);
-	bool		isnull;
-	Datum		owner;
-	char	   *name;
-
-	if (!storage_locate()->consumers_have_owners)
-		return;
-	consumers_execute(CS_BY_ID, &arg, NULL, 1);
-	if (SPI_processed == 0)
-		return;
-	name = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
-	owner = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
-	if (!isnull)
-		check_consumer_access(name, DatumGetObjectId(owner));
-}
-
-/*
  * Raises 42501 unless the current role may act on every consumer; for the
  * functions that act on all consumers at once.  Neither the names of
  * other roles' consumers nor their owners are told.

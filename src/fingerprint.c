@@ -203,19 +203,6 @@ fingerprint_of_text(text *fingerprint)
 }
 
 /*
- * Returns the fingerprint of a call of idem_apply or idem_try_apply: of
- * the caller's fingerprint text when it gave one, else of the message.
- */
-int32
-fingerprint_of_call(text *explicit_fingerprint, const char *sql,
-					ArrayType *params)
-{
-	return explicit_fingerprint != NULL ?
-		fingerprint_of_text(explicit_fingerprint) :
-		fingerprint_of_message(sql, params);
-}
-
-/*
  * Returns whether a recorded key was recorded for another message.  A key
  * recorded without a fingerprint is never said to differ.
  */

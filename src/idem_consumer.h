@@ -164,7 +164,6 @@ extern int32 keystore_consumer_id(const char *consumer, bool create);
 extern int32 keystore_consumer_id_and_fp_check(const char *consumer,
 												bool create,
 												bool *check_fingerprint);
-extern void keystore_check_consumer_id(int32 consumer_id);
 extern bool keystore_may_act_on_consumer_id(int32 consumer_id);
 extern bool keystore_may_read_consumer(const char *consumer);
 extern void keystore_check_every_consumer(const char *what);
@@ -183,8 +182,6 @@ extern int32 fingerprint_of_bound_call(text *explicit_fingerprint,
 extern bool fingerprint_admits(text *explicit_fingerprint, int32 fingerprint,
 							   const RecordedKey *recorded, const char *sql,
 							   ArrayType *params);
-extern int32 fingerprint_of_call(text *explicit_fingerprint, const char *sql,
-								 ArrayType *params);
 extern bool fingerprint_differs(int32 fingerprint, const RecordedKey *recorded);
 extern void fingerprint_raise_key_reuse(const char *consumer, text *key,
 										int32 fingerprint,

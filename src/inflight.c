@@ -39,7 +39,7 @@
  * commit or by SET CONSTRAINTS ... IMMEDIATE (both at trigger depth 1 or
  * more), which business SQL of another team's table queues.  The calls the
  * transaction makes itself, from its own statements at trigger depth 0,
- * go on as before; so does a trigger's call before any business SQL ran,
+ * are allowed; so is a trigger's call before any business SQL ran,
  * but not a second one after it: which trigger calls cannot be told, so
  * an inbox trigger that applies one message per row applies the first row
  * of a transaction and refuses the next (one message per transaction, or

@@ -41,10 +41,10 @@
  * The filter of all sealed generations.  A new key is in no sealed
  * generation, and with a filter each it would read a page of every one:
  * in a buffer pool of gigabytes each such page costs misses of the caches
- * and of the TLB, and the cost of a new key grew with the number of sealed
- * generations.  So a second filter, of the same layout, holds the keys of
- * all the sealed generations at once, sized for all of them, and a new key
- * reads one page of it; only the keys it may hold (about 1%) go on to the
+ * and of the TLB, and the cost of a new key would grow with the number of
+ * sealed generations.  So a second filter, of the same layout, holds the
+ * keys of all the sealed generations at once, sized for all of them, and a
+ * new key reads one page of it; only the keys it may hold (about 1%) go on to the
  * generations' own filters, which tell which generation to probe.  It is
  * built after theirs, from every key of each sealed generation, whenever
  * one is sealed that it does not hold, in whichever of its two tables

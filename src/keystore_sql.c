@@ -132,9 +132,9 @@
  * Per consumer, the TIDs of the rows of a range of blocks ($3, $4) that
  * are older than the consumer's cutoff; $1 and $2 are parallel arrays of
  * consumer ids and cutoffs.  Consumers not in $1 keep everything.  The
- * TIDs come in no particular order: ordering them in the aggregate makes
- * the planner sort the whole chunk, twice, which tripled the statement's
- * time; the caller sorts a consumer's TIDs only when its quota cuts them.
+ * TIDs come in no particular order: ordering them in the aggregate would
+ * make the planner sort the whole chunk, twice, at twice the cost of the
+ * rest of the statement; the caller sorts a consumer's TIDs only when its quota cuts them.
  */
 #define PURGEABLE_IN_BLOCKS(table) \
 	"SELECT k.consumer_id, pg_catalog.array_agg(k.ctid)" \
@@ -333,9 +333,9 @@ static const StorageStmt keystore_stmt_defs[KS_NUM_STMTS] = {
 	 * Which of the hashes in $1 have collisions.  Generic: planning a custom
 	 * plan for thousands of constants costs more than running it.  Written
 	 * as a join over unnest($1), so that each hash is looked up once, by the
-	 * index or in a hash table; "key_hash(...) = ANY ($1)" compared every
-	 * collision with every hash of the array, which took most of a purge's
-	 * time once the collisions numbered hundreds.
+	 * index or in a hash table; "key_hash(...) = ANY ($1)" would compare
+	 * every collision with every hash of the array, most of a purge's time
+	 * once the collisions number hundreds.
 	 */
 	[KS_COLLIDING_HASHES] = {
 		"SELECT DISTINCT h.hash FROM pg_catalog.unnest($1) AS h (hash)"

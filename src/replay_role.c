@@ -29,7 +29,7 @@
  *	  session.
  *	- In a database whose SQL objects are still version 1.0 there is no
  *	  role to run as, so replays are refused with a hint to update the
- *	  extension; parking and discarding work as before.  The update script
+ *	  extension; parking and discarding work as under 1.0.  The update script
  *	  fills the role of older entries in from dead_lettered_by.
  *
  * Copyright (c) 2025-2026, idem_consumer maintainers

@@ -227,12 +227,12 @@ static Oid	routed_plans_type = InvalidOid;
 
 /*
  * Whether keys are routed, as this backend last looked it up: every key
- * call asks, and two catalog lookups a call were 4% of the instructions of
- * idem_apply for a duplicate.  The table appears at idem_citus_distribute()
- * and goes with DROP TABLE or DROP EXTENSION, none of which invalidates the
- * storage tables, so what is kept is forgotten at any change of a
- * relation's name or namespace in this database, by any session
- * (routed_relation_names_changed).
+ * call asks, and two catalog lookups a call would be a visible part of the
+ * cost of idem_apply for a duplicate.  The table appears at
+ * idem_citus_distribute() and goes with DROP TABLE or DROP EXTENSION, none
+ * of which invalidates the storage tables, so what is kept is forgotten at
+ * any change of a relation's name or namespace in this database, by any
+ * session (routed_relation_names_changed).
  */
 static bool routed_keys_known = false;
 static Oid	routed_keys_found = InvalidOid;

@@ -588,7 +588,7 @@ has_blocks(Oid relid)
 /*
  * Tells whether the legacy generation of a database updated to 1.2 may
  * hold keys: whether its processed_keys or key_collisions have a heap
- * block.  Nothing inserts into them any more but a collision moved into
+ * block.  Under 1.2 nothing inserts into them but a collision moved into
  * its occupant's place, so a generation once found empty stays empty (but
  * for rows a DBA writes there, which a session finds once the storage is
  * located anew), and a session stops probing it.  Before 1.2 the legacy

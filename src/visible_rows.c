@@ -23,8 +23,8 @@
  * (storage_stmt_open(), keystore_sql.c), a batch at a time into the
  * function's tuplestore, which spills to disk past work_mem: a key store
  * of many millions of keys never sits whole in memory.  The price is that
- * a view no longer reaches a key through an index: every read of a view
- * reads its whole table (for keys, every generation).
+ * a view reaches no key through an index: every read of a view reads its
+ * whole table (for keys, every generation).
  *
  * The owner test is has_privs_of_role(), through pg_has_role(..., 'USAGE'),
  * as for every other check on a consumer (consumers.c); a consumer

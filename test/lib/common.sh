@@ -105,7 +105,7 @@ ensure_packages() {
         # the prometheus suite runs Debian's postgres_exporter with the
         # queries file of docs/prometheus and scrapes it with curl
         pkgs="$pkgs prometheus-postgres-exporter curl"
-        # PL/Proxy: test/t/020_plproxy.pl and test/bench/plproxy (docs/plproxy)
+        # PL/Proxy: test/t/021_plproxy.pl and test/bench/plproxy (docs/plproxy)
         [ -n "$debian_server" ] && pkgs="$pkgs postgresql-$PG_MAJOR-plproxy"
         # test/t/080_pgbouncer.pl: Debian's PgBouncer in transaction mode,
         # with psycopg 3, psycopg2 and pgjdbc clients (javac compiles the
