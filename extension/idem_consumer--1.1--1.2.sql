@@ -469,6 +469,23 @@ CREATE TRIGGER key_generations_truncated
 ALTER TABLE idem_consumer.key_generations ENABLE ALWAYS TRIGGER key_generations_changed;
 ALTER TABLE idem_consumer.key_generations ENABLE ALWAYS TRIGGER key_generations_truncated;
 
+-- Every change of a consumer's row, whoever makes it (the setters, the
+-- storage's owner by hand, a restore, a logical subscriber), tells every
+-- session to forget the owners and settings it cached (src/consumers.c).
+-- A new row changes nothing cached: no trigger for INSERT.
+CREATE FUNCTION idem_consumer.consumers_changed() RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_consumers_changed'
+LANGUAGE C;
+REVOKE ALL ON FUNCTION idem_consumer.consumers_changed() FROM PUBLIC;
+CREATE TRIGGER consumers_changed
+    AFTER UPDATE OR DELETE ON idem_consumer.consumers
+    FOR EACH ROW EXECUTE FUNCTION idem_consumer.consumers_changed();
+CREATE TRIGGER consumers_truncated
+    AFTER TRUNCATE ON idem_consumer.consumers
+    FOR EACH STATEMENT EXECUTE FUNCTION idem_consumer.consumers_changed();
+ALTER TABLE idem_consumer.consumers ENABLE ALWAYS TRIGGER consumers_changed;
+ALTER TABLE idem_consumer.consumers ENABLE ALWAYS TRIGGER consumers_truncated;
+
 -- The filter of all sealed generations at once (src/keygen_filter.c): one
 -- blocked Bloom filter of the keys of every generation whose epoch its row
 -- in key_filter_all lists, so that a new key reads one page of filter

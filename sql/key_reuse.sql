@@ -64,6 +64,19 @@ SELECT idem_try_apply('r-1', 'reuse', :'pay', ARRAY['77', '1']);
 SELECT idem_try_apply('r-1', 'reuse', :'pay', ARRAY['77', '1']);
 SELECT key, status, sqlstate, message, params FROM idem_dead_letters WHERE consumer = 'reuse';
 SELECT id, paid FROM reuse_orders ORDER BY id;
+-- the entry's error is built, not raised and caught: called from
+-- PL/pgSQL, it carries the error's detail and hint but no context of the
+-- caller's code, which no error ran through
+DO $$
+BEGIN
+    PERFORM idem_try_apply('p-1', 'reuse-plpgsql', 'select 1');
+    PERFORM idem_try_apply('p-1', 'reuse-plpgsql', 'select 2');
+END
+$$;
+SELECT key, sqlstate, message,
+       detail LIKE 'The key was recorded at % with message fingerprint %; this message''s fingerprint is %.' AS detail_given,
+       hint, context
+  FROM idem_dead_letters WHERE consumer = 'reuse-plpgsql';
 
 -- the fingerprinted batch: new keys once, reused keys reported and not
 -- recorded again; a key repeated in the batch with another fingerprint is

@@ -35,8 +35,13 @@
  * transaction would be a lie after a rollback, and a later backend would
  * create the same consumer under a second id.  The cache is emptied when
  * the storage is located anew and on every relcache invalidation of the
- * storage tables; idem_consumer_set_owner() sends one, so that other
- * backends see the new owner from their next transaction on.  Membership
+ * storage tables.  From version 1.2 of the SQL a trigger of the consumers
+ * table, enabled ALWAYS, sends one for every row updated or deleted,
+ * whoever changes it: the setters below, a direct UPDATE by the storage's
+ * owner, a restore, or a logical subscriber's apply worker; other backends
+ * then see the new owner (and the new fingerprint setting) from their
+ * next transaction on.  The setters send one themselves too, for
+ * databases whose SQL is 1.1.  Membership
  * itself is not cached here: has_privs_of_role() keeps its own cache,
  * invalidated by GRANT and REVOKE.
  *
@@ -61,6 +66,7 @@
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
+#include "commands/trigger.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
@@ -73,6 +79,7 @@
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/rel.h"
 
 #include "compat.h"
 #include "consumers.h"
@@ -98,6 +105,7 @@ static uint64 consumer_cache_version;
 PG_FUNCTION_INFO_V1(idem_consumer_create);
 PG_FUNCTION_INFO_V1(idem_consumer_set_owner);
 PG_FUNCTION_INFO_V1(idem_set_fingerprint);
+PG_FUNCTION_INFO_V1(idem_consumers_changed);
 
 /*
  * Returns the cache of consumers, emptied if the storage was located anew
@@ -644,6 +652,25 @@ idem_set_fingerprint(PG_FUNCTION_ARGS)
 	CacheInvalidateRelcacheByRelid(storage_locate()->consumers_relid);
 	SPI_finish();
 	PG_RETURN_VOID();
+}
+
+/*
+ * Trigger function of the consumers table, after every row updated or
+ * deleted and after TRUNCATE: makes every session drop the consumers it
+ * cached once the transaction commits.
+ */
+Datum
+idem_consumers_changed(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+
+	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(trigdata->tg_event))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("function %s must be fired as an AFTER trigger",
+						"idem_consumer.consumers_changed")));
+	CacheInvalidateRelcacheByRelid(RelationGetRelid(trigdata->tg_relation));
+	return PointerGetDatum(NULL);
 }
 
 /*

@@ -213,48 +213,44 @@ fingerprint_differs(int32 fingerprint, const RecordedKey *recorded)
 }
 
 /*
+ * Returns the key-reuse error as ErrorData, built without raising it: for
+ * idem_try_apply() to park the message with it, and for
+ * fingerprint_raise_key_reuse() to throw.  Catching a raised error instead
+ * would take a subtransaction to clean up after it, on every parked key.
+ */
+ErrorData *
+fingerprint_key_reuse_error(const char *consumer, text *key, int32 fingerprint,
+							const RecordedKey *recorded)
+{
+	ErrorData  *edata = palloc0(sizeof(ErrorData));
+	TimestampTz recorded_at =
+		(TimestampTz) recorded->processed_at * USECS_PER_SEC;
+
+	edata->elevel = ERROR;
+	edata->output_to_server = false;
+	edata->output_to_client = true;
+	edata->filename = __FILE__;
+	edata->lineno = __LINE__;
+	edata->funcname = PG_FUNCNAME_MACRO;
+	edata->sqlerrcode = ERRCODE_KEY_REUSED;
+	edata->message = psprintf("key \"%s\" of consumer \"%s\" was recorded for another message",
+							  text_to_cstring(key), consumer);
+	edata->detail = psprintf("The key was recorded at %s with message fingerprint %08x; this message's fingerprint is %08x.",
+							 timestamptz_to_str(recorded_at),
+							 (uint32) recorded->fingerprint, (uint32) fingerprint);
+	edata->hint = pstrdup("Give every message a key of its own; pass the fingerprint argument if the parameters of one message vary between deliveries, "
+						  "or turn the check off with idem_set_fingerprint().");
+	edata->assoc_context = CurrentMemoryContext;
+	return edata;
+}
+
+/*
  * Raises the key-reuse error.
  */
 void
 fingerprint_raise_key_reuse(const char *consumer, text *key, int32 fingerprint,
 							const RecordedKey *recorded)
 {
-	TimestampTz recorded_at =
-		(TimestampTz) recorded->processed_at * USECS_PER_SEC;
-
-	ereport(ERROR,
-			(errcode(ERRCODE_KEY_REUSED),
-			 errmsg("key \"%s\" of consumer \"%s\" was recorded for another message",
-					text_to_cstring(key), consumer),
-			 errdetail("The key was recorded at %s with message fingerprint %08x; this message's fingerprint is %08x.",
-					   timestamptz_to_str(recorded_at),
-					   (uint32) recorded->fingerprint, (uint32) fingerprint),
-			 errhint("Give every message a key of its own; pass the fingerprint argument if the parameters of one message vary between deliveries, "
-					 "or turn the check off with idem_set_fingerprint().")));
-}
-
-/*
- * Returns the key-reuse error as ErrorData, for idem_try_apply() to park
- * the message with it.  Nothing runs between raising and catching it, so
- * no subtransaction is needed to clean up after it.
- */
-ErrorData *
-fingerprint_key_reuse_error(const char *consumer, text *key, int32 fingerprint,
-							const RecordedKey *recorded)
-{
-	MemoryContext cxt = CurrentMemoryContext;
-	ErrorData  *volatile edata = NULL;
-
-	PG_TRY();
-	{
-		fingerprint_raise_key_reuse(consumer, key, fingerprint, recorded);
-	}
-	PG_CATCH();
-	{
-		MemoryContextSwitchTo(cxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-	}
-	PG_END_TRY();
-	return edata;
+	ThrowErrorData(fingerprint_key_reuse_error(consumer, key, fingerprint, recorded));
+	pg_unreachable();
 }

@@ -39,17 +39,41 @@ histogram_bucket(int64 value_us)
 }
 
 /*
+ * Finds the bucket of n times one duration in microseconds: the math of
+ * adding a value, done before taking the lock that histogram_add_sample()
+ * needs.
+ */
+void
+histogram_sample(HistogramSample *sample, int64 value_us, int n)
+{
+	sample->value_us = Max(value_us, 0);
+	sample->bucket = histogram_bucket(sample->value_us);
+	sample->n = n;
+}
+
+/*
+ * Adds a sample whose bucket histogram_sample() found.
+ */
+void
+histogram_add_sample(IdemHistogram *hist, const HistogramSample *sample)
+{
+	hist->counts[sample->bucket] += sample->n;
+	hist->total += sample->n;
+	hist->sum_us += (double) sample->value_us * sample->n;
+	if (sample->value_us > hist->max_us)
+		hist->max_us = sample->value_us;
+}
+
+/*
  * Adds n times one duration in microseconds.
  */
 void
 histogram_add_n(IdemHistogram *hist, int64 value_us, int n)
 {
-	value_us = Max(value_us, 0);
-	hist->counts[histogram_bucket(value_us)] += n;
-	hist->total += n;
-	hist->sum_us += (double) value_us * n;
-	if (value_us > hist->max_us)
-		hist->max_us = value_us;
+	HistogramSample sample;
+
+	histogram_sample(&sample, value_us, n);
+	histogram_add_sample(hist, &sample);
 }
 
 /*

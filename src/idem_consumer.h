@@ -231,6 +231,16 @@ typedef struct IdemHistogram
 	int64		max_us;
 } IdemHistogram;
 
+/* A value whose bucket is found, to be added later (histogram_add_sample). */
+typedef struct HistogramSample
+{
+	int64		value_us;
+	int			bucket;
+	int			n;
+} HistogramSample;
+
+extern void histogram_sample(HistogramSample *sample, int64 value_us, int n);
+extern void histogram_add_sample(IdemHistogram *hist, const HistogramSample *sample);
 extern void histogram_add(IdemHistogram *hist, int64 value_us);
 extern void histogram_add_n(IdemHistogram *hist, int64 value_us, int n);
 extern void histogram_merge(IdemHistogram *into, const IdemHistogram *from);

@@ -23,8 +23,14 @@
  *	- the hash tables' shape is protected by stats_state->lock: exclusive to
  *	  add or remove an entry, shared to look one up, to iterate, or to touch
  *	  an entry's counters;
- *	- an entry's counters are protected by its own spinlock: writers add to
- *	  them, readers copy them out, under that spinlock only;
+ *	- an entry's counters are protected by its own LWLock (in the tranche
+ *	  of stats_state->lock), taken after the shared lock on the table:
+ *	  exclusive to add a transaction's counts or to zero them, shared to
+ *	  copy them out.  Not a spinlock: the counters hold two histograms of
+ *	  some 290 buckets each, which a reader copies whole (4.7 kB) and a
+ *	  writer may merge bucket by bucket.  A writer finds the buckets of
+ *	  its samples (the log10) before it takes the lock, so that the lock
+ *	  covers the additions only;
  *	- a database's own fields (untracked calls, reset time) are protected by
  *	  stats_state->mutex.
  * Every removal of entries bumps stats_state->generation, so that a
@@ -300,7 +306,7 @@ stats_foreach_readable(Oid dbid, void (*fn) (const ConsumerStatsCopy *copy, void
 /*
  * Calls fn with a copy of the counters of each consumer of one database
  * (of every database if dbid is InvalidOid) in turn, copied under that
- * consumer's spinlock into one buffer: the memory a pass takes does not
+ * consumer's LWLock into one buffer: the memory a pass takes does not
  * grow with the number of consumers.  The shared lock on the table is
  * held throughout, so fn should be quick and must not call back here.
  */
@@ -321,9 +327,9 @@ stats_foreach(Oid dbid, void (*fn) (const ConsumerStatsCopy *copy, void *arg), v
 			continue;
 		copy->dbid = entry->key.dbid;
 		strlcpy(copy->consumer, entry->key.consumer, sizeof(copy->consumer));
-		SpinLockAcquire(&entry->mutex);
+		LWLockAcquire(&entry->lock, LW_SHARED);
 		copy->counters = entry->counters;
-		SpinLockRelease(&entry->mutex);
+		LWLockRelease(&entry->lock);
 		fn(copy, arg);
 	}
 	LWLockRelease(stats_state->lock);

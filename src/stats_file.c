@@ -325,7 +325,7 @@ stats_file_fill(const char *data, int32 ndbs, int32 nentries)
 		entry = hash_search(stats_hash, &key, HASH_ENTER_NULL, NULL);
 		if (entry == NULL)
 			break;
-		SpinLockInit(&entry->mutex);
+		LWLockInitialize(&entry->lock, stats_state->lock->tranche);
 		entry->counters = counters;
 		stats_count_slot(key.dbid, 1);
 	}

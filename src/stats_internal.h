@@ -35,7 +35,7 @@ typedef struct StatsKey
 typedef struct ConsumerStatsEntry
 {
 	StatsKey	key;			/* hash key */
-	slock_t		mutex;
+	LWLock		lock;			/* protects counters; see stats.c */
 	ConsumerCounters counters;
 } ConsumerStatsEntry;
 

@@ -427,7 +427,7 @@ stats_find_or_make_slot(const char *consumer, uint64 *generation)
 		entry = hash_search(stats_hash, &key, HASH_FIND, &found);
 	if (entry != NULL && !found)
 	{
-		SpinLockInit(&entry->mutex);
+		LWLockInitialize(&entry->lock, stats_state->lock->tranche);
 		memset(&entry->counters, 0, sizeof(ConsumerCounters));
 		entry->counters.stats_reset = GetCurrentTimestamp();
 		stats_count_slot(MyDatabaseId, 1);

@@ -220,10 +220,10 @@ idem_stats_reset(PG_FUNCTION_ARGS)
 		if (entry->key.dbid != MyDatabaseId ||
 			(consumer != NULL && strcmp(consumer, entry->key.consumer) != 0))
 			continue;
-		SpinLockAcquire(&entry->mutex);
+		LWLockAcquire(&entry->lock, LW_EXCLUSIVE);
 		memset(&entry->counters, 0, sizeof(ConsumerCounters));
 		entry->counters.stats_reset = now;
-		SpinLockRelease(&entry->mutex);
+		LWLockRelease(&entry->lock);
 	}
 	LWLockRelease(stats_state->lock);
 

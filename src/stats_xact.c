@@ -328,6 +328,10 @@ flush_counts(PendingCounts *counts, bool committed, TimestampTz now)
 	ConsumerCounters *c;
 	bool		known;
 	bool		any = counts->calls > 0 || counts->key_reuse > 0;
+	HistogramSample latency[PENDING_SAMPLES];
+	HistogramSample lag[PENDING_SAMPLES];
+	int			nlatency = 0;
+	int			nlag = 0;
 
 	for (int e = 0; e < EFFECT_NUM_EVENTS; e++)
 		any |= counts->effects[e] > 0;
@@ -339,6 +343,20 @@ flush_counts(PendingCounts *counts, bool committed, TimestampTz now)
 		(committed && (counts->resolved || counts->calls > counts->unfinished));
 	if (!known)
 		return;
+
+	/* the histograms' math, done before any lock is taken */
+	if (committed && counts->applied > 0)
+	{
+		for (int i = 0; i < counts->nsamples; i++)
+		{
+			PendingSample *sample = &counts->samples[i];
+
+			histogram_sample(&latency[nlatency++], sample->latency_us,
+							 sample->messages);
+			if (!TIMESTAMP_IS_NOBEGIN(sample->event_time))
+				histogram_sample(&lag[nlag++], now - sample->event_time, 1);
+		}
+	}
 
 	entry = lock_slot(counts, true);
 	if (entry == NULL)
@@ -354,7 +372,7 @@ flush_counts(PendingCounts *counts, bool committed, TimestampTz now)
 	}
 
 	c = &entry->counters;
-	SpinLockAcquire(&entry->mutex);
+	LWLockAcquire(&entry->lock, LW_EXCLUSIVE);
 	c->key_reuse += counts->key_reuse;
 	for (int e = 0; e < EFFECT_NUM_EVENTS; e++)
 		c->effects[e] += counts->effects[e];
@@ -369,14 +387,10 @@ flush_counts(PendingCounts *counts, bool committed, TimestampTz now)
 		if (counts->applied > 0)
 		{
 			c->last_applied_at = now;
-			for (int i = 0; i < counts->nsamples; i++)
-			{
-				PendingSample *sample = &counts->samples[i];
-
-				histogram_add_n(&c->latency, sample->latency_us, sample->messages);
-				if (!TIMESTAMP_IS_NOBEGIN(sample->event_time))
-					histogram_add(&c->lag, now - sample->event_time);
-			}
+			for (int i = 0; i < nlatency; i++)
+				histogram_add_sample(&c->latency, &latency[i]);
+			for (int i = 0; i < nlag; i++)
+				histogram_add_sample(&c->lag, &lag[i]);
 			if (counts->latency != NULL)
 			{
 				histogram_merge(&c->latency, counts->latency);
@@ -391,7 +405,7 @@ flush_counts(PendingCounts *counts, bool committed, TimestampTz now)
 		if (counts->duplicates > 0)
 			c->last_duplicate_at = now;
 	}
-	SpinLockRelease(&entry->mutex);
+	LWLockRelease(&entry->lock);
 	LWLockRelease(stats_state->lock);
 }
 

@@ -4,11 +4,12 @@
 # business table are published, and a subscriber with the same roles and
 # the extension receives them.  Forgetting and purging keys on the
 # publisher works and the deletes reach the subscriber (which has its own
-# identity index for them).  Then the subscriber takes over and goes back
-# to the full row as identity: it creates consumers and parks messages
-# (new ids, none taken by a replicated row), every message the publisher
-# applied is a duplicate there (the balances do not move), and new
-# messages apply once.  Roles have other OIDs on the two servers: owners
+# identity index for them).  An owner given on the publisher reaches a
+# session already connected to the subscriber.  Then the subscriber takes
+# over and goes back to the full row as identity: it creates consumers and
+# parks messages (new ids, none taken by a replicated row), every message
+# the publisher applied is a duplicate there (the balances do not move),
+# and new messages apply once.  Roles have other OIDs on the two servers: owners
 # replicate by name.
 use strict;
 use warnings;
@@ -165,6 +166,39 @@ is($sub->safe_psql('postgres',
 		q{SELECT string_agg(generation || ':' || state, ',' ORDER BY epoch) FROM idem_key_generations}),
 	'1:sealed,2:current', 'the switch is replicated');
 
+# An owner given on the publisher reaches a session already connected to
+# the subscriber, which had the consumer's owner cached: the apply worker's
+# change of the row invalidates it there (a trigger enabled ALWAYS).
+$_->safe_psql('postgres', 'CREATE ROLE ops_team') for ($pub, $sub);
+$pub->safe_psql('postgres', q{SELECT idem_consumer_create('handed', 'team_pay')});
+$pub->wait_for_catchup('idem');
+$sub->safe_psql('postgres', q{
+	CREATE FUNCTION may_read(consumer text) RETURNS text LANGUAGE plpgsql AS $$
+	BEGIN
+		PERFORM idem_is_processed('h-1', consumer);
+		RETURN 'allowed';
+	EXCEPTION WHEN insufficient_privilege THEN
+		RETURN 'refused';
+	END
+	$$;
+	GRANT EXECUTE ON FUNCTION may_read(text), idem_is_processed(text, text) TO pay_app;
+});
+my $member = $sub->background_psql('postgres', on_error_stop => 1);
+$member->query_safe('SET ROLE pay_app');
+is($member->query_safe(q{SELECT may_read('handed')}), 'allowed',
+	'a member of the owner reads the consumer on the subscriber');
+$pub->safe_psql('postgres', q{SELECT idem_consumer_set_owner('handed', 'ops_team')});
+$pub->wait_for_catchup('idem');
+is($sub->safe_psql('postgres', q{SELECT owner FROM idem_consumer.consumers WHERE name = 'handed'}),
+	'ops_team', 'the new owner is replicated');
+is($member->query_safe(q{SELECT may_read('handed')}), 'refused',
+	'the session connected there sees it at once: refused');
+$pub->safe_psql('postgres', q{SELECT idem_consumer_set_owner('handed', 'team_pay')});
+$pub->wait_for_catchup('idem');
+is($member->query_safe(q{SELECT may_read('handed')}), 'allowed',
+	'and allowed again once the owner is given back');
+$member->quit;
+
 # Take over: the subscription stops for good, the publisher is gone.
 $sub->safe_psql('postgres', q{
 	ALTER SUBSCRIPTION idem DISABLE;
@@ -201,7 +235,7 @@ is($err, '', 'the new server creates a consumer');
 is($out, 't', 'and one by its first use');
 is($err, '', 'without an error');
 is($sub->safe_psql('postgres', q{SELECT count(DISTINCT consumer_id) FROM idem_consumer.consumers}),
-	'4', 'each with an id of its own');
+	'5', 'each with an id of its own');
 ($rc, $out, $err) = $sub->psql(
 	'postgres',
 	q{SELECT idem_try_apply('refund:bad', 'refunds', 'select 1 / 0')},
