@@ -452,37 +452,34 @@ CREATE INDEX generation_consumers_consumer
 ALTER TABLE idem_consumer.generation_consumers REPLICA IDENTITY FULL;
 SELECT pg_catalog.pg_extension_config_dump('idem_consumer.generation_consumers', '');
 
--- Every change of key_generations, a switch's, a restore's or a logical
--- subscriber's, tells every session to read it again (src/keygen.c).  Row
+-- A storage table whose rows sessions cache (key_generations, the filter
+-- of all sealed generations, consumers) tells every session to read it
+-- again at every change, a switch's, a setter's, the storage owner's by
+-- hand, a restore's or a logical subscriber's (src/storage.c).  Row
 -- triggers, as logical replication fires no statement trigger but for
--- TRUNCATE.
-CREATE FUNCTION idem_consumer.key_generations_changed() RETURNS trigger
-AS 'MODULE_PATHNAME', 'idem_key_generations_changed'
+-- TRUNCATE; enabled ALWAYS, so that the subscriber's apply fires them.
+CREATE FUNCTION idem_consumer.storage_changed() RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_storage_changed'
 LANGUAGE C;
-REVOKE ALL ON FUNCTION idem_consumer.key_generations_changed() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_consumer.storage_changed() FROM PUBLIC;
+-- key_generations: which generation is current (src/keygen.c)
 CREATE TRIGGER key_generations_changed
     AFTER INSERT OR UPDATE OR DELETE ON idem_consumer.key_generations
-    FOR EACH ROW EXECUTE FUNCTION idem_consumer.key_generations_changed();
+    FOR EACH ROW EXECUTE FUNCTION idem_consumer.storage_changed();
 CREATE TRIGGER key_generations_truncated
     AFTER TRUNCATE ON idem_consumer.key_generations
-    FOR EACH STATEMENT EXECUTE FUNCTION idem_consumer.key_generations_changed();
+    FOR EACH STATEMENT EXECUTE FUNCTION idem_consumer.storage_changed();
 ALTER TABLE idem_consumer.key_generations ENABLE ALWAYS TRIGGER key_generations_changed;
 ALTER TABLE idem_consumer.key_generations ENABLE ALWAYS TRIGGER key_generations_truncated;
 
--- Every change of a consumer's row, whoever makes it (the setters, the
--- storage's owner by hand, a restore, a logical subscriber), tells every
--- session to forget the owners and settings it cached (src/consumers.c).
--- A new row changes nothing cached: no trigger for INSERT.
-CREATE FUNCTION idem_consumer.consumers_changed() RETURNS trigger
-AS 'MODULE_PATHNAME', 'idem_consumers_changed'
-LANGUAGE C;
-REVOKE ALL ON FUNCTION idem_consumer.consumers_changed() FROM PUBLIC;
+-- consumers: their owners and settings (src/consumers.c); a new row
+-- changes nothing cached: no trigger for INSERT
 CREATE TRIGGER consumers_changed
     AFTER UPDATE OR DELETE ON idem_consumer.consumers
-    FOR EACH ROW EXECUTE FUNCTION idem_consumer.consumers_changed();
+    FOR EACH ROW EXECUTE FUNCTION idem_consumer.storage_changed();
 CREATE TRIGGER consumers_truncated
     AFTER TRUNCATE ON idem_consumer.consumers
-    FOR EACH STATEMENT EXECUTE FUNCTION idem_consumer.consumers_changed();
+    FOR EACH STATEMENT EXECUTE FUNCTION idem_consumer.storage_changed();
 ALTER TABLE idem_consumer.consumers ENABLE ALWAYS TRIGGER consumers_changed;
 ALTER TABLE idem_consumer.consumers ENABLE ALWAYS TRIGGER consumers_truncated;
 
@@ -517,7 +514,7 @@ COMMENT ON TABLE idem_consumer_local.key_filter_all IS
 REVOKE ALL ON idem_consumer_local.key_filter_all FROM PUBLIC;
 CREATE TRIGGER key_filter_all_changed
     AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idem_consumer_local.key_filter_all
-    FOR EACH STATEMENT EXECUTE FUNCTION idem_consumer.key_generations_changed();
+    FOR EACH STATEMENT EXECUTE FUNCTION idem_consumer.storage_changed();
 
 -- Seals the current generation and opens the next one of the ring
 -- (src/keygen.c); waits at most "wait" for the transactions recording

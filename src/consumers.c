@@ -66,7 +66,6 @@
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
-#include "commands/trigger.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
@@ -105,7 +104,6 @@ static uint64 consumer_cache_version;
 PG_FUNCTION_INFO_V1(idem_consumer_create);
 PG_FUNCTION_INFO_V1(idem_consumer_set_owner);
 PG_FUNCTION_INFO_V1(idem_set_fingerprint);
-PG_FUNCTION_INFO_V1(idem_consumers_changed);
 
 /*
  * Returns the cache of consumers, emptied if the storage was located anew
@@ -652,25 +650,6 @@ idem_set_fingerprint(PG_FUNCTION_ARGS)
 	CacheInvalidateRelcacheByRelid(storage_locate()->consumers_relid);
 	SPI_finish();
 	PG_RETURN_VOID();
-}
-
-/*
- * Trigger function of the consumers table, after every row updated or
- * deleted and after TRUNCATE: makes every session drop the consumers it
- * cached once the transaction commits.
- */
-Datum
-idem_consumers_changed(PG_FUNCTION_ARGS)
-{
-	TriggerData *trigdata = (TriggerData *) fcinfo->context;
-
-	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(trigdata->tg_event))
-		ereport(ERROR,
-				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("function %s must be fired as an AFTER trigger",
-						"idem_consumer.consumers_changed")));
-	CacheInvalidateRelcacheByRelid(RelationGetRelid(trigdata->tg_relation));
-	return PointerGetDatum(NULL);
 }
 
 /*

@@ -74,7 +74,6 @@
 #include "access/table.h"
 #include "access/xact.h"
 #include "catalog/pg_type.h"
-#include "commands/trigger.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
@@ -191,7 +190,6 @@ static struct
 } filters_seen[KEYGEN_NUM];
 
 PG_FUNCTION_INFO_V1(idem_key_generation_switch);
-PG_FUNCTION_INFO_V1(idem_key_generations_changed);
 
 /*
  * Forgets the cached state when key_generations is invalidated, as every
@@ -697,28 +695,6 @@ keygen_note_recording(int32 consumer_id, int32 processed_at)
 	args[2] = Int32GetDatum(processed_at);
 	storage_stmt_run(&keygen_stmts, KG_REGISTER, args, NULL, 0);
 	entry->xid = GetCurrentTransactionId();
-}
-
-/*
- * Trigger function of key_generations, after every row a statement
- * changes and after TRUNCATE: makes every session read it again once the
- * transaction commits.  It fires for the rows a switch inserts, and,
- * enabled ALWAYS, for those a logical subscriber applies, so that a
- * session connected to a subscriber that takes over records no key in a
- * generation sealed upstream.
- */
-Datum
-idem_key_generations_changed(PG_FUNCTION_ARGS)
-{
-	TriggerData *trigdata = (TriggerData *) fcinfo->context;
-
-	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(trigdata->tg_event))
-		ereport(ERROR,
-				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("function %s must be fired as an AFTER trigger",
-						"idem_consumer.key_generations_changed")));
-	CacheInvalidateRelcacheByRelid(RelationGetRelid(trigdata->tg_relation));
-	return PointerGetDatum(NULL);
 }
 
 /*

@@ -47,6 +47,7 @@
 #include "catalog/pg_index.h"
 #include "catalog/pg_namespace.h"
 #include "catalog/pg_proc.h"
+#include "commands/trigger.h"
 #include "common/hashfn.h"
 #include "funcapi.h"
 #include "nodes/primnodes.h"
@@ -83,6 +84,7 @@ static struct
 PG_FUNCTION_INFO_V1(idem_key_hash);
 PG_FUNCTION_INFO_V1(idem_key_hash64_sql);
 PG_FUNCTION_INFO_V1(idem_new_key_seed);
+PG_FUNCTION_INFO_V1(idem_storage_changed);
 
 /*
  * Whether relid is one of the tables of a generation of the key store.
@@ -651,4 +653,27 @@ idem_new_key_seed(PG_FUNCTION_ARGS)
 	values[1] = Int64GetDatum((int64) seed[1]);
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(tupdesc),
 													  values, nulls)));
+}
+
+/*
+ * Trigger function of the storage tables whose rows sessions cache
+ * (key_generations, key_filter_all, consumers), after every row a
+ * statement changes and after TRUNCATE: makes every session read the table
+ * again once the transaction commits.  Enabled ALWAYS, it fires for the
+ * rows a logical subscriber applies too, so that a session connected to a
+ * subscriber records no key in a generation sealed upstream and acts on no
+ * consumer with an owner changed upstream.
+ */
+Datum
+idem_storage_changed(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+
+	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(trigdata->tg_event))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("function %s must be fired as an AFTER trigger",
+						"idem_consumer.storage_changed")));
+	CacheInvalidateRelcacheByRelid(RelationGetRelid(trigdata->tg_relation));
+	return PointerGetDatum(NULL);
 }
