@@ -70,6 +70,11 @@ PROVE_TESTS = test/t/*.pl
 # when built with COPT=-Werror, as CI does.
 PG_CFLAGS = -Wall -Wextra -Wno-unused-parameter -Wno-sign-compare
 
+# Only the entry points the server looks up by name are exported (see
+# src/compat.h); 16 and later add this flag themselves.  PG_CFLAGS reaches
+# the compiler only, not the LLVM bitcode's compile.
+PG_CFLAGS += -fvisibility=hidden
+
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)

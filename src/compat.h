@@ -23,6 +23,7 @@
 #include "access/tableam.h"
 #include "catalog/pg_proc.h"
 #include "executor/executor.h"
+#include "fmgr.h"
 #include "pgstat.h"
 #include "storage/lock.h"
 #include "storage/proc.h"
@@ -31,6 +32,37 @@
 
 #if PG_VERSION_NUM < 150000
 #error "idem_consumer needs PostgreSQL 15 or later"
+#endif
+
+/*
+ * Every symbol of the library is hidden (-fvisibility=hidden, Makefile) but
+ * those the server looks up by name: the server loads the library with
+ * RTLD_GLOBAL, where any other global name could bind to another library's
+ * symbol of the same name.  From 16 PGDLLEXPORT means default visibility and
+ * fmgr.h marks with it _PG_init, Pg_magic_func and both functions of
+ * PG_FUNCTION_INFO_V1.  15's PGDLLEXPORT is empty outside Windows and its
+ * PG_FUNCTION_INFO_V1 leaves the function itself unmarked, so both are
+ * defined here as 16 defines them, and _PG_init declared.  The purge
+ * worker's main function, which the postmaster finds by name, is declared
+ * PGDLLEXPORT in purge_worker.c.
+ */
+#if PG_VERSION_NUM < 160000 && defined(__GNUC__) && !defined(WIN32)
+#undef PGDLLEXPORT
+#define PGDLLEXPORT __attribute__((visibility("default")))
+
+#undef PG_FUNCTION_INFO_V1
+#define PG_FUNCTION_INFO_V1(funcname) \
+extern PGDLLEXPORT Datum funcname(PG_FUNCTION_ARGS); \
+extern PGDLLEXPORT const Pg_finfo_record * CppConcat(pg_finfo_,funcname)(void); \
+const Pg_finfo_record * \
+CppConcat(pg_finfo_,funcname) (void) \
+{ \
+	static const Pg_finfo_record my_finfo = { 1 }; \
+	return &my_finfo; \
+} \
+extern int no_such_variable
+
+extern PGDLLEXPORT void _PG_init(void);
 #endif
 
 /*

@@ -22,8 +22,6 @@
 
 PG_MODULE_MAGIC;
 
-void		_PG_init(void);
-
 /*
  * Initializes each module, then reserves the GUC prefix.
  */

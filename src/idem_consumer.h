@@ -25,6 +25,8 @@
 #include "utils/array.h"
 #include "utils/timestamp.h"
 
+#include "compat.h"
+
 /* The schema of the storage tables, fixed by the install script. */
 #define STORAGE_SCHEMA "idem_consumer"
 
