@@ -231,7 +231,7 @@ fingerprint_key_reuse_error(const char *consumer, text *key, int32 fingerprint,
 	edata->output_to_client = true;
 	edata->filename = __FILE__;
 	edata->lineno = __LINE__;
-	edata->funcname = PG_FUNCNAME_MACRO;
+	edata->funcname = __func__;
 	edata->sqlerrcode = ERRCODE_KEY_REUSED;
 	edata->message = psprintf("key \"%s\" of consumer \"%s\" was recorded for another message",
 							  text_to_cstring(key), consumer);
