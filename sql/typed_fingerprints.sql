@@ -79,5 +79,40 @@ SELECT idem_is_processed('bad2', 'typed');
 -- each applied message ran once
 SELECT n, v FROM typed_log ORDER BY n;
 
+-- how a parameter type is hashed is kept with the plan and looked up again
+-- after DDL that changes it.  A composite type hashes by its columns'
+-- hash functions while they all have one; a column without one (point)
+-- makes it hash by its binary form from the next call on
+CREATE TYPE typed_pair AS (a int);
+SELECT idem_apply('pair', 'typed', 'insert into typed_log (v) select $1::typed_pair', ARRAY['(1)']);
+ALTER TYPE typed_pair ADD ATTRIBUTE b point;
+SELECT idem_apply('pair2', 'typed', 'insert into typed_log (v) select $1::typed_pair', ARRAY['(1,"(1,2)")']);
+SELECT idem_apply('pair2', 'typed', 'insert into typed_log (v) select $1::typed_pair', ARRAY['(1,"(1.0,2.00)")']);
+SELECT typed_error($$SELECT idem_apply('pair2', 'typed', 'insert into typed_log (v) select $1::typed_pair', ARRAY['(1,"(2,1)")'])$$);
+-- a default hash operator class made for point is used by the next call
+-- of a SQL text whose plan hashed points by their binary form, and no
+-- longer once it is dropped
+CREATE FUNCTION typed_point_hash(point) RETURNS int LANGUAGE sql IMMUTABLE
+    AS 'SELECT hashfloat8($1[0]) # hashfloat8($1[1])';
+CREATE FUNCTION typed_point_hash_ext(p point, seed bigint) RETURNS bigint
+    LANGUAGE plpgsql IMMUTABLE AS $f$
+BEGIN
+    RAISE NOTICE 'point hashed by typed_point_hash_ext';
+    RETURN hashfloat8extended(p[0], seed) # hashfloat8extended(p[1], seed);
+END
+$f$;
+CREATE OPERATOR CLASS typed_point_hash_ops DEFAULT FOR TYPE point USING hash AS
+    OPERATOR 1 ~= (point, point),
+    FUNCTION 1 typed_point_hash(point),
+    FUNCTION 2 typed_point_hash_ext(point, bigint);
+SELECT idem_apply('pt2', 'typed', 'insert into typed_log (v) select $1::point', ARRAY['(3,4)']);
+SELECT idem_apply('pt2', 'typed', 'insert into typed_log (v) select $1::point', ARRAY['(3.0,4.0)']);
+DROP OPERATOR FAMILY typed_point_hash_ops USING hash;
+SELECT idem_apply('pt', 'typed', 'insert into typed_log (v) select $1::point', ARRAY['(1,2)']);
+
+DROP TYPE typed_pair;
+DROP FUNCTION typed_point_hash(point);
+DROP FUNCTION typed_point_hash_ext(point, bigint);
+
 DROP TABLE typed_log;
 DROP FUNCTION typed_error(text);

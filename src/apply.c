@@ -93,7 +93,8 @@ apply_message(FunctionCallInfo fcinfo, int event_time_argno,
 		consumer_id = keystore_consumer_id_and_fp_check(consumer, true,
 														&check_fingerprint);
 	if (check_fingerprint)
-		fingerprint = fingerprint_of_bound_call(explicit_fingerprint, sql,
+		fingerprint = fingerprint_of_bound_call(explicit_fingerprint,
+												business_plan_hashers(bplan),
 												bound_params);
 	inflight_check_key(consumer_id, consumer, key, "record");
 	inflight_check_call(fcinfo);

@@ -22,7 +22,10 @@
  * that writes a value another way (10.0 and 10.00, a timestamptz with
  * another offset, jsonb with keys in another order) is still the same
  * message.  Keys recorded by 1.1 hold the hash of the parameters' text;
- * fingerprint_matches() also accepts that one.
+ * fingerprint_admits() also accepts that one.  What the typed hash looks
+ * up (the SQL text's hash, each parameter type's hash function) is kept
+ * with the business plan and looked up again after an invalidation that
+ * could change it, so that a call only runs the hash functions.
  *
  * This file only computes and compares; the key store keeps the values.
  *
@@ -40,7 +43,9 @@
 #include "nodes/params.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
+#include "utils/inval.h"
 #include "utils/lsyscache.h"
+#include "utils/syscache.h"
 #include "utils/typcache.h"
 #include "utils/timestamp.h"
 
@@ -94,67 +99,218 @@ fingerprint_of_message(const char *sql, ArrayType *params)
 }
 
 /*
- * Returns the hash of one non-NULL bound value: its type's extended hash
- * (values equal by the type's default equality hash alike), else its
- * binary send form, else its output text, which input conversion has
- * made canonical for most types.
+ * How the values of one parameter type are hashed (see param_hasher_prepare).
  */
-static uint32
-typed_value_hash(Oid typid, Datum value)
+typedef enum ParamHashMethod
 {
-	TypeCacheEntry *typentry = lookup_type_cache(typid,
-												 TYPECACHE_HASH_EXTENDED_PROC_FINFO);
-	Oid			func;
-	bool		isvarlena;
+	PARAM_HASH_EXTENDED,		/* the type's extended hash support function */
+	PARAM_HASH_SEND,			/* hash of its binary send form */
+	PARAM_HASH_OUTPUT			/* hash of its output text */
+} ParamHashMethod;
 
-	if (OidIsValid(typentry->hash_extended_proc))
-		return (uint32) DatumGetUInt64(FunctionCall2Coll(&typentry->hash_extended_proc_finfo,
-														 typentry->typcollation,
-														 value, Int64GetDatum(0)));
+typedef struct ParamHasher
+{
+	Oid			typid;
+	uint64		generation;		/* hashers_generation when prepared; 0: never */
+	ParamHashMethod method;
+	Oid			collation;
+	FmgrInfo	func;			/* fn_oid is InvalidOid until first set up */
+} ParamHasher;
 
-	getTypeBinaryOutputInfo(typid, &func, &isvarlena);
-	if (OidIsValid(func))
+/*
+ * What a business plan's typed fingerprint needs, kept with the plan so
+ * that a call only runs the hash functions: the hash of its SQL text and,
+ * per parameter, the function that hashes its values.  A plan's parameter
+ * types never change (plan_cache.c), but the function a type is hashed by
+ * can, with DDL on the type or its operator classes; so each parameter is
+ * prepared again after any invalidation that could change what the type
+ * cache and the catalogs say (see fingerprint_init).
+ */
+struct ParamHashers
+{
+	MemoryContext cxt;			/* the plan cache's, for the FmgrInfos */
+	uint32		sql_hash;
+	int			nargs;
+	ParamHasher hashers[FLEXIBLE_ARRAY_MEMBER];
+};
+
+/*
+ * Counts the invalidations that may change how a type is hashed; a
+ * prepared parameter whose generation differs is prepared again.
+ */
+static uint64 hashers_generation = 1;
+
+/*
+ * Returns the hashers of a business plan's parameters, prepared at their
+ * first non-NULL value, in cxt, where the plan cache keeps the plan.
+ */
+ParamHashers *
+fingerprint_hashers_create(MemoryContext cxt, const char *sql, int nargs,
+						   const Oid *argtypes)
+{
+	ParamHashers *hashers = MemoryContextAllocZero(cxt,
+												   offsetof(ParamHashers, hashers) +
+												   Max(nargs, 1) * sizeof(ParamHasher));
+
+	hashers->cxt = cxt;
+	hashers->sql_hash = hash_bytes((const unsigned char *) sql, strlen(sql));
+	hashers->nargs = nargs;
+	for (int i = 0; i < nargs; i++)
 	{
-		bytea	   *bytes = OidSendFunctionCall(func, value);
-
-		return hash_bytes((const unsigned char *) VARDATA(bytes),
-						  VARSIZE(bytes) - VARHDRSZ);
+		hashers->hashers[i].typid = argtypes[i];
+		hashers->hashers[i].func.fn_oid = InvalidOid;
 	}
-	else
-	{
-		char	   *str;
-
-		getTypeOutputInfo(typid, &func, &isvarlena);
-		str = OidOutputFunctionCall(func, value);
-		return hash_bytes((const unsigned char *) str, strlen(str));
-	}
+	return hashers;
 }
 
 /*
- * Returns the fingerprint of a message from its SQL text and its bound
- * parameters (see business_plan_bind): the parameter types go in with the
- * values, so that a hash is always of a value of a known type.
+ * Frees the hashers of an evicted plan.
+ */
+void
+fingerprint_hashers_free(ParamHashers *hashers)
+{
+	pfree(hashers);
+}
+
+/*
+ * Works out how the values of a parameter's type are hashed: by the type's
+ * extended hash (values equal by the type's default equality hash alike),
+ * else by its binary send form, else by its output text, which input
+ * conversion has made canonical for most types.  Looked up at the first
+ * non-NULL value, as before every one, so a type that cannot be hashed
+ * raises the same error at the same call.  The function's FmgrInfo is set
+ * up again only when the function changes, as the type cache does, so
+ * that preparing again after an unrelated invalidation allocates nothing.
+ */
+static void
+param_hasher_prepare(ParamHashers *hashers, ParamHasher *h)
+{
+	/* taken first: an invalidation the lookups accept prepares it again */
+	uint64		generation = hashers_generation;
+	TypeCacheEntry *typentry = lookup_type_cache(h->typid,
+												 TYPECACHE_HASH_EXTENDED_PROC);
+	ParamHashMethod method;
+	Oid			func;
+	Oid			collation = InvalidOid;
+	bool		isvarlena;
+
+	if (OidIsValid(typentry->hash_extended_proc))
+	{
+		method = PARAM_HASH_EXTENDED;
+		func = typentry->hash_extended_proc;
+		collation = typentry->typcollation;
+	}
+	else
+	{
+		getTypeBinaryOutputInfo(h->typid, &func, &isvarlena);
+		method = PARAM_HASH_SEND;
+		if (!OidIsValid(func))
+		{
+			getTypeOutputInfo(h->typid, &func, &isvarlena);
+			method = PARAM_HASH_OUTPUT;
+		}
+	}
+	if (h->func.fn_oid != func)
+		fmgr_info_cxt(func, &h->func, hashers->cxt);
+	h->method = method;
+	h->collation = collation;
+	h->generation = generation;
+}
+
+/*
+ * Returns the hash of one non-NULL bound value of a prepared parameter.
+ */
+static uint32
+typed_value_hash(ParamHasher *h, Datum value)
+{
+	switch (h->method)
+	{
+		case PARAM_HASH_EXTENDED:
+			return (uint32) DatumGetUInt64(FunctionCall2Coll(&h->func, h->collation,
+															 value, Int64GetDatum(0)));
+		case PARAM_HASH_SEND:
+			{
+				bytea	   *bytes = SendFunctionCall(&h->func, value);
+
+				return hash_bytes((const unsigned char *) VARDATA(bytes),
+								  VARSIZE(bytes) - VARHDRSZ);
+			}
+		case PARAM_HASH_OUTPUT:
+			{
+				char	   *str = OutputFunctionCall(&h->func, value);
+
+				return hash_bytes((const unsigned char *) str, strlen(str));
+			}
+	}
+	pg_unreachable();
+}
+
+/*
+ * Returns the fingerprint of a message from its plan's hashers (its SQL
+ * text and parameter types) and its bound parameters (see
+ * business_plan_bind): the parameter types go in with the values, so that
+ * a hash is always of a value of a known type.
  */
 int32
-fingerprint_of_bound(const char *sql, ParamListInfo params)
+fingerprint_of_bound(ParamHashers *hashers, ParamListInfo params)
 {
 	/* a seed of its own, so that a bound hash is not a text one by design */
-	uint32		hash = hash_combine(TYPED_SEED,
-									hash_bytes((const unsigned char *) sql, strlen(sql)));
+	uint32		hash = hash_combine(TYPED_SEED, hashers->sql_hash);
 	int			nparams = params != NULL ? params->numParams : 0;
 
+	if (nparams != hashers->nargs)
+		elog(ERROR, "bound parameters (%d) do not match the plan's (%d)",
+			 nparams, hashers->nargs);
 	hash = hash_combine(hash, hash_bytes_uint32((uint32) nparams));
 	for (int i = 0; i < nparams; i++)
 	{
 		ParamExternData *param = &params->params[i];
+		ParamHasher *h = &hashers->hashers[i];
 
+		if (param->ptype != h->typid)
+			elog(ERROR, "bound parameter $%d is of type %u, the plan's of type %u",
+				 i + 1, param->ptype, h->typid);
 		hash = hash_combine(hash, hash_bytes_uint32((uint32) param->ptype));
 		if (param->isnull)
 			hash = hash_combine(hash, NULL_PARAM_HASH);
 		else
-			hash = hash_combine(hash, typed_value_hash(param->ptype, param->value));
+		{
+			if (h->generation != hashers_generation)
+				param_hasher_prepare(hashers, h);
+			hash = hash_combine(hash, typed_value_hash(h, param->value));
+		}
 	}
 	return (int32) hash;
+}
+
+/*
+ * Makes every prepared parameter be prepared again: called for every
+ * invalidation of pg_type (a type's send function, collation) and of
+ * pg_opclass (a default hash operator class), where the type cache forgets
+ * what it knows of hash functions, and of any relation (the columns of a
+ * composite type, which decide whether it has an extended hash).
+ */
+static void
+hashers_syscache_callback(Datum arg, int cacheid, uint32 hashvalue)
+{
+	hashers_generation++;
+}
+
+static void
+hashers_relcache_callback(Datum arg, Oid relid)
+{
+	hashers_generation++;
+}
+
+/*
+ * Registers the invalidation callbacks; called once from _PG_init.
+ */
+void
+fingerprint_init(void)
+{
+	CacheRegisterSyscacheCallback(TYPEOID, hashers_syscache_callback, (Datum) 0);
+	CacheRegisterSyscacheCallback(CLAOID, hashers_syscache_callback, (Datum) 0);
+	CacheRegisterRelcacheCallback(hashers_relcache_callback, (Datum) 0);
 }
 
 /*
@@ -183,12 +339,12 @@ fingerprint_admits(text *explicit_fingerprint, int32 fingerprint,
  * caller's fingerprint text when it gave one, else of the typed message.
  */
 int32
-fingerprint_of_bound_call(text *explicit_fingerprint, const char *sql,
+fingerprint_of_bound_call(text *explicit_fingerprint, ParamHashers *hashers,
 						  ParamListInfo params)
 {
 	return explicit_fingerprint != NULL ?
 		fingerprint_of_text(explicit_fingerprint) :
-		fingerprint_of_bound(sql, params);
+		fingerprint_of_bound(hashers, params);
 }
 
 /*

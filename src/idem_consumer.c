@@ -39,6 +39,7 @@ _PG_init(void)
 	effects_init();
 	keygen_init();
 	routed_init();
+	fingerprint_init();
 
 	MarkGUCPrefixReserved("idem_consumer");
 

@@ -176,11 +176,17 @@ extern bool consumer_row_visible(const char *consumer, TransactionId *xmin);
 extern void consumer_name_check_new(const char *name);
 
 /* fingerprint.c */
+typedef struct ParamHashers ParamHashers;
+
+extern void fingerprint_init(void);
 extern int32 fingerprint_of_message(const char *sql, ArrayType *params);
 extern int32 fingerprint_of_text(text *fingerprint);
-extern int32 fingerprint_of_bound(const char *sql, ParamListInfo params);
+extern ParamHashers *fingerprint_hashers_create(MemoryContext cxt, const char *sql,
+												int nargs, const Oid *argtypes);
+extern void fingerprint_hashers_free(ParamHashers *hashers);
+extern int32 fingerprint_of_bound(ParamHashers *hashers, ParamListInfo params);
 extern int32 fingerprint_of_bound_call(text *explicit_fingerprint,
-									   const char *sql, ParamListInfo params);
+									   ParamHashers *hashers, ParamListInfo params);
 extern bool fingerprint_admits(text *explicit_fingerprint, int32 fingerprint,
 							   const RecordedKey *recorded, const char *sql,
 							   ArrayType *params);
@@ -315,6 +321,7 @@ extern void business_sql_check(const char *sql);
 extern void business_params_check(ArrayType *params);
 extern BusinessPlan *business_plan_get(const char *sql);
 extern ParamListInfo business_plan_bind(BusinessPlan *bplan, ArrayType *params);
+extern ParamHashers *business_plan_hashers(BusinessPlan *bplan);
 extern uint64 business_plan_execute(BusinessPlan *bplan, ParamListInfo params);
 extern bool business_sql_is_call(const char *sql);
 

@@ -11,8 +11,9 @@
  * and checks permissions as the current user at every execution.
  *
  * The bytes are what the memory contexts of the cache hold: its own (the
- * texts, the hash table, the parameters' input functions) and each plan's
- * (the plan source with its parse and query trees, and its generic plan).
+ * texts, the hash table, the parameters' input and hash functions) and
+ * each plan's (the plan source with its parse and query trees, and its
+ * generic plan).
  * A plan's bytes are measured when it is made and again when it is used
  * after PostgreSQL replanned it or built its generic plan, so the total is
  * kept without walking every plan at each call; it may run over by what
@@ -61,6 +62,7 @@ struct BusinessPlan
 	Oid		   *argtypes;
 	FmgrInfo   *input_funcs;
 	Oid		   *input_ioparams;
+	ParamHashers *hashers;		/* for the message's fingerprint */
 	dlist_node	lru_node;		/* most recently used first */
 	Size		plan_bytes;		/* the plan's contexts when last measured */
 	const void *measured_query; /* its query trees and generic plan then */
@@ -343,6 +345,8 @@ business_plan_create(const char *sql)
 			getTypeInputInfo(argtypes[i], &typinput, &entry.input_ioparams[i]);
 			fmgr_info_cxt(typinput, &entry.input_funcs[i], plan_cache_cxt);
 		}
+		entry.hashers = fingerprint_hashers_create(plan_cache_cxt, entry.sql,
+												   nargs, entry.argtypes);
 
 		/* the last step that can fail; it enters nothing if it does */
 		bplan = hash_search(plan_cache, &entry.sql, HASH_ENTER, &found);
@@ -384,6 +388,7 @@ plan_cache_evict(void)
 		pfree(victim->argtypes);
 		pfree(victim->input_funcs);
 		pfree(victim->input_ioparams);
+		fingerprint_hashers_free(victim->hashers);
 		hash_search(plan_cache, &sql, HASH_REMOVE, NULL);
 		pfree((char *) sql);
 	}
@@ -518,6 +523,15 @@ business_plan_bind(BusinessPlan *bplan, ArrayType *params)
 	error_context_stack = errcallback.previous;
 
 	return param_list;
+}
+
+/*
+ * Returns the hashers of a business plan's message fingerprint.
+ */
+ParamHashers *
+business_plan_hashers(BusinessPlan *bplan)
+{
+	return bplan->hashers;
 }
 
 /*

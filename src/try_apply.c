@@ -89,7 +89,8 @@ fingerprint_of_try_call(text *explicit_fingerprint, const char *sql,
 	{
 		BusinessPlan *bplan = business_plan_get(sql);
 
-		fingerprint = fingerprint_of_bound(sql, business_plan_bind(bplan, params));
+		fingerprint = fingerprint_of_bound(business_plan_hashers(bplan),
+										   business_plan_bind(bplan, params));
 		ReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(oldcontext);
 		CurrentResourceOwner = oldowner;
