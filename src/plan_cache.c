@@ -430,7 +430,14 @@ business_plan_get(const char *sql)
 	if (plan_cache == NULL)
 		plan_cache_create();
 
-	bplan = hash_search(plan_cache, &sql, HASH_FIND, NULL);
+	/*
+	 * A consumer mostly applies one SQL text call after call: comparing it
+	 * with the most recently used plan's spares hashing the whole text.
+	 */
+	bplan = dlist_is_empty(&plan_lru) ? NULL :
+		dlist_head_element(BusinessPlan, lru_node, &plan_lru);
+	if (bplan == NULL || strcmp(bplan->sql, sql) != 0)
+		bplan = hash_search(plan_cache, &sql, HASH_FIND, NULL);
 	if (bplan != NULL)
 	{
 		dlist_move_head(&plan_lru, &bplan->lru_node);
