@@ -36,6 +36,7 @@ OBJS = \
 	src/metrics.o \
 	src/business_run.o \
 	src/dead_letter.o \
+	src/dead_letter_resolve.o \
 	src/dead_letter_sql.o \
 	src/try_apply.o \
 	src/expect_rows.o \
