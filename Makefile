@@ -45,6 +45,7 @@ OBJS = \
 	src/retention_store.o \
 	src/purge_worker.o \
 	src/effects_store.o \
+	src/effects_store_sql.o \
 	src/effects_fastpath.o \
 	src/effects.o \
 	src/effects_api.o \

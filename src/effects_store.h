@@ -1,9 +1,10 @@
 /*-------------------------------------------------------------------------
  *
  * effects_store.h
- *	  The storage of external effects (effects_store.c): an effect's row,
- *	  its states, the statements on it and their SQLSTATEs, used by the
- *	  state machine and the SQL functions of effects.c.  What other
+ *	  The storage of external effects (effects_store.c, and its statements
+ *	  in effects_store_sql.c): an effect's row, its states, the statements
+ *	  on it and their SQLSTATEs, used by the state machine and the SQL
+ *	  functions of effects.c.  What other
  *	  modules call is declared in idem_consumer.h.
  *
  * Copyright (c) 2025-2026, idem_consumer maintainers
@@ -106,6 +107,16 @@ typedef enum EffectStmt
 	EF_NUM_STMTS
 } EffectStmt;
 
+/* The statements on routed effects of every route. */
+typedef enum RoutedEffectsStmt
+{
+	RE_DUE,
+	RE_LATEST,
+	RE_PURGE,
+	RE_PURGE_ENTRIES,
+	RE_NUM_STMTS
+} RoutedEffectsStmt;
+
 /* Longest lease or heartbeat extension, and longest retry delay. */
 #define MAX_LEASE_US			USECS_PER_DAY
 #define MAX_DELAY_US			(30 * USECS_PER_DAY)
@@ -131,10 +142,16 @@ interval_to_us(const Interval *interval)
 	return us;
 }
 
-/* effects_store.c */
+/* effects_store_sql.c */
 extern Oid	effects_table_oid(void);
 extern int	effects_execute(EffectStmt stmt, Datum *values, const char *nulls,
 							long tcount);
+extern void effects_execute_routed(EffectStmt stmt, Oid route_type,
+								   Datum *values, const char *nulls);
+extern void effects_execute_every_route(RoutedEffectsStmt stmt, Datum *values,
+										const char *nulls);
+
+/* effects_store.c */
 extern bool effects_fetch(EffectStmt stmt, const EffectPlace *place,
 						  Datum *args, const char *argnulls, int nargs,
 						  EffectRow *row);
