@@ -5,8 +5,8 @@
  *	  EffectRow, and the operations on the rows through the statements of
  *	  effects_store_sql.c, in effects or, where keys are routed (routed.c),
  *	  in routed_effects: an inline effect's insert, the due effects of the
- *	  outbox, retry policies, parking a dead effect in the dead-letter
- *	  queue and re-arming it, and the purge of completed effects.
+ *	  outbox, retry policies, and parking a dead effect in the dead-letter
+ *	  queue and re-arming it.
  *
  * What the states mean is effects.c's business; an inline effect's insert
  * tries the fast path first (effects_fastpath.c), and the rest of the rows
@@ -32,6 +32,7 @@
 #include "utils/lsyscache.h"
 
 #include "idem_consumer.h"
+#include "duration.h"
 #include "effects_store.h"
 #include "effects_fastpath.h"
 
@@ -367,52 +368,4 @@ effects_rearm_routed(Datum route, Oid route_type, const char *consumer, text *ke
 	.route = route, .route_type = route_type};
 
 	return effects_fetch(EF_REARM, &place, NULL, NULL, 0, NULL);
-}
-
-/*
- * Removes the completed effects past their consumer's retention window,
- * consumers without a window of their own following default_retention_secs
- * (-1: forever); returns how many.  Nothing in a database without effects.
- */
-uint64
-effects_purge(int32 only_consumer, int default_retention_secs)
-{
-	Datum		args[2];
-	char		nulls[2] = {' ', ' '};
-	Interval   *window = palloc0(sizeof(Interval));
-
-	if (!effects_storage_exists())
-		return 0;
-	window->time = (int64) default_retention_secs * USECS_PER_SEC;
-	args[0] = IntervalPGetDatum(window);
-	if (default_retention_secs < 0)
-		nulls[0] = 'n';
-	args[1] = Int32GetDatum(only_consumer);
-	effects_execute(EF_PURGE, args, nulls, 0);
-	return SPI_processed;
-}
-
-/*
- * Removes the completed routed effects past their consumer's retention
- * window by the rule of routed keys (routed_purge), counted back from the
- * consumer's newest completion, and the resolved entries of effects that
- * are gone; returns how many effects.  Called by routed_purge(), on the
- * node that purges.
- */
-uint64
-effects_purge_routed(const char *consumer, RetentionWindows *windows)
-{
-	Datum		args[2];
-	char		nulls[1] = {consumer ? ' ' : 'n'};
-	uint64		removed;
-
-	args[0] = consumer ? CStringGetTextDatum(consumer) : (Datum) 0;
-	effects_execute_every_route(RE_LATEST, args, nulls);
-	if (!routed_purge_cutoffs(windows, args))
-		return 0;
-	effects_execute_every_route(RE_PURGE, args, NULL);
-	removed = SPI_processed;
-	if (removed > 0)
-		effects_execute_every_route(RE_PURGE_ENTRIES, NULL, NULL);
-	return removed;
 }

@@ -4,7 +4,9 @@
  *	  The statements on external effects: on idem_consumer.effects,
  *	  effect_policies and the effect entries of dead_letters, and on
  *	  routed_effects and the effect entries of routed_dead_letters, run as
- *	  the owner of the tables.  What they read and write is
+ *	  the owner of the tables; and the purges of completed effects, for
+ *	  retention.c and routed.c, which run statements of this file and
+ *	  nothing else.  What the other statements read and write is
  *	  effects_store.c's business.
  *
  * As for the keys, the caller needs EXECUTE on the API functions and no
@@ -42,6 +44,7 @@
 
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
+#include "utils/builtins.h"
 
 #include "idem_consumer.h"
 #include "effects_store.h"
@@ -415,6 +418,54 @@ effects_execute(EffectStmt stmt, Datum *values, const char *nulls, long tcount)
 						   EFFECTS_TABLE),
 				 errhint("ALTER EXTENSION idem_consumer UPDATE")));
 	return storage_stmt_run(&effect_stmts, stmt, values, nulls, tcount);
+}
+
+/*
+ * Removes the completed effects past their consumer's retention window,
+ * consumers without a window of their own following default_retention_secs
+ * (-1: forever); returns how many.  Nothing in a database without effects.
+ */
+uint64
+effects_purge(int32 only_consumer, int default_retention_secs)
+{
+	Datum		args[2];
+	char		nulls[2] = {' ', ' '};
+	Interval   *window = palloc0(sizeof(Interval));
+
+	if (!effects_storage_exists())
+		return 0;
+	window->time = (int64) default_retention_secs * USECS_PER_SEC;
+	args[0] = IntervalPGetDatum(window);
+	if (default_retention_secs < 0)
+		nulls[0] = 'n';
+	args[1] = Int32GetDatum(only_consumer);
+	effects_execute(EF_PURGE, args, nulls, 0);
+	return SPI_processed;
+}
+
+/*
+ * Removes the completed routed effects past their consumer's retention
+ * window by the rule of routed keys (routed_purge), counted back from the
+ * consumer's newest completion, and the resolved entries of effects that
+ * are gone; returns how many effects.  Called by routed_purge(), on the
+ * node that purges.
+ */
+uint64
+effects_purge_routed(const char *consumer, RetentionWindows *windows)
+{
+	Datum		args[2];
+	char		nulls[1] = {consumer ? ' ' : 'n'};
+	uint64		removed;
+
+	args[0] = consumer ? CStringGetTextDatum(consumer) : (Datum) 0;
+	storage_stmt_run(&routed_effects_stmts, RE_LATEST, args, nulls, 0);
+	if (!routed_purge_cutoffs(windows, args))
+		return 0;
+	storage_stmt_run(&routed_effects_stmts, RE_PURGE, args, NULL, 0);
+	removed = SPI_processed;
+	if (removed > 0)
+		storage_stmt_run(&routed_effects_stmts, RE_PURGE_ENTRIES, NULL, NULL, 0);
+	return removed;
 }
 
 /*
