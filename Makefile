@@ -36,6 +36,7 @@ OBJS = \
 	src/metrics.o \
 	src/business_run.o \
 	src/dead_letter.o \
+	src/dead_letter_resolve.o \
 	src/dead_letter_sql.o \
 	src/try_apply.o \
 	src/expect_rows.o \
@@ -44,6 +45,7 @@ OBJS = \
 	src/retention_store.o \
 	src/purge_worker.o \
 	src/effects_store.o \
+	src/effects_store_sql.o \
 	src/effects_fastpath.o \
 	src/effects.o \
 	src/effects_api.o \

@@ -29,7 +29,7 @@
 #include "utils/timestamp.h"
 
 #include "idem_consumer.h"
-#include "effects_store.h"
+#include "duration.h"
 
 /* Longest retention window accepted; NULL is how to keep keys forever. */
 #define MAX_RETENTION			"100 years"

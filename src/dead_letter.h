@@ -1,13 +1,13 @@
 /*-------------------------------------------------------------------------
  *
  * dead_letter.h
- *	  What try_apply.c, dead_letter.c, dead_letter_sql.c, business_run.c
- *	  and replay_locks.c
- *	  share.
+ *	  What try_apply.c, dead_letter.c, dead_letter_resolve.c,
+ *	  dead_letter_sql.c, business_run.c and replay_locks.c share.
  *
- * Calls run downwards: try_apply.c uses dead_letter.c and business_run.c,
- * dead_letter.c uses dead_letter_sql.c and business_run.c, which use
- * none of the others.
+ * Calls run downwards: try_apply.c uses dead_letter.c and business_run.c;
+ * dead_letter_resolve.c uses dead_letter.c, dead_letter_sql.c and
+ * replay_locks.c, which wraps business_run.c; dead_letter.c uses
+ * dead_letter_sql.c and business_run.c, which use none of the others.
  *
  * Copyright (c) 2025-2026, idem_consumer maintainers
  *
@@ -74,6 +74,8 @@ extern void dead_letter_insert(const DeadLetterPlace *place, text *key,
 							   NullableDatum event_time, ErrorData *edata,
 							   int64 expect_rows);
 extern char *dead_letter_status(const DeadLetterPlace *place, text *key);
+extern Datum dead_letter_current_user(void);
+extern void dead_letter_error_values(ErrorData *edata, Datum *values, char *nulls);
 
 /* business_run.c */
 extern ErrorData *business_run(int32 consumer_id, const char *consumer, text *key,

@@ -7,9 +7,9 @@
  * The statements are fixed, schema-qualified text with values as
  * parameters, run through storage_stmt_run() (keystore_sql.c) as for the
  * key store.  The two locking reads return DEAD_LETTER_COLUMNS, in the
- * order dead_letter.c reads them.  The key store has statements of its own
- * on this table: the entries that expire with their keys, and the ones
- * idem_forget() looks at.
+ * order dead_letter_resolve.c reads them.  The key store has statements of
+ * its own on this table: the entries that expire with their keys, and the
+ * ones idem_forget() looks at.
  *
  * The caller must be connected to SPI.
  *

@@ -32,6 +32,7 @@
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 
+#include "duration.h"
 #include "effects.h"
 #include "effects_store.h"
 #include "effects_fastpath.h"

@@ -5,7 +5,7 @@
  *	  effect and idem_effect_complete storing the result of the current
  *	  lease, without the executor.
  *
- * The statements EF_INSERT_LEASED and EF_COMPLETE (effects_store.c) are
+ * The statements EF_INSERT_LEASED and EF_COMPLETE (effects_store_sql.c) are
  * the reference.  Each fast path does what its statement does in the one
  * plain case, and changes nothing otherwise, so that the caller runs the
  * statement, which waits, re-checks the newest version under its lock
@@ -279,7 +279,7 @@ defaults_are_plain(Relation rel)
 
 /*
  * Opens the effects table (relid, as effects_table_oid() found it; the
- * callers pass it so that this file needs nothing from effects_store.c)
+ * callers pass it so that this file needs nothing from effects_store_sql.c)
  * and its primary key for the fast path; returns false when the SQL
  * statements must do the work: the table is missing, the table or its indexes
  * are not as created, or the transaction cannot write (the statement then

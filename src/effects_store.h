@@ -1,9 +1,10 @@
 /*-------------------------------------------------------------------------
  *
  * effects_store.h
- *	  The storage of external effects (effects_store.c): an effect's row,
- *	  its states, the statements on it and their SQLSTATEs, used by the
- *	  state machine and the SQL functions of effects.c.  What other
+ *	  The storage of external effects (effects_store.c, and its statements
+ *	  in effects_store_sql.c): an effect's row, its states, the statements
+ *	  on it and their SQLSTATEs, used by the state machine and the SQL
+ *	  functions of effects.c.  What other
  *	  modules call is declared in idem_consumer.h.
  *
  * Copyright (c) 2025-2026, idem_consumer maintainers
@@ -18,7 +19,6 @@
 
 #include "postgres.h"
 
-#include "common/int.h"
 #include "datatype/timestamp.h"
 #include "utils/jsonb.h"
 
@@ -106,35 +106,26 @@ typedef enum EffectStmt
 	EF_NUM_STMTS
 } EffectStmt;
 
-/* Longest lease or heartbeat extension, and longest retry delay. */
-#define MAX_LEASE_US			USECS_PER_DAY
-#define MAX_DELAY_US			(30 * USECS_PER_DAY)
-
-/*
- * Returns an interval as microseconds, a month counted as 30 days, as
- * interval comparison does.  An interval beyond the range of int64
- * microseconds (some 292,000 years either way) saturates at its end, so
- * that a caller's bound check sees it as too long (or not positive)
- * instead of a value wrapped around.
- */
-static inline int64
-interval_to_us(const Interval *interval)
+/* The statements on routed effects of every route. */
+typedef enum RoutedEffectsStmt
 {
-	/* whole days of time go with the days, so that only |rest| < 1 day is added */
-	int64		days = (int64) interval->month * DAYS_PER_MONTH + interval->day +
-		interval->time / USECS_PER_DAY;
-	int64		us;
+	RE_DUE,
+	RE_LATEST,
+	RE_PURGE,
+	RE_PURGE_ENTRIES,
+	RE_NUM_STMTS
+} RoutedEffectsStmt;
 
-	if (pg_mul_s64_overflow(days, USECS_PER_DAY, &us) ||
-		pg_add_s64_overflow(us, interval->time % USECS_PER_DAY, &us))
-		return days > 0 ? PG_INT64_MAX : PG_INT64_MIN;
-	return us;
-}
-
-/* effects_store.c */
+/* effects_store_sql.c */
 extern Oid	effects_table_oid(void);
 extern int	effects_execute(EffectStmt stmt, Datum *values, const char *nulls,
 							long tcount);
+extern void effects_execute_routed(EffectStmt stmt, Oid route_type,
+								   Datum *values, const char *nulls);
+extern void effects_execute_every_route(RoutedEffectsStmt stmt, Datum *values,
+										const char *nulls);
+
+/* effects_store.c */
 extern bool effects_fetch(EffectStmt stmt, const EffectPlace *place,
 						  Datum *args, const char *argnulls, int nargs,
 						  EffectRow *row);

@@ -436,7 +436,7 @@ extern bool expect_rows_stored(void);
 extern void fastpath_init(void);
 extern bool fastpath_enabled(void);
 
-/* effects.c, effects_store.c */
+/* effects.c, effects_store.c, effects_store_sql.c */
 extern void effects_init(void);
 extern bool effects_storage_exists(void);
 extern bool effects_rearm(int64 dead_letter_id);

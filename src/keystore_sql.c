@@ -17,9 +17,9 @@
  * (keys and collisions, the purge's reads and removals).  Other modules
  * keep their statements in a StorageStmtSet of their own
  * (consumers_sql.c, dead_letter_sql.c, retention_store.c,
- * effects_store.c) and run them through storage_stmt_run().  The one condition
- * that keeps the keys of pending dead letters out of every purge is here,
- * at AND_NO_PENDING_DEAD_LETTER.
+ * effects_store_sql.c) and run them through storage_stmt_run().  The one
+ * condition that keeps the keys of pending dead letters out of every purge
+ * is here, at AND_NO_PENDING_DEAD_LETTER.
  *
  * The caller must be connected to SPI.
  *

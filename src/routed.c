@@ -7,8 +7,9 @@
  *	  and distributes colocated with the business table.  Owns recording,
  *	  probing, forgetting and purging routed keys, the statements on the
  *	  routed dead letters (idem_consumer.routed_dead_letters, keyed like
- *	  the keys, used by dead_letter.c), and the refusal of calls that would
- *	  record or look up a key without its route once keys are routed.
+ *	  the keys, used by dead_letter.c and dead_letter_resolve.c), and the
+ *	  refusal of calls that would record or look up a key without its
+ *	  route once keys are routed.
  *
  * Why a routed key is exact.  routed_keys is unique on (route, consumer,
  * key), and Citus colocates it with the business table: the key of a
@@ -126,7 +127,7 @@ static StorageStmt routed_stmt_defs[RK_NUM_STMTS] = {
 		ROUTED_KEY_IS_ARGS,
 		3, {InvalidOid, TEXTOID, TEXTOID}
 	},
-	/* in the order of dead_letter.c's routed entries */
+	/* in the order of dead_letter_resolve.c's routed entries */
 	[RK_DL_LOCK] = {
 		"SELECT sql, params, settings, status, resolved_by, discard_reason,"
 		" dead_lettered_by, kind OPERATOR(pg_catalog.=) 'effect', expect_rows"
