@@ -8,7 +8,7 @@
 # generation instead of keeping every generation they are in.  Without
 # the carry the idle consumer holds its first generation, the ring fills
 # within 16 switches, and the active consumer's keys stop expiring.
-# Bounded: about 45 s.
+# Bounded: about 55 s.
 use strict;
 use warnings;
 
@@ -70,12 +70,20 @@ is($node->safe_psql('postgres',
 		q{SELECT count(*) FROM idem_processed_keys WHERE consumer = 'idle'}),
 	'5', 'the idle consumer\'s keys are stored once each');
 # a busy key is kept its window counted from the latest key, plus about
-# two intervals, plus the worker's period; nothing older than 15 s stays
-is( $node->safe_psql(
+# two intervals, plus the worker's period: nothing older than 15 s stays,
+# or, on a loaded machine, once the worker has caught up for a few seconds
+my $left;
+my $deadline = time + 10;
+while (1)
+{
+	$left = $node->safe_psql(
 		'postgres', q{
 	SELECT count(*) FROM idem_processed_keys
-	 WHERE consumer = 'busy' AND processed_at < now() - interval '15 seconds'}),
-	'0', 'no key of the busy consumer older than 15 s is left');
+	 WHERE consumer = 'busy' AND processed_at < now() - interval '15 seconds'});
+	last if $left eq '0' || time > $deadline;
+	sleep 0.5;
+}
+is($left, '0', 'no key of the busy consumer older than 15 s is left');
 is($node->safe_psql('postgres', 'SELECT deliver_count FROM (SELECT count(*) AS deliver_count FROM applied WHERE consumer = \'idle\') AS a'),
 	'5', 'the idle consumer\'s business rows: one each');
 is($node->safe_psql('postgres', q{
