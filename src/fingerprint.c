@@ -287,17 +287,17 @@ fingerprint_of_bound(ParamHashers *hashers, ParamListInfo params)
  * Makes every prepared parameter be prepared again: called for every
  * invalidation of pg_type (a type's send function, collation) and of
  * pg_opclass (a default hash operator class), where the type cache forgets
- * what it knows of hash functions, and of any relation (the columns of a
+ * what it knows of hash functions, and of pg_attribute (the columns of a
  * composite type, which decide whether it has an extended hash).
+ *
+ * The columns are followed through pg_attribute's cache rather than by a
+ * relcache callback: a process has room for ten of those, and in a
+ * walsender the logical decoding plugin and Citus need theirs beside this
+ * library's (a shard move's replication failed with "out of
+ * relcache_callback_list slots" when this was one).
  */
 static void
 hashers_syscache_callback(Datum arg, int cacheid, uint32 hashvalue)
-{
-	hashers_generation++;
-}
-
-static void
-hashers_relcache_callback(Datum arg, Oid relid)
 {
 	hashers_generation++;
 }
@@ -310,7 +310,7 @@ fingerprint_init(void)
 {
 	CacheRegisterSyscacheCallback(TYPEOID, hashers_syscache_callback, (Datum) 0);
 	CacheRegisterSyscacheCallback(CLAOID, hashers_syscache_callback, (Datum) 0);
-	CacheRegisterRelcacheCallback(hashers_relcache_callback, (Datum) 0);
+	CacheRegisterSyscacheCallback(ATTNUM, hashers_syscache_callback, (Datum) 0);
 }
 
 /*
