@@ -339,13 +339,13 @@ append_dead_letter_gauges(StringInfo buf, const char *database)
 
 /*
  * Appends one sample of a family of the database, labelled with database
- * unless it is NULL.
+ * unless it is NULL, with the given decimals.
  */
 static void
-append_database_gauge(StringInfo buf, const char *name, const char *type,
-					  const char *help, const char *database, double value)
+append_database_gauge(StringInfo buf, const char *name, const char *help,
+					  const char *database, double value, int decimals)
 {
-	append_family(buf, name, type, help);
+	append_family(buf, name, "gauge", help);
 	appendStringInfoString(buf, name);
 	if (database != NULL)
 	{
@@ -353,7 +353,7 @@ append_database_gauge(StringInfo buf, const char *name, const char *type,
 		append_label_value(buf, database);
 		appendStringInfoString(buf, "\"}");
 	}
-	appendStringInfo(buf, " %.3f\n", value);
+	appendStringInfo(buf, " %.*f\n", decimals, value);
 }
 
 /*
@@ -372,16 +372,16 @@ append_generation_gauges(StringInfo buf, const char *database)
 
 	if (!keygen_ring_gauges(&age, &sealed))
 		return;
-	append_database_gauge(buf, "idem_key_generation_interval_seconds", "gauge",
+	append_database_gauge(buf, "idem_key_generation_interval_seconds",
 						  "idem_consumer.key_generation_interval: how often the purge worker switches generations of keys; 0 when it does not.",
-						  database, keygen_interval_seconds());
+						  database, keygen_interval_seconds(), 3);
 	if (age >= 0)
-		append_database_gauge(buf, "idem_key_generation_current_age_seconds", "gauge",
+		append_database_gauge(buf, "idem_key_generation_current_age_seconds",
 							  "Time since the current generation of keys was opened.",
-							  database, age);
-	append_database_gauge(buf, "idem_key_generations_sealed", "gauge",
+							  database, age, 3);
+	append_database_gauge(buf, "idem_key_generations_sealed",
 						  "Sealed generations of keys not yet dropped; the ring has 16 places.",
-						  database, sealed);
+						  database, sealed, 3);
 }
 
 /*
@@ -412,16 +412,9 @@ metrics_text(Oid dbid, bool labelled)
 	stats_foreach_readable(dbid, append_consumer, &pass);
 
 	initStringInfo(&tail);
-	append_family(&tail, "idem_keys_stored", "gauge",
-				  "Processed keys stored, all consumers, from the tables' statistics.");
-	if (labelled)
-	{
-		appendStringInfoString(&tail, "idem_keys_stored{database=\"");
-		append_label_value(&tail, current);
-		appendStringInfo(&tail, "\"} %.0f\n", keystore_keys_estimate());
-	}
-	else
-		appendStringInfo(&tail, "idem_keys_stored %.0f\n", keystore_keys_estimate());
+	append_database_gauge(&tail, "idem_keys_stored",
+						  "Processed keys stored, all consumers, from the tables' statistics.",
+						  current, keystore_keys_estimate(), 0);
 	SPI_connect();
 	append_dead_letter_gauges(&tail, current);
 	append_generation_gauges(&tail, current);
