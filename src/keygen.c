@@ -91,8 +91,8 @@
 
 #include "keystore_internal.h"
 
-/* the longest the switch sleeps between two tries of its lock */
-#define SWITCH_LOCK_RETRY_MAX_MS 16
+/* how long the switch sleeps between two tries of its lock */
+#define SWITCH_LOCK_RETRY_MS 1
 
 /* idem_consumer.key_generation_interval, in seconds; 0: no switch */
 static int	key_generation_interval = 0;
@@ -466,16 +466,16 @@ keygen_seal_visible(KeyGenSlot slot, Snapshot snapshot)
 }
 
 /*
- * Takes a lock without queueing for it, trying again until deadline,
- * after a millisecond at first and at most SWITCH_LOCK_RETRY_MAX_MS later
- * on, sleeping on the latch so that an interrupt or the postmaster's death
- * ends the wait at once; returns whether it has the lock.
+ * Takes a lock without queueing for it, trying again every millisecond
+ * until deadline, sleeping on the latch so that an interrupt or the
+ * postmaster's death ends the wait at once; returns whether it has the
+ * lock.  The tries stay a millisecond apart: under a steady load the lock
+ * is free only between two deliveries' transactions, and tries further
+ * apart miss those gaps.
  */
 static bool
 lock_within(Oid relid, LOCKMODE mode, TimestampTz deadline)
 {
-	long		sleep_ms = 1;
-
 	for (;;)
 	{
 		if (ConditionalLockRelationOid(relid, mode))
@@ -483,10 +483,9 @@ lock_within(Oid relid, LOCKMODE mode, TimestampTz deadline)
 		if (GetCurrentTimestamp() >= deadline)
 			return false;
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 sleep_ms, PG_WAIT_EXTENSION);
+						 SWITCH_LOCK_RETRY_MS, PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
 		CHECK_FOR_INTERRUPTS();
-		sleep_ms = Min(sleep_ms * 2, SWITCH_LOCK_RETRY_MAX_MS);
 	}
 }
 
