@@ -173,6 +173,34 @@ SELECT count(*) AS filter_of_all_rows FROM idem_consumer_local.key_filter_all;
 -- and keys delivered again after all that are still decided right
 SELECT deliver('short', 't9-s', 1) AS short_again, deliver('weekly', 'w2-', 100) AS weekly_expired;
 
+-- a carry copies only the keys still inside their consumer's window: an
+-- idle consumer's keys older than that, counted from its latest
+-- activity, stay behind and go with their generation, and so do the
+-- resolved dead-letter entries of those keys
+SELECT idem_consumer_create('daily');
+SELECT idem_set_retention('daily', '1 day');
+SELECT idem_key_generation_switch() AS opened;
+SELECT deliver('daily', 'd-old-', 5) AS daily_old,
+       idem_try_apply('d-old-bad', 'daily', 'select 1 / 0') AS old_parked;
+SELECT idem_dlq_discard(id, 'not ours') FROM idem_dead_letters WHERE key = 'd-old-bad';
+SELECT age_all(2);
+-- its registration is moved to its latest activity, as a carry would
+UPDATE idem_consumer.generation_consumers SET first_at = first_at + 2 * 86400
+ WHERE consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'daily');
+SELECT deliver('daily', 'd-new-', 5) AS daily_new,
+       idem_try_apply('d-new-bad', 'daily', 'select 1 / 0') AS new_parked;
+SELECT idem_dlq_discard(id, 'not ours') FROM idem_dead_letters WHERE key = 'd-new-bad';
+SELECT idem_key_generation_switch() AS opened;
+SELECT age_all(3);
+SELECT activity('t10') AS active;
+SELECT idem_key_generation_retire() AS dropped;
+SELECT count(*) FILTER (WHERE key LIKE 'd-new-%') AS live_carried,
+       count(*) FILTER (WHERE key LIKE 'd-old-%') AS expired_carried
+  FROM idem_processed_keys WHERE consumer = 'daily';
+SELECT key, status FROM idem_dead_letters WHERE consumer = 'daily' ORDER BY key;
+SELECT deliver('daily', 'd-new-', 5) AS daily_new_again,
+       deliver('daily', 'd-old-', 5) AS daily_old_expired;
+
 -- who may drop: not PUBLIC
 CREATE ROLE retire_tenant;
 SET ROLE retire_tenant;

@@ -152,6 +152,7 @@ typedef struct GenerationConsumer
 {
 	int32		consumer_id;
 	int32		latest;			/* its latest activity, seconds since 2000 */
+	int32		cutoff;			/* its keys older than this have expired */
 	bool		holds;			/* its window still covers keys here */
 	bool		stopped;		/* only because its clock stopped */
 } GenerationConsumer;
@@ -190,9 +191,9 @@ read_generation_consumers(const SealedGeneration *gen, RetentionWindows *windows
 														  SPI_tuptable->tupdesc, 1, &isnull));
 		list[i].latest = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[i],
 													 SPI_tuptable->tupdesc, 2, &isnull));
-		cutoff = retention_cutoff(windows, list[i].consumer_id, list[i].latest);
+		list[i].cutoff = retention_cutoff(windows, list[i].consumer_id, list[i].latest);
 		/* a key of second s is purgeable when s < cutoff; every s <= seal */
-		list[i].holds = cutoff <= 0 || gen->sealed_at >= cutoff;
+		list[i].holds = list[i].cutoff <= 0 || gen->sealed_at >= list[i].cutoff;
 		/* counted from now instead, the window would have passed */
 		cutoff = retention_cutoff(windows, list[i].consumer_id, now_secs);
 		list[i].stopped = list[i].holds && cutoff > 0 && gen->sealed_at < cutoff;
@@ -213,8 +214,9 @@ read_generation_consumers(const SealedGeneration *gen, RetentionWindows *windows
  *	  would keep it, and the others' expired keys, for as long as it stays
  *	  idle, where counted from now its window has passed;
  *	- its place is the next one a switch opens: the ring would stop.
- * Either way only the keeping consumers' keys are copied, once per
- * generation they outlive.
+ * Either way only the keeping consumers' keys inside their windows are
+ * copied, once per generation they outlive: a key already expired stays
+ * behind, or it would be carried for as long as the consumer's newer keys.
  */
 static RetireAction
 retire_action(const SealedGeneration *gen, const GenerationConsumer *consumers,
@@ -242,25 +244,35 @@ retire_action(const SealedGeneration *gen, const GenerationConsumer *consumers,
 
 /*
  * Returns an int4[] of the ids of consumers[i] with chosen[i] set; of the
- * consumers that hold their generation when chosen is NULL.
+ * consumers that hold their generation when chosen is NULL.  With cutoffs,
+ * also sets *cutoffs to an int4[] of the same consumers' cutoffs.
  */
 static Datum
-consumer_array(const GenerationConsumer *consumers, int nconsumers, const bool *chosen)
+consumer_array(const GenerationConsumer *consumers, int nconsumers, const bool *chosen,
+			   Datum *cutoffs)
 {
 	Datum	   *ids = palloc(sizeof(Datum) * Max(nconsumers, 1));
+	Datum	   *their_cutoffs = palloc(sizeof(Datum) * Max(nconsumers, 1));
 	int			n = 0;
 
 	for (int i = 0; i < nconsumers; i++)
 		if (chosen ? chosen[i] : consumers[i].holds)
+		{
+			their_cutoffs[n] = Int32GetDatum(consumers[i].cutoff);
 			ids[n++] = Int32GetDatum(consumers[i].consumer_id);
+		}
+	if (cutoffs)
+		*cutoffs = PointerGetDatum(construct_array(their_cutoffs, n, INT4OID, sizeof(int32),
+												   true, TYPALIGN_INT));
 	return PointerGetDatum(construct_array(ids, n, INT4OID, sizeof(int32), true,
 										   TYPALIGN_INT));
 }
 
 /*
  * Copies into generation current the keys of a sealed generation that are
- * still live: those of the consumers that hold it, and those of pending
- * dead letters; notes in carried[i] whether consumers[i] had one copied.
+ * still live: those of the consumers that hold it not older than their
+ * cutoffs, and those of pending dead letters; notes in carried[i] whether
+ * consumers[i] had one copied.
  * Returns false, copying nothing, when a transaction holds the sealed
  * generation against the SHARE lock that keeps forgets out while the keys
  * are copied (a forget there would otherwise be undone by its copy).
@@ -271,7 +283,7 @@ carry_live_keys(const SealedGeneration *gen, KeyGenSlot current,
 {
 	const KeyGeneration *g = &storage_locate()->gens[gen->slot];
 	KeystoreStmt tables[2] = {KS_CARRY_KEYS, KS_CARRY_COLLISIONS};
-	Datum		args[3];
+	Datum		args[4];
 
 	if (!ConditionalLockRelationOid(g->keys_relid, ShareLock))
 		return false;
@@ -281,7 +293,7 @@ carry_live_keys(const SealedGeneration *gen, KeyGenSlot current,
 		return false;
 	}
 
-	args[0] = consumer_array(consumers, nconsumers, NULL);
+	args[0] = consumer_array(consumers, nconsumers, NULL, &args[3]);
 	args[2] = Int32GetDatum(CARRY_PAGE);
 	for (int t = 0; t < lengthof(tables); t++)
 	{
@@ -345,7 +357,7 @@ register_carried(int64 current_epoch, const GenerationConsumer *consumers,
 	if (n == 0)
 		return;
 	args[0] = Int64GetDatum(current_epoch);
-	args[1] = consumer_array(consumers, nconsumers, carried);
+	args[1] = consumer_array(consumers, nconsumers, carried, NULL);
 	args[2] = PointerGetDatum(construct_array(latest, n, INT4OID, sizeof(int32), true,
 											  TYPALIGN_INT));
 	storage_stmt_run(&retire_stmts, KR_REGISTER, args, NULL, 0);
@@ -465,7 +477,7 @@ keygen_retire(void)
 		int			nconsumers;
 		RetireAction action;
 		bool	   *carried;
-		Datum		spared;
+		Datum		spared[2];
 
 		CHECK_FOR_INTERRUPTS();
 		if (sealed[i].slot < 1 || sealed[i].slot > KEYGEN_RING)
@@ -483,9 +495,9 @@ keygen_retire(void)
 				continue;
 			register_carried(state->current_epoch, consumers, nconsumers, carried);
 		}
-		spared = consumer_array(consumers, nconsumers, carried);
+		spared[0] = consumer_array(consumers, nconsumers, carried, &spared[1]);
 		keystore_execute_in(sealed[i].slot, KS_EXPIRE_RESOLVED_IN_GENERATION,
-							&spared, NULL, 0);
+							spared, NULL, 0);
 		storage_stmt_run(&retire_stmts, KR_FORGET, &arg, NULL, 0);
 		dropped++;
 	}

@@ -148,11 +148,21 @@
 	" GROUP BY k.consumer_id"
 
 
+/*
+ * Whether key row t is carried by a retirement: its consumer is one of
+ * consumers $1 and it is not older than that consumer's cutoff, of the
+ * parallel array given
+ */
+#define CARRIED_FOR_ITS_CONSUMER(t, cutoffs) \
+	t ".processed_at OPERATOR(pg_catalog.>=) (SELECT c.cutoff" \
+	" FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest(" cutoffs ")) AS c(consumer_id, cutoff)" \
+	" WHERE c.consumer_id OPERATOR(pg_catalog.=) " t ".consumer_id)"
+
 /* KS_CARRY_KEYS and KS_CARRY_COLLISIONS on the given table */
 #define CARRIED_ROWS(table) \
 	"SELECT t.ctid, t.consumer_id, t.processed_at, t.key, t.fingerprint" \
 	" FROM " table " AS t WHERE t.ctid OPERATOR(pg_catalog.>) $2" \
-	" AND (t.consumer_id OPERATOR(pg_catalog.=) ANY ($1)" \
+	" AND (" CARRIED_FOR_ITS_CONSUMER("t", "$4") \
 	" OR (t.consumer_id, t.key) OPERATOR(pg_catalog.=) ANY" \
 	" (SELECT d.consumer_id, d.key FROM " STORAGE_SCHEMA ".dead_letters AS d" \
 	" WHERE d.status OPERATOR(pg_catalog.=) 'pending'))" \
@@ -398,19 +408,20 @@ static const StorageStmt keystore_stmt_defs[KS_NUM_STMTS] = {
 	},
 	/*
 	 * The resolved dead-letter entries of a generation's keys expire with
-	 * them, but for those of the consumers $1, whose keys a retirement
-	 * carries into the current generation
+	 * them, but for those of the keys a retirement carries into the
+	 * current generation (consumers $1 with cutoffs $2)
 	 */
 	[KS_EXPIRE_RESOLVED_IN_GENERATION] = {
 		"DELETE FROM " STORAGE_SCHEMA ".dead_letters AS d"
 		" WHERE d.status OPERATOR(pg_catalog.<>) 'pending'"
-		" AND d.consumer_id OPERATOR(pg_catalog.<>) ALL ($1)"
 		" AND (EXISTS (SELECT FROM @KEYS@ AS k"
 		"  WHERE @HASH@(k.consumer_id, k.key) OPERATOR(pg_catalog.=) @HASH@(d.consumer_id, d.key)"
-		"  AND k.consumer_id OPERATOR(pg_catalog.=) d.consumer_id AND k.key OPERATOR(pg_catalog.=) d.key)"
+		"  AND k.consumer_id OPERATOR(pg_catalog.=) d.consumer_id AND k.key OPERATOR(pg_catalog.=) d.key"
+		"  AND " CARRIED_FOR_ITS_CONSUMER("k", "$2") " IS NOT TRUE)"
 		" OR EXISTS (SELECT FROM @COLLISIONS@ AS c"
-		"  WHERE c.consumer_id OPERATOR(pg_catalog.=) d.consumer_id AND c.key OPERATOR(pg_catalog.=) d.key))",
-		1, {INT4ARRAYOID}
+		"  WHERE c.consumer_id OPERATOR(pg_catalog.=) d.consumer_id AND c.key OPERATOR(pg_catalog.=) d.key"
+		"  AND " CARRIED_FOR_ITS_CONSUMER("c", "$2") " IS NOT TRUE))",
+		2, {INT4ARRAYOID, INT4ARRAYOID}
 	},
 	/* the caller holds ACCESS EXCLUSIVE on both already: no wait */
 	[KS_TRUNCATE_GENERATION] = {
@@ -425,11 +436,11 @@ static const StorageStmt keystore_stmt_defs[KS_NUM_STMTS] = {
 	 */
 	[KS_CARRY_KEYS] = {
 		CARRIED_ROWS("@KEYS@"),
-		3, {INT4ARRAYOID, TIDOID, INT4OID}
+		4, {INT4ARRAYOID, TIDOID, INT4OID, INT4ARRAYOID}
 	},
 	[KS_CARRY_COLLISIONS] = {
 		CARRIED_ROWS("@COLLISIONS@"),
-		3, {INT4ARRAYOID, TIDOID, INT4OID}
+		4, {INT4ARRAYOID, TIDOID, INT4OID, INT4ARRAYOID}
 	},
 
 	/* the identity sequence behind replicated rows (IDS_PAST_ROWS) */
