@@ -420,18 +420,22 @@ $filters$;
 -- the first switch the table is empty and processed_keys_1 is the current
 -- generation, so that a restore, which loads the rows a dump holds, finds
 -- none made by CREATE EXTENSION in the way.  A generation was sealed when
--- the next one was opened, by the transaction that inserted the next one's
--- row (its xmin, on which src/keygen.c relies).
+-- the next one was opened, and settled once no transaction that recorded
+-- keys there before was left (settled_at, set by a transaction whose xmin
+-- src/keygen.c relies on).
 CREATE TABLE idem_consumer.key_generations (
     epoch bigint PRIMARY KEY CHECK (epoch > 0),
     generation integer NOT NULL UNIQUE CHECK (generation BETWEEN 1 AND 16),
     opened_at timestamptz,
-    filter_chunks integer CHECK (filter_chunks > 0)
+    filter_chunks integer CHECK (filter_chunks > 0),
+    settled_at timestamptz
 );
 COMMENT ON COLUMN idem_consumer.key_generations.filter_chunks IS
     'chunks of the generation''s filter once built: until this database''s own filter has as many, the keys are probed without it';
 COMMENT ON COLUMN idem_consumer.key_generations.opened_at IS
     'NULL for the first generation, opened with the extension';
+COMMENT ON COLUMN idem_consumer.key_generations.settled_at IS
+    'once sealed, when no transaction that recorded keys in the generation was left: no key there is newer; NULL until then';
 SELECT pg_catalog.pg_extension_config_dump('idem_consumer.key_generations', '');
 
 -- The consumers that recorded keys in each generation opened: a row per
@@ -517,8 +521,8 @@ CREATE TRIGGER key_filter_all_changed
     FOR EACH STATEMENT EXECUTE FUNCTION idem_consumer.storage_changed();
 
 -- Seals the current generation and opens the next one of the ring
--- (src/keygen.c); waits at most "wait" for the transactions recording
--- keys in it.  Run it in a transaction of its own.
+-- (src/keygen.c); waits at most "wait" for the gate, which a delivery
+-- holds only while it records a key.  Run it in a transaction of its own.
 CREATE FUNCTION idem_key_generation_switch(wait interval DEFAULT '10s')
 RETURNS integer
 AS 'MODULE_PATHNAME', 'idem_key_generation_switch'
@@ -547,6 +551,7 @@ CREATE VIEW idem_key_generations AS
     SELECT g.generation,
            g.epoch,
            CASE WHEN pg_catalog.lead(g.epoch) OVER w IS NULL THEN 'current'
+                WHEN g.settled_at IS NULL THEN 'settling'
                 ELSE 'sealed' END AS state,
            g.opened_at,
            pg_catalog.lead(g.opened_at) OVER w AS sealed_at,
@@ -556,9 +561,9 @@ CREATE VIEW idem_key_generations AS
                       WHERE n.nspname OPERATOR(pg_catalog.=) 'idem_consumer_local'
                         AND c.relname OPERATOR(pg_catalog.=) ('key_filter_' OPERATOR(pg_catalog.||) g.generation))
                     OPERATOR(pg_catalog.>=) (g.filter_chunks OPERATOR(pg_catalog.*) 8192), false) AS filtered
-      FROM (SELECT epoch, generation, opened_at, filter_chunks FROM idem_consumer.key_generations
+      FROM (SELECT epoch, generation, opened_at, filter_chunks, settled_at FROM idem_consumer.key_generations
             UNION ALL
-            SELECT 1, 1, NULL, NULL
+            SELECT 1, 1, NULL, NULL, NULL
              WHERE NOT EXISTS (SELECT FROM idem_consumer.key_generations)) AS g
     WINDOW w AS (ORDER BY g.epoch);
 REVOKE ALL ON idem_key_generations FROM PUBLIC;

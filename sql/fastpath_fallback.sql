@@ -98,9 +98,11 @@ COMMIT;
 --
 -- idem_consumer.fast_path = off sends everything to the SQL statements
 -- (the isolation specs run both ways).  It shows in the index scans of a
--- duplicate: the fast path's one probe, against the SQL path's INSERT ...
--- ON CONFLICT that finds the key and its SELECT that tells a duplicate
--- from a collision.
+-- duplicate: the fast path's one probe, against the SQL path's three: the
+-- probe that no transaction in progress holds the key (which the INSERT
+-- would wait for with the gate held, src/keystore.c), the INSERT ... ON
+-- CONFLICT that finds the key, and its SELECT that tells a duplicate from
+-- a collision.
 --
 CREATE FUNCTION fp_scans() RETURNS bigint LANGUAGE sql AS $$
     SELECT idx_scan FROM pg_stat_xact_all_tables

@@ -78,7 +78,8 @@ SELECT idem_key_generation_switch() AS switched;
 -- thirty days on: every key of the first generation has expired
 UPDATE idem_consumer.processed_keys_1 SET processed_at = processed_at - 30 * 86400;
 UPDATE idem_consumer.generation_consumers SET first_at = first_at - 30 * 86400;
-UPDATE idem_consumer.key_generations SET opened_at = opened_at - interval '30 days';
+UPDATE idem_consumer.key_generations SET opened_at = opened_at - interval '30 days',
+    settled_at = settled_at - interval '30 days';
 
 -- a fresh session, so that no statement was planned before
 \c idem_hostile_path

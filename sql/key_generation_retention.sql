@@ -29,7 +29,8 @@ BEGIN
         EXECUTE format('UPDATE idem_consumer.key_collisions_%s SET processed_at = processed_at - $1 * 86400', g) USING days;
     END LOOP;
     UPDATE idem_consumer.generation_consumers SET first_at = first_at - days * 86400;
-    UPDATE idem_consumer.key_generations SET opened_at = opened_at - make_interval(days => days);
+    UPDATE idem_consumer.key_generations SET opened_at = opened_at - make_interval(days => days),
+        settled_at = settled_at - make_interval(days => days);
 END
 $$;
 -- a new message for each of the consumers that stay active

@@ -181,7 +181,10 @@ record_batch(FunctionCallInfo fcinfo, const char *consumer, ArrayType *keys,
 	if (nnew < 0 && keystore_sealed_live())
 		nnew = record_batch_by_key(rsinfo, consumer_id, elems, NULL, nkeys, false);
 	else if (nnew < 0)
+	{
 		nnew = record_batch_sql(rsinfo, consumer_id, keys, nkeys);
+		keystore_gate_release();
+	}
 
 	SPI_finish();
 

@@ -238,4 +238,18 @@ compat_my_proclock_next(int partition, PROCLOCK *prev)
 #endif
 }
 
+/*
+ * The local id of this backend's transaction: PGPROC keeps it in vxid
+ * from 17 on.
+ */
+static inline LocalTransactionId
+compat_my_lxid(void)
+{
+#if PG_VERSION_NUM >= 170000
+	return MyProc->vxid.lxid;
+#else
+	return MyProc->lxid;
+#endif
+}
+
 #endif							/* IDEM_COMPAT_H */

@@ -80,6 +80,7 @@
 #include "storage/latch.h"
 #include "storage/lmgr.h"
 #include "storage/bufmgr.h"
+#include "storage/proc.h"
 #include "storage/procarray.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
@@ -89,6 +90,7 @@
 #include "utils/timestamp.h"
 #include "utils/wait_event.h"
 
+#include "compat.h"
 #include "keystore_internal.h"
 
 /* how long the switch sleeps between two tries of its lock */
@@ -133,6 +135,8 @@ typedef enum KeyGenStmt
 	KG_OPEN_NEXT,
 	KG_SWITCH_DUE,
 	KG_REGISTER,
+	KG_UNSETTLED,
+	KG_SETTLE,
 	KG_NUM_STMTS
 } KeyGenStmt;
 
@@ -144,10 +148,9 @@ static const StorageStmt keygen_stmt_defs[KG_NUM_STMTS] = {
 		1, {INT4OID}
 	},
 	/*
-	 * The seal's time is read once the switch holds its lock, not at its
-	 * transaction's start: a transaction that began while the switch waited
-	 * may have recorded keys since, and retirement takes no key of a
-	 * sealed generation to be newer than its seal (keygen_retire.c).
+	 * The opening's time is read once the switch holds the gate, not at
+	 * its transaction's start: a transaction that began while the switch
+	 * waited may have recorded keys since in the generation it seals.
 	 */
 	[KG_OPEN_NEXT] = {
 		"INSERT INTO " STORAGE_SCHEMA ".key_generations (epoch, generation, opened_at)"
@@ -167,6 +170,22 @@ static const StorageStmt keygen_stmt_defs[KG_NUM_STMTS] = {
 		"INSERT INTO " STORAGE_SCHEMA ".generation_consumers (epoch, consumer_id, first_at)"
 		" VALUES ($1, $2, $3)",
 		3, {INT8OID, INT4OID, INT4OID}
+	},
+	/* the sealed generations not settled yet */
+	[KG_UNSETTLED] = {
+		"SELECT g.epoch, g.generation FROM " STORAGE_SCHEMA ".key_generations AS g"
+		" WHERE g.settled_at IS NULL AND g.epoch OPERATOR(pg_catalog.<>)"
+		" (SELECT pg_catalog.max(x.epoch) FROM " STORAGE_SCHEMA ".key_generations AS x)",
+		0, {InvalidOid}
+	},
+	/*
+	 * The settle's time is read once no transaction that may have recorded
+	 * keys in the generation is left: no key there is newer.
+	 */
+	[KG_SETTLE] = {
+		"UPDATE " STORAGE_SCHEMA ".key_generations SET settled_at = pg_catalog.clock_timestamp()"
+		" WHERE epoch OPERATOR(pg_catalog.=) $1 AND settled_at IS NULL",
+		1, {INT8OID}
 	},
 };
 
@@ -240,6 +259,7 @@ typedef struct OpenedGeneration
 	KeyGenSlot	slot;
 	TransactionId xmin;
 	int32		filter_chunks;	/* 0: none built */
+	bool		settled;		/* settled_at is set */
 } OpenedGeneration;
 
 /* qsort comparator: epochs, largest first */
@@ -295,7 +315,7 @@ read_filter_all(const StorageInfo *si, const OpenedGeneration *opened, int nopen
 			st->filter_all_chunks = keygen_filter_all_usable(st->filter_all_place,
 															 DatumGetInt32(chunks));
 			for (int i = 1; i < nopened && st->filter_all_chunks > 0; i++)
-				st->in_filter_all[opened[i].slot] =
+				st->in_filter_all[opened[i].slot] = opened[i].settled &&
 					keygen_filter_all_holds(held, opened[i].epoch);
 		}
 	}
@@ -336,10 +356,12 @@ read_state(const StorageInfo *si)
 	scan = systable_beginscan(rel, InvalidOid, false, NULL, 0, NULL);
 	while (HeapTupleIsValid(tuple = systable_getnext(scan)))
 	{
-		bool		isnull[3];
+		bool		isnull[4];
 		Datum		epoch = heap_getattr(tuple, 1, RelationGetDescr(rel), &isnull[0]);
 		Datum		generation = heap_getattr(tuple, 2, RelationGetDescr(rel), &isnull[1]);
 		Datum		chunks = heap_getattr(tuple, 4, RelationGetDescr(rel), &isnull[2]);
+
+		(void) heap_getattr(tuple, 5, RelationGetDescr(rel), &isnull[3]);
 
 		if (isnull[0] || isnull[1] || nopened == KEYGEN_RING ||
 			DatumGetInt32(generation) < 1 || DatumGetInt32(generation) > KEYGEN_RING)
@@ -351,6 +373,7 @@ read_state(const StorageInfo *si)
 		opened[nopened].slot = DatumGetInt32(generation);
 		opened[nopened].xmin = HeapTupleHeaderGetXmin(tuple->t_data);
 		opened[nopened].filter_chunks = isnull[2] ? 0 : DatumGetInt32(chunks);
+		opened[nopened].settled = !isnull[3];
 		nopened++;
 	}
 	systable_endscan(scan);
@@ -366,7 +389,11 @@ read_state(const StorageInfo *si)
 	for (KeyGenSlot g = 1; g <= KEYGEN_RING; g++)
 		cache.filter_relids[g] = si->gens[g].filter_relid;
 
-	/* each generation was sealed by the switch that opened the next one */
+	/*
+	 * Each generation was sealed by the switch that opened the next one,
+	 * and holds every key recorded there once settled, by the transaction
+	 * that set settled_at, or a later one: the xmin of its row.
+	 */
 	qsort(opened, nopened, sizeof(OpenedGeneration), epoch_cmp_desc);
 	st->current = opened[0].slot;
 	st->current_epoch = opened[0].epoch;
@@ -375,7 +402,8 @@ read_state(const StorageInfo *si)
 		KeyGenSlot	slot = opened[i].slot;
 
 		st->sealed[st->nsealed++] = slot;
-		st->sealed_by[slot] = opened[i - 1].xmin;
+		st->unsettled[slot] = !opened[i].settled;
+		st->sealed_by[slot] = opened[i].settled ? opened[i].xmin : InvalidTransactionId;
 		if (!filters_seen[slot].known ||
 			filters_seen[slot].storage_generation != si->generation ||
 			filters_seen[slot].epoch != opened[i].epoch ||
@@ -389,7 +417,8 @@ read_state(const StorageInfo *si)
 			filters_seen[slot].usable_chunks =
 				keygen_filter_usable(slot, opened[i].filter_chunks);
 		}
-		st->filter_chunks[slot] = filters_seen[slot].usable_chunks;
+		/* a filter is built only once settled: a later key would miss it */
+		st->filter_chunks[slot] = opened[i].settled ? filters_seen[slot].usable_chunks : 0;
 	}
 	read_filter_all(si, opened, nopened);
 }
@@ -432,10 +461,10 @@ keygen_state_latest(void)
 
 /*
  * Returns the current generation, having locked its key table in ROW
- * EXCLUSIVE mode and found it still current: until this transaction ends,
- * no switch can seal it (rule 1 above).  A generation found sealed once
- * locked stays locked, harmlessly: nothing else ever waits on it but the
- * truncation of its slot, which retries.
+ * EXCLUSIVE mode.  A generation found sealed once locked is let go again:
+ * the lock was new, as the invalidation processed when it was granted
+ * shows.  The generation may be sealed at any time after: only the gate
+ * (keygen_gate_pass) keeps it current.
  */
 KeyGenSlot
 keygen_lock_current(void)
@@ -443,11 +472,213 @@ keygen_lock_current(void)
 	for (;;)
 	{
 		KeyGenSlot	slot = keygen_state()->current;
+		Oid			keys_relid = storage_locate()->gens[slot].keys_relid;
 
-		LockRelationOid(storage_locate()->gens[slot].keys_relid, RowExclusiveLock);
+		LockRelationOid(keys_relid, RowExclusiveLock);
 		if (keygen_state()->current == slot)
 			return slot;
+		UnlockRelationOid(keys_relid, RowExclusiveLock);
 	}
+}
+
+/*
+ * Passes the gate (rule 1) if generation slot, locked by
+ * keygen_lock_current, is still current then; returns whether it did.
+ * Passing it processes the invalidation of a switch that committed, which
+ * a switch sends before it lets the gate go, so the generation found
+ * current stays current until the gate is let go.  The caller records its
+ * keys there and then lets the gate go (keygen_gate_release), or gives it
+ * up to wait (keygen_gate_wait): it never waits for another transaction
+ * while it holds it.
+ */
+bool
+keygen_gate_pass(KeyGenSlot slot)
+{
+	const StorageInfo *si = storage_locate();
+
+	if (!si->has_ring)
+		return true;
+	LockRelationOid(si->generations_relid, RowShareLock);
+	if (keygen_state()->current == slot)
+		return true;
+	UnlockRelationOid(si->generations_relid, RowShareLock);
+	return false;
+}
+
+/*
+ * Locks the current generation and passes the gate; returns the generation.
+ */
+KeyGenSlot
+keygen_gate_enter(void)
+{
+	for (;;)
+	{
+		KeyGenSlot	slot = keygen_lock_current();
+
+		if (keygen_gate_pass(slot))
+			return slot;
+	}
+}
+
+/*
+ * Lets the gate go: a switch may seal the generation now.
+ */
+void
+keygen_gate_release(void)
+{
+	const StorageInfo *si = storage_locate();
+
+	if (si->has_ring)
+		UnlockRelationOid(si->generations_relid, RowShareLock);
+}
+
+/*
+ * The lock that tells a settle whether a transaction may still record keys
+ * in a generation: the table of its filter, which a recorder holds in ROW
+ * SHARE mode and a settle takes in EXCLUSIVE mode (the filter is built
+ * only once settled, and its readers' ACCESS SHARE conflicts with
+ * neither); where the generation has no filter table, its key table, in
+ * ROW EXCLUSIVE and SHARE modes.
+ */
+static Oid
+settle_lock(KeyGenSlot slot, LOCKMODE *recorder_mode, LOCKMODE *settle_mode)
+{
+	const KeyGeneration *gen = &storage_locate()->gens[slot];
+
+	if (OidIsValid(gen->filter_relid))
+	{
+		*recorder_mode = RowShareLock;
+		*settle_mode = ExclusiveLock;
+		return gen->filter_relid;
+	}
+	*recorder_mode = RowExclusiveLock;
+	*settle_mode = ShareLock;
+	return gen->keys_relid;
+}
+
+/*
+ * Notes that this transaction may record keys in generation slot, the
+ * current one, to the end of the transaction: taken with the gate passed,
+ * right before an insertion, and not by a delivery that only probed or
+ * waited, so that only transactions that may hold a key there hold back
+ * the settle of the generation.
+ */
+void
+keygen_mark_recording(KeyGenSlot slot)
+{
+	static struct
+	{
+		LocalTransactionId lxid;
+		SubTransactionId subxid;
+		uint64		storage_generation;
+		KeyGenSlot	slot;
+	}			marked;
+	LOCKMODE	recorder_mode;
+	LOCKMODE	settle_mode;
+	Oid			relid;
+	const StorageInfo *si = storage_locate();
+
+	/*
+	 * Taken already in this very subtransaction: held until it ends, as
+	 * nothing lets it go before (a subtransaction's abort lets go of what
+	 * it took, so a lock of another subtransaction is taken again).
+	 */
+	if (marked.lxid == compat_my_lxid() && marked.subxid == GetCurrentSubTransactionId() &&
+		marked.storage_generation == si->generation && marked.slot == slot)
+		return;
+	if (!si->has_ring || slot == KEYGEN_LEGACY)
+		return;
+	relid = settle_lock(slot, &recorder_mode, &settle_mode);
+	LockRelationOid(relid, recorder_mode);
+	marked.lxid = compat_my_lxid();
+	marked.subxid = GetCurrentSubTransactionId();
+	marked.storage_generation = si->generation;
+	marked.slot = slot;
+}
+
+/*
+ * Whether no transaction but this one may still record keys in sealed
+ * generation slot: the lock of a settle, taken without waiting and kept.
+ */
+bool
+keygen_settled_for_me(KeyGenSlot slot)
+{
+	LOCKMODE	recorder_mode;
+	LOCKMODE	settle_mode;
+	Oid			relid = settle_lock(slot, &recorder_mode, &settle_mode);
+
+	return ConditionalLockRelationOid(relid, settle_mode);
+}
+
+/*
+ * Lets the gate go and waits for what *wait names, then clears it; the
+ * caller passes the gate again and probes the key anew, in whatever
+ * generation is current by then (keygen_gate_enter).  The lock of a
+ * settle waited for is kept, so that probing again finds every transaction
+ * that may have recorded there ended.
+ */
+void
+keygen_gate_wait(GateWait *wait)
+{
+	keygen_gate_release();
+	if (TransactionIdIsValid(wait->xid))
+		XactLockTableWait(wait->xid, NULL, NULL, XLTW_None);
+	if (wait->settle != 0)
+	{
+		LOCKMODE	recorder_mode;
+		LOCKMODE	settle_mode;
+		Oid			relid = settle_lock(wait->settle, &recorder_mode, &settle_mode);
+
+		LockRelationOid(relid, settle_mode);
+	}
+	wait->xid = InvalidTransactionId;
+	wait->settle = 0;
+}
+
+/*
+ * Settles the sealed generations that no transaction that may have
+ * recorded keys there holds any longer (the lock of a settle is free,
+ * taken without waiting), setting their settled_at: from then on they hold
+ * every key recorded there, none newer than settled_at, and are probed
+ * with the transaction's snapshot, filtered and retired.  Returns how many
+ * it settled.  The caller holds key_generations against switches.
+ */
+int
+keygen_settle(void)
+{
+	const StorageInfo *si = storage_locate();
+	SPITupleTable *unsettled;
+	uint64		n;
+	int			settled = 0;
+
+	if (!si->has_ring)
+		return 0;
+	storage_stmt_run(&keygen_stmts, KG_UNSETTLED, NULL, NULL, 0);
+	unsettled = SPI_tuptable;
+	n = SPI_processed;
+	for (uint64 i = 0; i < n; i++)
+	{
+		bool		isnull;
+		Datum		epoch = SPI_getbinval(unsettled->vals[i], unsettled->tupdesc, 1, &isnull);
+		int32		slot = DatumGetInt32(SPI_getbinval(unsettled->vals[i],
+													   unsettled->tupdesc, 2, &isnull));
+		LOCKMODE	recorder_mode;
+		LOCKMODE	settle_mode;
+		Oid			relid;
+
+		if (slot < 1 || slot > KEYGEN_RING)
+			continue;
+		relid = settle_lock(slot, &recorder_mode, &settle_mode);
+		if (!ConditionalLockRelationOid(relid, settle_mode))
+			continue;
+		storage_stmt_run(&keygen_stmts, KG_SETTLE, &epoch, NULL, 0);
+		settled += (int) SPI_processed;
+		UnlockRelationOid(relid, settle_mode);
+	}
+	SPI_freetuptable(unsettled);
+	if (settled > 0)
+		cache.known = false;
+	return settled;
 }
 
 /*
@@ -518,10 +749,10 @@ keygen_generation_empty(const KeyGeneration *gen)
 
 /*
  * Seals the current generation and opens the next one of the ring, waiting
- * at most wait_ms for the transactions recording keys in the current one;
- * returns the generation opened.  When that cannot be done now (the wait
- * ran out, or the next generation still holds keys) it raises an error,
- * or with quiet returns 0.
+ * at most wait_ms for the gate, then settles what it can; returns the
+ * generation opened.  When that cannot be done now (the wait ran out, or
+ * the next generation still holds keys) it raises an error, or with quiet
+ * returns 0.
  */
 static KeyGenSlot
 keygen_switch(int64 wait_ms, bool quiet)
@@ -539,15 +770,13 @@ keygen_switch(int64 wait_ms, bool quiet)
 				 errmsg("the key store of this database has no generations"),
 				 errhint("Update the extension with ALTER EXTENSION idem_consumer UPDATE.")));
 
-	/* one switch at a time; readers of the state are not held up */
+	/* the gate, and one switch, retirement or build at a time (rule 2) */
 	if (!lock_within(si->generations_relid, ExclusiveLock, deadline))
 	{
-		if (quiet)
-			return 0;
-		ereport(ERROR,
-				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
-				 errmsg("could not switch key generations: another switch or retirement is running")));
+		keygen_switch_held_back(keygen_state_latest()->current, quiet);
+		return 0;
 	}
+	keygen_switch_held_back(0, quiet);
 
 	st = keygen_state_latest();
 	sealing = st->current;
@@ -562,6 +791,9 @@ keygen_switch(int64 wait_ms, bool quiet)
 					 errmsg("could not switch key generations: generation %d still holds keys",
 							opening),
 					 errdetail("The ring has %d generations, all in use.", KEYGEN_RING),
+					 st->unsettled[opening] ?
+					 errhint("Generation %d is not settled yet: a transaction that recorded keys there is still open; end it, then run idem_key_generation_retire().",
+							 opening) :
 					 errhint("Run idem_key_generation_retire(), which carries the live keys of generation %d into the current one and drops it; switch less often than the longest retention window divided by %d.",
 							 opening, KEYGEN_RING - 2)));
 		}
@@ -576,19 +808,13 @@ keygen_switch(int64 wait_ms, bool quiet)
 				 errhint("Run idem_key_generation_retire() once the transactions that still read it have ended.")));
 	}
 
-	if (!lock_within(si->gens[sealing].keys_relid, ShareRowExclusiveLock, deadline))
-	{
-		keygen_switch_held_back(sealing, quiet);
-		return 0;
-	}
-	keygen_switch_held_back(0, quiet);
-
 	arg = Int32GetDatum(sealing);
 	storage_stmt_run(&keygen_stmts, KG_RECORD_FIRST, &arg, NULL, 0);
 	arg = Int32GetDatum(opening);
 	storage_stmt_run(&keygen_stmts, KG_OPEN_NEXT, &arg, NULL, 0);
 	if (SPI_processed != 1)
 		elog(ERROR, "could not open generation %d of idem_consumer", opening);
+	(void) keygen_settle();
 
 	cache.known = false;
 	return opening;

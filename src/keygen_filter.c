@@ -118,11 +118,11 @@ typedef enum FilterStmt
 } FilterStmt;
 
 static const StorageStmt filter_stmt_defs[KF_NUM_STMTS] = {
-	/* the sealed generations: epoch, place, filter_chunks */
+	/* the settled generations: epoch, place, filter_chunks */
 	[KF_UNFILTERED] = {
 		"SELECT g.epoch, g.generation, g.filter_chunks"
 		" FROM " STORAGE_SCHEMA ".key_generations AS g"
-		" WHERE g.epoch OPERATOR(pg_catalog.<>)"
+		" WHERE g.settled_at IS NOT NULL AND g.epoch OPERATOR(pg_catalog.<>)"
 		" (SELECT pg_catalog.max(epoch) FROM " STORAGE_SCHEMA ".key_generations)"
 		" ORDER BY g.epoch DESC",
 		0, {InvalidOid}
@@ -633,7 +633,8 @@ keygen_build_filters(void)
 		return 0;
 
 	/* one at a time with switches and drops, which change the generations */
-	LockRelationOid(si->generations_relid, ExclusiveLock);
+	LockRelationOid(si->generations_relid, ShareUpdateExclusiveLock);
+	(void) keygen_settle();
 
 	storage_stmt_run(&filter_stmts, KF_UNFILTERED, NULL, NULL, 0);
 	for (uint64 i = 0; i < SPI_processed && nsealed < KEYGEN_RING; i++)

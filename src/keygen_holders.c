@@ -2,18 +2,22 @@
  *
  * keygen_holders.c
  *	  Whether and by whom switches of key generations are held back: the
- *	  transactions that still hold the current generation's key table,
+ *	  transactions that hold key_generations against the switch's lock,
  *	  named in the switch's error or the purge worker's log, and the
  *	  current generation's age for the metrics.
  *
- * A switch waits for every transaction that recorded a key in the
- * generation it seals (keygen.c, rule 2).  When one does not end in time,
- * retention by generations stops until it does, so the operator must learn
- * which: a session (its process, role and how long its transaction has
- * been open) or a prepared transaction, which no session holds and which
- * stays until someone commits or rolls it back by its name.  The holders
- * are read from pg_locks only when a switch has already given up, never on
- * a delivery's path.
+ * A switch needs the gate (keygen.c, rule 2): key_generations in
+ * EXCLUSIVE mode, which a delivery holds against it only while it
+ * records a key, never while it waits for another transaction or stays
+ * open, and a retirement or a build of filters while it runs.  A
+ * transaction left open after it recorded a key holds back the settle of
+ * its generation, not the switch.  So a switch held back for long means a
+ * retirement or build that does not end, a lock someone took on
+ * key_generations by hand, or a delivery with the fast path off stuck in
+ * the rare wait it cannot avoid (keystore.c); the operator learns which:
+ * a session (its process, role and how long its transaction has been
+ * open) or a prepared transaction.  The holders are read from pg_locks
+ * only when a switch has already given up, never on a delivery's path.
  *
  * Copyright (c) 2025-2026, idem_consumer maintainers
  *
@@ -52,8 +56,8 @@ typedef enum HoldersStmt
 
 static const StorageStmt holders_stmt_defs[KH_NUM_STMTS] = {
 	/*
-	 * The transactions holding a lock on relation $1 that a switch's SHARE
-	 * ROW EXCLUSIVE waits for, oldest first: a session's process, role and
+	 * The transactions holding a lock on relation $1 that a switch's
+	 * EXCLUSIVE waits for, oldest first: a session's process, role and
 	 * seconds in its transaction, or a prepared transaction's name and
 	 * seconds since it was prepared (pg_locks shows its locks without a
 	 * process, under a virtual transaction that also holds its xid).
@@ -74,7 +78,7 @@ static const StorageStmt holders_stmt_defs[KH_NUM_STMTS] = {
 		"   AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database AS d"
 		"        WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())"
 		"   AND l.relation OPERATOR(pg_catalog.=) $1 AND l.granted"
-		"   AND l.mode OPERATOR(pg_catalog.=) ANY ('{RowExclusiveLock,ShareUpdateExclusiveLock,"
+		"   AND l.mode OPERATOR(pg_catalog.=) ANY ('{RowShareLock,RowExclusiveLock,ShareUpdateExclusiveLock,"
 		"ShareLock,ShareRowExclusiveLock,ExclusiveLock,AccessExclusiveLock}'::pg_catalog.text[])"
 		"   AND (l.pid IS NULL OR l.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid())"
 		" ORDER BY 4 DESC NULLS LAST",
@@ -94,16 +98,16 @@ static SPIPlanPtr holders_plans[KH_NUM_STMTS];
 static StorageStmtSet holders_stmts = STORAGE_STMT_SET(holders_stmt_defs, holders_plans);
 
 /*
- * Returns a sentence naming the transactions that hold the key table of a
- * generation against a switch, or NULL when none is left (the holder ended
- * since the switch gave up).  The caller is connected to SPI; the sentence
+ * Returns a sentence naming the transactions that hold key_generations
+ * against a switch of generation slot, or NULL when none is left (the
+ * holder ended since the switch gave up).  The caller is connected to SPI; the sentence
  * is allocated in the caller's memory context.
  */
 static char *
 switch_holders(KeyGenSlot slot)
 {
 	MemoryContext caller_cxt = CurrentMemoryContext;
-	Datum		arg = ObjectIdGetDatum(storage_locate()->gens[slot].keys_relid);
+	Datum		arg = ObjectIdGetDatum(storage_locate()->generations_relid);
 	StringInfoData buf;
 	uint64		n;
 
@@ -114,7 +118,7 @@ switch_holders(KeyGenSlot slot)
 
 	MemoryContextSwitchTo(caller_cxt);
 	initStringInfo(&buf);
-	appendStringInfo(&buf, "Generation %d is held by ", slot);
+	appendStringInfo(&buf, "The switch sealing generation %d is held back by ", slot);
 	for (uint64 i = 0; i < n && i < HOLDERS_NAMED; i++)
 	{
 		HeapTuple	tuple = SPI_tuptable->vals[i];
@@ -168,16 +172,15 @@ keygen_switch_held_back(KeyGenSlot sealing, bool quiet)
 	if (!quiet)
 		ereport(ERROR,
 				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
-				 errmsg("could not switch key generations: transactions recording keys in generation %d did not end in time",
-						sealing),
+				 errmsg("could not switch key generations: key_generations stayed locked for the whole wait"),
 				 holders ? errdetail_internal("%s", holders) : 0,
-				 errhint("Try again, or give a longer wait; a prepared transaction waits for COMMIT PREPARED or ROLLBACK PREPARED.")));
+				 errhint("A delivery holds it only while it records a key, a retirement or a build of filters while it runs; try again, or give a longer wait.")));
 	held_back_logged_at = now;
 	ereport(LOG,
-			(errmsg("idem_consumer could not switch generations of keys in database \"%s\": transactions recording keys in generation %d did not end in time",
-					get_database_name(MyDatabaseId), sealing),
+			(errmsg("idem_consumer could not switch generations of keys in database \"%s\": key_generations stayed locked for the whole wait",
+					get_database_name(MyDatabaseId)),
 			 holders ? errdetail_internal("%s", holders) : 0,
-			 errhint("Keys expire by generations only once the switch seals this one; end or resolve these transactions.")));
+			 errhint("Keys expire by generations only while the switch goes on; end the transactions named.")));
 }
 
 /*

@@ -91,14 +91,17 @@ typedef enum RetireStmt
 } RetireStmt;
 
 static const StorageStmt retire_stmt_defs[KR_NUM_STMTS] = {
-	/* the sealed generations, oldest first, with their seal in seconds */
+	/*
+	 * the settled generations, oldest first, with their seal in seconds:
+	 * the settle, after which no key was recorded there (keygen.c)
+	 */
 	[KR_SEALED] = {
 		"SELECT g.epoch, g.generation,"
-		" pg_catalog.floor(pg_catalog.date_part('epoch', n.opened_at"
+		" pg_catalog.floor(pg_catalog.date_part('epoch', g.settled_at"
 		" OPERATOR(pg_catalog.-) '2000-01-01 00:00:00+00'::pg_catalog.timestamptz))::pg_catalog.int4"
 		" FROM " STORAGE_SCHEMA ".key_generations AS g"
-		" CROSS JOIN LATERAL (SELECT x.opened_at FROM " STORAGE_SCHEMA ".key_generations AS x"
-		"  WHERE x.epoch OPERATOR(pg_catalog.>) g.epoch ORDER BY x.epoch LIMIT 1) AS n"
+		" WHERE g.settled_at IS NOT NULL AND g.epoch OPERATOR(pg_catalog.<>)"
+		" (SELECT pg_catalog.max(x.epoch) FROM " STORAGE_SCHEMA ".key_generations AS x)"
 		" ORDER BY g.epoch",
 		0, {InvalidOid}
 	},
@@ -444,8 +447,13 @@ keygen_retire(void)
 	if (!si->has_ring)
 		return 0;
 
-	/* one at a time with switches: both read and write key_generations */
-	LockRelationOid(si->generations_relid, ExclusiveLock);
+	/*
+	 * One at a time with switches and builds: all read and write
+	 * key_generations.  Not in a mode that closes the gate: deliveries go
+	 * on meanwhile.
+	 */
+	LockRelationOid(si->generations_relid, ShareUpdateExclusiveLock);
+	(void) keygen_settle();
 
 	/*
 	 * Only generations dropped by a transaction that has committed are

@@ -73,6 +73,7 @@
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
+#include "storage/lmgr.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
@@ -205,21 +206,72 @@ sealed_key_invisible_check(KeyGenSlot slot, Datum *key_args)
 }
 
 /*
- * Tells whether a sealed generation records a key, and then fills
- * *recorded (when not NULL).  Nothing inserts into a sealed generation but
- * a collision moved into the place of its occupant, so a key absent from
- * it is absent for good, and a new key goes into the current generation.
- * for_recording: the key is about to be recorded if absent (see
- * sealed_key_invisible_check).
+ * Probes a sealed generation that is not settled yet, for a key about to
+ * be recorded, with a dirty snapshot: a transaction still open may have
+ * recorded the key there before the switch (keygen.c), and is waited for
+ * as a unique index would wait, by the caller, without the gate
+ * (wait->xid).  Returns whether the key is recorded there, and sets
+ * *decided when the probe settles it; otherwise the generation is probed
+ * as a settled one: another key in its place (a collision), or no index
+ * to probe with, where every transaction that may still record there is
+ * waited for first (wait->settle) unless none is left.  Under REPEATABLE
+ * READ and SERIALIZABLE a key whose recording committed after the
+ * snapshot fails to serialize, as a conflict in one table would.
  */
 static bool
-recorded_in_sealed(KeyGenSlot slot, int32 consumer_id, text *key,
-				   RecordedKey *recorded, bool for_recording)
+recorded_unsettled(KeyGenSlot slot, int32 consumer_id, text *key,
+				   RecordedKey *recorded, GateWait *wait, bool *decided)
+{
+	TransactionId xmin = InvalidTransactionId;
+	KeyProbe	probe;
+
+	probe = key_dirty_probe(slot, key_hash_in(slot, consumer_id, key), consumer_id,
+							key, recorded, &xmin, &wait->xid);
+	*decided = probe != PROBE_OTHER && probe != PROBE_UNKNOWN;
+	if (probe == PROBE_UNKNOWN && !keygen_settled_for_me(slot))
+	{
+		wait->settle = slot;
+		*decided = true;
+	}
+	if (probe != PROBE_KEY)
+		return false;
+	if (IsolationUsesXactSnapshot() && !TransactionIdIsCurrentTransactionId(xmin) &&
+		XidInMVCCSnapshot(xmin, GetTransactionSnapshot()))
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("could not serialize access due to concurrent update"),
+				 errdetail("The key was recorded by a transaction that committed after this transaction's snapshot was taken.")));
+	return true;
+}
+
+/*
+ * Tells whether a sealed generation records a key, and then fills
+ * *recorded (when not NULL).  Nothing inserts into a sealed generation but
+ * a collision moved into the place of its occupant and, until it is
+ * settled, the transactions that recorded there before it was sealed; so
+ * a key absent from a settled generation is absent for good, and a new key
+ * goes into the current generation.  for_recording: the key is about to be
+ * recorded if absent (see sealed_key_invisible_check and
+ * recorded_unsettled, which may ask the caller to wait and probe again).
+ */
+static bool
+recorded_in_sealed(const KeyGenState *st, KeyGenSlot slot, int32 consumer_id,
+				   text *key, RecordedKey *recorded, bool for_recording,
+				   GateWait *wait)
 {
 	KeyFastPath fp;
 	Datum		key_args[2];
 	bool		with_fp = storage_locate()->keys_have_fingerprints;
 	bool		found;
+
+	if (for_recording && slot != KEYGEN_LEGACY && st->unsettled[slot])
+	{
+		bool		decided;
+
+		found = recorded_unsettled(slot, consumer_id, key, recorded, wait, &decided);
+		if (decided)
+			return found;
+	}
 
 	key_args[0] = Int32GetDatum(consumer_id);
 	key_args[1] = PointerGetDatum(key);
@@ -259,11 +311,12 @@ recorded_in_sealed(KeyGenSlot slot, int32 consumer_id, text *key,
  * Tells whether any sealed generation of st records a key, newest first,
  * and then fills *recorded (when not NULL).  A key is in one generation at
  * most: the generations before the current one are probed before it is
- * recorded.
+ * recorded.  With for_recording, returns false with GATE_WAIT_NEEDED(wait)
+ * when the caller must wait and probe again.
  */
 static bool
 recorded_before(const KeyGenState *st, int32 consumer_id, text *key,
-				RecordedKey *recorded, bool for_recording)
+				RecordedKey *recorded, bool for_recording, GateWait *wait)
 {
 	uint64		filter_hash = 0;
 	bool		hashed = false;
@@ -292,12 +345,38 @@ recorded_before(const KeyGenState *st, int32 consumer_id, text *key,
 			if (!keygen_filter_may_hold(slot, st->filter_chunks[slot], filter_hash))
 				continue;
 		}
-		if (recorded_in_sealed(slot, consumer_id, key, recorded, for_recording))
+		if (recorded_in_sealed(st, slot, consumer_id, key, recorded, for_recording,
+							   wait))
 			return true;
+		if (for_recording && GATE_WAIT_NEEDED(wait))
+			return false;
 	}
 	return keystore_legacy_live() &&
-		recorded_in_sealed(KEYGEN_LEGACY, consumer_id, key, recorded,
-						   for_recording);
+		recorded_in_sealed(st, KEYGEN_LEGACY, consumer_id, key, recorded,
+						   for_recording, wait);
+}
+
+/*
+ * Records a key in the current generation, slot, with the SQL statements,
+ * unless a transaction in progress holds its hash's place there: the
+ * insertion would wait for it with the gate held, so the caller waits
+ * instead (wait->xid), without the gate, and comes back.  A transaction
+ * that takes the place between this probe and the insertion is still
+ * waited for with the gate held; the fast path's insertion never waits.
+ */
+static bool
+record_current_sql(KeyGenSlot slot, int64 hash, int32 consumer_id, int32 processed_at,
+				   text *key, const int32 *fingerprint, RecordedKey *recorded,
+				   GateWait *wait)
+{
+	TransactionId xmin;
+
+	if (key_dirty_probe(slot, hash, consumer_id, key, NULL, &xmin,
+						&wait->xid) == PROBE_IN_PROGRESS)
+		return false;
+	keygen_mark_recording(slot);
+	return record_key_sql(slot, consumer_id, processed_at, key, fingerprint,
+						  recorded);
 }
 
 /*
@@ -321,22 +400,29 @@ recorded_before(const KeyGenState *st, int32 consumer_id, text *key,
  * one descent of the index instead of two for a new key, and for a key
  * whose place is taken a speculative tuple given up (a WAL record) before
  * the probe.  A key found recorded clears *insert_first.
+ *
+ * probe is what a probe of the current generation found already, or
+ * PROBE_UNKNOWN.  Called with the gate passed (keygen_gate_pass); returns
+ * false with GATE_WAIT_NEEDED(wait) when the key must wait for another
+ * transaction, which the caller does without the gate before it records
+ * the key again.
  */
 static bool
 fastpath_record(KeyFastPath *fp, const KeyGenState *st, KeyGenSlot slot,
 				int64 hash, int32 consumer_id, int32 processed_at, text *key,
 				const int32 *fingerprint, RecordedKey *recorded,
-				bool *insert_first)
+				bool *insert_first, KeyProbe probe, GateWait *wait)
 {
-	KeyProbe	probe;
-
 	if (insert_first != NULL && *insert_first)
 	{
-		if (recorded_before(st, consumer_id, key, recorded, true))
+		if (recorded_before(st, consumer_id, key, recorded, true, wait))
 		{
 			*insert_first = false;
 			return false;
 		}
+		if (GATE_WAIT_NEEDED(wait))
+			return false;
+		keygen_mark_recording(slot);
 		if (key_fastpath_insert(fp, hash, consumer_id, processed_at, key,
 								fingerprint))
 			return true;
@@ -344,25 +430,29 @@ fastpath_record(KeyFastPath *fp, const KeyGenState *st, KeyGenSlot slot,
 		if (key_fastpath_probe(fp, hash, consumer_id, key, recorded) == PROBE_KEY)
 			return false;
 		/* another key, or a row the snapshot does not see: decide in SQL */
-		return record_key_sql(slot, consumer_id, processed_at, key, fingerprint,
-							  recorded);
+		return record_current_sql(slot, hash, consumer_id, processed_at, key,
+								  fingerprint, recorded, wait);
 	}
 
-	probe = key_fastpath_probe(fp, hash, consumer_id, key, recorded);
+	if (probe == PROBE_UNKNOWN)
+		probe = key_fastpath_probe(fp, hash, consumer_id, key, recorded);
 	if (probe == PROBE_KEY)
 		return false;
-	if (recorded_before(st, consumer_id, key, recorded, true))
+	if (recorded_before(st, consumer_id, key, recorded, true, wait))
 	{
 		if (insert_first != NULL)
 			*insert_first = false;
 		return false;
 	}
+	if (GATE_WAIT_NEEDED(wait))
+		return false;
+	keygen_mark_recording(slot);
 	if (probe == PROBE_EMPTY &&
 		key_fastpath_insert(fp, hash, consumer_id, processed_at, key,
 							fingerprint))
 		return true;
-	return record_key_sql(slot, consumer_id, processed_at, key, fingerprint,
-						  recorded);
+	return record_current_sql(slot, hash, consumer_id, processed_at, key,
+							  fingerprint, recorded, wait);
 }
 
 /*
@@ -380,21 +470,39 @@ keystore_carry_key(KeyGenSlot slot, int32 consumer_id, int32 processed_at,
 
 /*
  * Whether this database has sealed generations that may hold keys, each
- * probed before a key is recorded.  Locks the current generation first,
- * so that no switch adds one before this transaction ends.
+ * probed before a key is recorded.  Passes the gate first, and keeps it
+ * when it returns false, so that no switch adds one while the caller
+ * records keys with the set-based statements, which probe none: the
+ * caller lets it go with keystore_gate_release() once they are recorded.
  */
 bool
 keystore_sealed_live(void)
 {
-	(void) keygen_lock_current();
-	return keygen_state()->nsealed > 0 || keystore_legacy_live();
+	bool		live;
+
+	(void) keygen_gate_enter();
+	live = keygen_state()->nsealed > 0 || keystore_legacy_live();
+	if (live)
+		keygen_gate_release();
+	return live;
+}
+
+/*
+ * Lets the gate go that keystore_sealed_live kept.
+ */
+void
+keystore_gate_release(void)
+{
+	keygen_gate_release();
 }
 
 /*
  * Records a key with the fingerprint of its message (NULL: none); returns
  * false if the key was already recorded, and then fills *recorded (when
  * not NULL) with what the storage holds of it.  In a database whose SQL is
- * still 1.0 the fingerprint is not kept and none is ever found.
+ * still 1.0 the fingerprint is not kept and none is ever found.  The gate
+ * is held from finding the current generation until the key and its
+ * consumer's registration are recorded there, and given up for any wait.
  */
 bool
 keystore_record_key_fp(int32 consumer_id, text *key, const int32 *fingerprint,
@@ -403,25 +511,52 @@ keystore_record_key_fp(int32 consumer_id, text *key, const int32 *fingerprint,
 	KeyFastPath fp;
 	KeyGenSlot	slot;
 	int32		processed_at;
-	bool		isnew;
+	bool		isnew = false;
+	GateWait	wait = {InvalidTransactionId, 0};
 
 	routed_refuse_unrouted();
 	inflight_note_recording();
-	slot = keygen_lock_current();
 	processed_at = keystore_processed_at_now();
-	if (key_fastpath_open(&fp, slot, true))
+	for (;;)
 	{
-		isnew = fastpath_record(&fp, keygen_state(), slot,
-								key_hash_in(slot, consumer_id, key), consumer_id,
-								processed_at, key, fingerprint, recorded, NULL);
-		key_fastpath_close(&fp);
+		slot = keygen_lock_current();
+		if (key_fastpath_open(&fp, slot, true))
+		{
+			int64		hash = key_hash_in(slot, consumer_id, key);
+			KeyProbe	probe = key_fastpath_probe(&fp, hash, consumer_id, key, recorded);
+
+			/* a duplicate there is one whatever is current: no gate */
+			if (probe == PROBE_KEY)
+			{
+				key_fastpath_close(&fp);
+				return false;
+			}
+			if (!keygen_gate_pass(slot))
+			{
+				key_fastpath_close(&fp);
+				continue;
+			}
+			isnew = fastpath_record(&fp, keygen_state(), slot, hash, consumer_id,
+									processed_at, key, fingerprint, recorded, NULL,
+									probe, &wait);
+			key_fastpath_close(&fp);
+		}
+		else if (!keygen_gate_pass(slot))
+			continue;
+		else
+			isnew = !recorded_before(keygen_state(), consumer_id, key, recorded, true,
+									 &wait) &&
+				!GATE_WAIT_NEEDED(&wait) &&
+				record_current_sql(slot, key_hash_in(slot, consumer_id, key),
+								   consumer_id, processed_at, key, fingerprint,
+								   recorded, &wait);
+		if (likely(!GATE_WAIT_NEEDED(&wait)))
+			break;
+		keygen_gate_wait(&wait);
 	}
-	else
-		isnew = !recorded_before(keygen_state(), consumer_id, key, recorded, true) &&
-			record_key_sql(slot, consumer_id, processed_at, key, fingerprint,
-						   recorded);
 	if (isnew)
 		keygen_note_recording(consumer_id, processed_at);
+	keygen_gate_release();
 	return isnew;
 }
 
@@ -549,14 +684,19 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 	int32		processed_at;
 	MemoryContext keycxt;
 	bool		insert_first = false;
+	bool		any_new = false;
+	GateWait	wait = {InvalidTransactionId, 0};
 
 	routed_refuse_unrouted();
 	inflight_note_recording();
 
-	slot = keygen_lock_current();
+	slot = keygen_gate_enter();
 	fast = key_fastpath_open(&fp, slot, true);
 	if (!fast && require_fastpath)
+	{
+		keygen_gate_release();
 		return false;
+	}
 
 	processed_at = keystore_processed_at_now();
 	sorted = sort_batch(slot, consumer_id, keys, nkeys, isnew);
@@ -590,7 +730,8 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 			isnew[index] = fastpath_record(&fp, keygen_state(), slot,
 										   sorted[i].hash, consumer_id,
 										   processed_at, sorted[i].key,
-										   fingerprint, found, &insert_first);
+										   fingerprint, found, &insert_first,
+										   PROBE_UNKNOWN, &wait);
 			/* the first key, never a repeat, decides for those after it */
 			if (i == 0)
 				insert_first = isnew[index];
@@ -598,23 +739,42 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 		else
 			isnew[index] =
 				!recorded_before(keygen_state(), consumer_id, sorted[i].key,
-								 found, true) &&
-				record_key_sql(slot, consumer_id, processed_at, sorted[i].key,
-							   fingerprint, found);
+								 found, true, &wait) &&
+				!GATE_WAIT_NEEDED(&wait) &&
+				record_current_sql(slot, sorted[i].hash, consumer_id, processed_at,
+								   sorted[i].key, fingerprint, found, &wait);
 		MemoryContextSwitchTo(oldcxt);
 		MemoryContextReset(keycxt);
+
+		if (GATE_WAIT_NEEDED(&wait))
+		{
+			/*
+			 * The keys recorded so far are in this generation: register
+			 * them there before the gate goes, then wait and take this key
+			 * again in whichever generation is current then.
+			 */
+			if (any_new)
+				keygen_note_recording(consumer_id, processed_at);
+			any_new = false;
+			if (fast)
+				key_fastpath_close(&fp);
+			keygen_gate_wait(&wait);
+			slot = keygen_gate_enter();
+			fast = key_fastpath_open(&fp, slot, true);
+			insert_first = false;
+			i--;
+			continue;
+		}
+		any_new |= isnew[index];
 	}
 	MemoryContextDelete(keycxt);
 	pfree(sorted);
 
 	if (fast)
 		key_fastpath_close(&fp);
-	for (int i = 0; i < nkeys; i++)
-		if (isnew[i])
-		{
-			keygen_note_recording(consumer_id, processed_at);
-			break;
-		}
+	if (any_new)
+		keygen_note_recording(consumer_id, processed_at);
+	keygen_gate_release();
 	return true;
 }
 
@@ -622,22 +782,22 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
  * Inserts the keys of a batch that are not recorded; returns how many were
  * inserted and leaves their keys in SPI_tuptable.  Keys that conflicted
  * are either recorded already or collide: see keystore_unresolved_batch.
+ * The caller holds the gate that keystore_sealed_live kept.
  */
 uint64
 keystore_insert_batch(int32 consumer_id, ArrayType *keys)
 {
 	Datum		args[3];
-	KeyGenSlot	slot;
 
 	routed_refuse_unrouted();
 	inflight_note_recording();
 	args[0] = Int32GetDatum(consumer_id);
 	args[1] = Int32GetDatum(keystore_processed_at_now());
 	args[2] = PointerGetDatum(keys);
-	slot = keygen_lock_current();
 	/* before the insert, whose rows the caller reads in SPI_tuptable */
 	keygen_note_recording(consumer_id, DatumGetInt32(args[1]));
-	keystore_execute_in(slot, KS_INSERT_BATCH, args, NULL, 0);
+	keygen_mark_recording(keygen_state()->current);
+	keystore_execute_in(keygen_state()->current, KS_INSERT_BATCH, args, NULL, 0);
 	return SPI_processed;
 }
 
@@ -647,7 +807,8 @@ keystore_insert_batch(int32 consumer_id, ArrayType *keys)
  * how many and leaves them in SPI_tuptable.  Each needs
  * keystore_record_key, which tells a collision from a key whose occupant
  * was deleted meanwhile.  Runs as a statement of its own, so that under
- * READ COMMITTED it sees the rows the insert waited for.
+ * READ COMMITTED it sees the rows the insert waited for.  The caller holds
+ * the gate that keystore_sealed_live kept.
  */
 uint64
 keystore_unresolved_batch(int32 consumer_id, ArrayType *keys,
@@ -658,7 +819,7 @@ keystore_unresolved_batch(int32 consumer_id, ArrayType *keys,
 	args[0] = Int32GetDatum(consumer_id);
 	args[1] = PointerGetDatum(keys);
 	args[2] = PointerGetDatum(inserted);
-	keystore_execute_in(keygen_lock_current(), KS_UNRESOLVED_BATCH, args, NULL, 0);
+	keystore_execute_in(keygen_state()->current, KS_UNRESOLVED_BATCH, args, NULL, 0);
 	return SPI_processed;
 }
 
@@ -676,7 +837,7 @@ keystore_key_exists(int32 consumer_id, text *key)
 	routed_refuse_unrouted();
 	st = keygen_state_latest();
 	slot = st->current;
-	if (recorded_before(st, consumer_id, key, NULL, false))
+	if (recorded_before(st, consumer_id, key, NULL, false, NULL))
 		return true;
 
 	/* a collision is visible only with its occupant, see the invariant */

@@ -16,6 +16,12 @@
  * snapshot, a concurrent inserter) is left to the SQL statements, which
  * wait and decide; keystore.c says why that is exact.
  *
+ * A key's place can also be read with a dirty snapshot, as a unique check
+ * reads it (key_dirty_probe): that sees the rows of transactions still in
+ * progress, whose end the caller waits for.  keystore.c probes so the
+ * sealed generations that are not settled yet, and the current one before
+ * an insertion that would wait (keygen.c says why).
+ *
  * This file touches the key tables of the generations and their indexes
  * only, never their collisions or the other tables.
  *
@@ -38,6 +44,7 @@
 #include "catalog/pg_type.h"
 #include "executor/executor.h"
 #include "utils/fmgroids.h"
+#include "utils/snapshot.h"
 #include "utils/snapmgr.h"
 
 #include "compat.h"
@@ -158,6 +165,32 @@ recorded_from_slot(TupleTableSlot *slot, RecordedKey *recorded)
 	}
 }
 
+/* sets a scan key on a key's hash, of the width the index keeps */
+static inline void
+hash_scankey(ScanKey skey, bool hash64, int64 hash)
+{
+	if (hash64)
+		ScanKeyInit(skey, 1, BTEqualStrategyNumber, F_INT8EQ, Int64GetDatum(hash));
+	else
+		ScanKeyInit(skey, 1, BTEqualStrategyNumber, F_INT4EQ,
+					Int32GetDatum((int32) hash));
+}
+
+/* whether the row in a key table's slot is the key of consumer_id */
+static inline bool
+slot_holds_key(TupleTableSlot *slot, int32 consumer_id, text *key)
+{
+	bool		isnull;
+	text	   *occupant;
+
+	if (DatumGetInt32(slot_getattr(slot, 1, &isnull)) != consumer_id)
+		return false;
+	occupant = DatumGetTextPP(slot_getattr(slot, 3, &isnull));
+	return VARSIZE_ANY_EXHDR(occupant) == VARSIZE_ANY_EXHDR(key) &&
+		memcmp(VARDATA_ANY(occupant), VARDATA_ANY(key),
+			   VARSIZE_ANY_EXHDR(key)) == 0;
+}
+
 /*
  * Looks up a key's hash in the unique index and reports what the snapshot
  * sees in its place; the unique index lets a snapshot see at most one row
@@ -178,33 +211,22 @@ key_fastpath_probe(KeyFastPath *fp, int64 hash, int32 consumer_id, text *key,
 		fp->scan = compat_index_beginscan(fp->keys, fp->hash_index, fp->snapshot, 1, 0);
 		fp->slot = table_slot_create(fp->keys, NULL);
 	}
-	if (fp->hash64)
-		ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_INT8EQ, Int64GetDatum(hash));
-	else
-		ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_INT4EQ,
-					Int32GetDatum((int32) hash));
+	hash_scankey(&skey, fp->hash64, hash);
 	index_rescan(fp->scan, &skey, 1, NULL, 0);
 
 	if (index_getnext_slot(fp->scan, ForwardScanDirection, fp->slot))
 	{
 		bool		isnull;
-		text	   *occupant;
 
 		found = PROBE_OTHER;
-		if (DatumGetInt32(slot_getattr(fp->slot, 1, &isnull)) == consumer_id)
+		if (slot_holds_key(fp->slot, consumer_id, key))
 		{
-			occupant = DatumGetTextPP(slot_getattr(fp->slot, 3, &isnull));
-			if (VARSIZE_ANY_EXHDR(occupant) == VARSIZE_ANY_EXHDR(key) &&
-				memcmp(VARDATA_ANY(occupant), VARDATA_ANY(key),
-					   VARSIZE_ANY_EXHDR(key)) == 0)
-			{
-				found = PROBE_KEY;
-				fp->found_xmin = DatumGetTransactionId(slot_getsysattr(fp->slot,
-																	   MinTransactionIdAttributeNumber,
-																	   &isnull));
-				if (recorded != NULL)
-					recorded_from_slot(fp->slot, recorded);
-			}
+			found = PROBE_KEY;
+			fp->found_xmin = DatumGetTransactionId(slot_getsysattr(fp->slot,
+																   MinTransactionIdAttributeNumber,
+																   &isnull));
+			if (recorded != NULL)
+				recorded_from_slot(fp->slot, recorded);
 		}
 		ExecClearTuple(fp->slot);
 	}
@@ -257,4 +279,69 @@ key_fastpath_insert(KeyFastPath *fp, int64 hash, int32 consumer_id,
 
 	ExecDropSingleTupleTableSlot(slot);
 	return inserted;
+}
+
+/*
+ * Looks up a key's hash in the unique index of a generation's key table
+ * with a dirty snapshot, as the unique check of an insertion does, and
+ * reports what is in its place: the key (committed, or this transaction's
+ * own), another key, nothing, or a row that a transaction still in
+ * progress inserts or deletes, PROBE_IN_PROGRESS with that transaction in
+ * *wait_xid, for the caller to wait for (after giving up what it must not
+ * hold while it waits) and probe again.  *xmin receives the inserter of
+ * the key found.  Returns PROBE_UNKNOWN when the storage has no index the
+ * fast path knows.  Whatever idem_consumer.fast_path says: this is the
+ * only way to see a key a transaction in progress recorded.
+ */
+KeyProbe
+key_dirty_probe(KeyGenSlot gen_slot, int64 hash, int32 consumer_id, text *key,
+				RecordedKey *recorded, TransactionId *xmin, TransactionId *wait_xid)
+{
+	const KeyGeneration *gen = &storage_locate()->gens[gen_slot];
+	SnapshotData dirty;
+	Relation	keys;
+	Relation	index;
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	ScanKeyData skey;
+	KeyProbe	found = PROBE_EMPTY;
+
+	if (!OidIsValid(gen->hash_index))
+		return PROBE_UNKNOWN;
+	keys = table_open(gen->keys_relid, AccessShareLock);
+	index = index_open(gen->hash_index, AccessShareLock);
+	InitDirtySnapshot(dirty);
+	scan = compat_index_beginscan(keys, index, &dirty, 1, 0);
+	slot = table_slot_create(keys, NULL);
+	hash_scankey(&skey, gen->hash64, hash);
+	index_rescan(scan, &skey, 1, NULL, 0);
+
+	/* a unique index: at most one live row, and others dead or dying */
+	while (index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		bool		isnull;
+
+		if (TransactionIdIsValid(dirty.xmin) || TransactionIdIsValid(dirty.xmax))
+		{
+			*wait_xid = TransactionIdIsValid(dirty.xmin) ? dirty.xmin : dirty.xmax;
+			found = PROBE_IN_PROGRESS;
+			break;
+		}
+		found = PROBE_OTHER;
+		if (slot_holds_key(slot, consumer_id, key))
+		{
+			found = PROBE_KEY;
+			*xmin = DatumGetTransactionId(slot_getsysattr(slot,
+														  MinTransactionIdAttributeNumber,
+														  &isnull));
+			if (recorded != NULL)
+				recorded_from_slot(slot, recorded);
+			break;
+		}
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(index, NoLock);
+	table_close(keys, NoLock);
+	return found;
 }

@@ -139,7 +139,9 @@ typedef enum KeyProbe
 {
 	PROBE_EMPTY,				/* no row visible to the snapshot */
 	PROBE_KEY,					/* the key itself: it is recorded */
-	PROBE_OTHER					/* another key: the key may be a collision */
+	PROBE_OTHER,				/* another key: the key may be a collision */
+	PROBE_IN_PROGRESS,			/* key_dirty_probe: a row of a transaction in progress */
+	PROBE_UNKNOWN				/* key_dirty_probe: no index to probe */
 } KeyProbe;
 
 /* processed_keys and its unique index, opened for the fast path */
@@ -164,6 +166,9 @@ extern KeyProbe key_fastpath_probe(KeyFastPath *fp, int64 hash,
 extern bool key_fastpath_insert(KeyFastPath *fp, int64 hash, int32 consumer_id,
 								int32 processed_at, text *key,
 								const int32 *fingerprint);
+extern KeyProbe key_dirty_probe(KeyGenSlot gen_slot, int64 hash, int32 consumer_id,
+								text *key, RecordedKey *recorded,
+								TransactionId *xmin, TransactionId *wait_xid);
 
 /* keystore.c */
 extern int32 keystore_processed_at_now(void);
@@ -179,6 +184,7 @@ typedef struct KeyGenState
 	int			nsealed;
 	KeyGenSlot	sealed[KEYGEN_RING];	/* newest first */
 	TransactionId sealed_by[KEYGEN_NUM];	/* the switch that sealed it */
+	bool		unsettled[KEYGEN_NUM];	/* sealed, but not settled yet */
 	int32		filter_chunks[KEYGEN_NUM];	/* of a filter usable now; 0: none */
 	/* the filter of all sealed generations, usable now; chunks 0: none */
 	int			filter_all_place;
@@ -191,6 +197,27 @@ extern const KeyGenState *keygen_state_latest(void);
 extern bool keygen_state_is_current(void);
 extern bool keygen_generation_empty(const KeyGeneration *gen);
 extern KeyGenSlot keygen_lock_current(void);
+extern bool keygen_gate_pass(KeyGenSlot slot);
+extern KeyGenSlot keygen_gate_enter(void);
+extern void keygen_gate_release(void);
+
+/*
+ * What a delivery must wait for, without the gate, before it probes again:
+ * a transaction in progress (xid), or, where a generation cannot be probed
+ * with a dirty snapshot, every transaction that may still record keys in
+ * it (settle, the generation; 0: none).
+ */
+typedef struct GateWait
+{
+	TransactionId xid;
+	KeyGenSlot	settle;
+} GateWait;
+
+#define GATE_WAIT_NEEDED(w) (TransactionIdIsValid((w)->xid) || (w)->settle != 0)
+extern void keygen_gate_wait(GateWait *wait);
+extern void keygen_mark_recording(KeyGenSlot slot);
+extern bool keygen_settled_for_me(KeyGenSlot slot);
+extern int	keygen_settle(void);
 extern bool keystore_carry_key(KeyGenSlot slot, int32 consumer_id, int32 processed_at,
 							   text *key, const int32 *fingerprint);
 extern bool keygen_seal_visible(KeyGenSlot slot, Snapshot snapshot);

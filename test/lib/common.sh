@@ -265,6 +265,8 @@ port = $port
 shared_preload_libraries = 'idem_consumer'
 fsync = off
 max_connections = 100
+# key_generation_gate.spec holds a key in a prepared transaction
+max_prepared_transactions = 5
 EOF
     [ -n "${TEST_LOG_DIR:-}" ] && add_cleanup "cp '$dir/log' '$TEST_LOG_DIR/server.log'"
     add_cleanup "(cd '$dir' && as_pg '$PG_BINDIR/pg_ctl' -D '$dir/data' -m immediate -w stop >/dev/null 2>&1)"
