@@ -96,7 +96,7 @@ SELECT count(*) AS malformed_lines FROM expo
  WHERE line !~ '^# (HELP|TYPE) idem_[a-z_]+ .+$'
    AND line !~ '^idem_[a-z_]+\{database="([^"\\]|\\[\\"n])*",consumer="([^"\\]|\\[\\"n])*"(,le="([0-9.e+-]+|\+Inf)")?\} [0-9][0-9.e+-]*$'
    AND line !~ '^idem_keys_stored\{database="([^"\\]|\\[\\"n])*"\} [0-9]+$'
-   AND line !~ '^idem_key_generation(_interval_seconds|_current_age_seconds|s_sealed)\{database="([^"\\]|\\[\\"n])*"\} [0-9]+\.[0-9]{3}$';
+   AND line !~ '^idem_key_generation(_interval_seconds|_current_age_seconds|s_sealed|_settling_age_seconds)\{database="([^"\\]|\\[\\"n])*"\} [0-9]+\.[0-9]{3}$';
 -- every family has HELP and TYPE, in that order, before its samples
 SELECT substring(line from '^# TYPE (\S+)') AS family, substring(line from '(\S+)$') AS type
   FROM expo WHERE line LIKE '# TYPE %' ORDER BY n;

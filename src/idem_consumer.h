@@ -152,7 +152,8 @@ extern bool keygen_retention_by_generation(void);
 extern int	keygen_retire(void);
 extern int	keygen_build_filters(void);
 extern int	keygen_interval_seconds(void);
-extern bool keygen_ring_gauges(double *current_age, int *sealed);
+extern bool keygen_ring_gauges(double *current_age, int *sealed,
+							   double *settling_age);
 extern void keystore_table_blocks(BlockNumber *blocks);
 extern uint64 keystore_remove_rows(KeystoreTable table, ItemPointer tids,
 								   int ntids, Datum consumer_ids, Datum cutoffs);

@@ -3,62 +3,90 @@
  * keygen.c
  *	  The generations of the key store from 1.2 on: which pair of the ring
  *	  takes new keys (the current generation) and which are sealed, as
- *	  idem_consumer.key_generations says, cached per backend; and the switch
+ *	  idem_consumer.key_generations says, cached per backend; the switch
  *	  that seals the current generation and opens the next one
- *	  (idem_key_generation_switch).  keystore.c probes and records keys in
- *	  the generations this file names.
+ *	  (idem_key_generation_switch); the gate a delivery passes to record a
+ *	  key; and the settle that tells when a sealed generation holds every
+ *	  key it ever will.  keystore.c probes and records keys in the
+ *	  generations this file names.
  *
- * What makes a switch exact is one rule and one lock:
+ * What makes a switch exact is one rule and one lock, the gate:
  *
- *	1. A transaction records a key in a generation only while it holds ROW
- *	   EXCLUSIVE on the generation's key table and, holding it, has found
- *	   the generation current (keygen_lock_current).
- *	2. The switch holds SHARE ROW EXCLUSIVE on the current generation's key
- *	   table, which conflicts with ROW EXCLUSIVE, from before it changes
- *	   key_generations until it commits, and its commit invalidates every
- *	   backend's cached state (a relcache invalidation of key_generations,
- *	   which the table's trigger registers for every change).
+ *	1. A transaction records a key in a generation only while it holds
+ *	   key_generations in ROW SHARE mode (the gate) and, holding it, has
+ *	   found the generation current (keygen_gate_pass); it holds the gate
+ *	   from then until the key is in the generation's unique index, and
+ *	   never while it waits for another transaction or after.
+ *	2. The switch holds key_generations in EXCLUSIVE mode, which conflicts
+ *	   with the gate, from before it reads the current generation until it
+ *	   commits, and its commit invalidates every backend's cached state (a
+ *	   relcache invalidation of key_generations, which the table's trigger
+ *	   registers for every change).
  *
- * By 2, every transaction that recorded a key in generation A had ended
- * before the switch sealing A committed, and one that locks A's key table
- * after that commit processes the invalidation as it is granted the lock,
- * finds A sealed by 1, and goes on to the new current generation.  So
- * once a switch has committed nobody records into A, and A holds every
- * key any transaction recorded there.  A transaction that records a key in
- * the new generation B probes A first, with a snapshot that sees the
- * switch's commit: under READ COMMITTED every probe takes a new snapshot,
- * later than the state it read; under REPEATABLE READ and SERIALIZABLE,
- * whose snapshot may predate the switch, keystore.c probes A again with
- * the latest snapshot when keygen_seal_visible() says the transaction's
- * snapshot does not see the seal, and fails to serialize (40001) if the
- * key is there, as a conflict in one table would.  A key delivered on both
- * sides of a switch is therefore recorded once (the isolation spec
- * key_generation_switch.spec runs each interleaving).
+ * By 2, no transaction is between finding generation A current and having
+ * put its key into A's index when the switch sealing A commits, and one
+ * that passes the gate after that commit processes the invalidation as it
+ * is granted the gate, finds A sealed by 1, and records in the new current
+ * generation B.  So once the switch has committed nobody records into A,
+ * and every key that will ever be in A is in A's index: committed, or
+ * inserted by a transaction still in progress (one idle in its
+ * transaction, or prepared).  A transaction that records a key in B probes
+ * A first.  While A is settling (below), it probes it with a dirty
+ * snapshot, which sees the rows of transactions in progress, and waits
+ * for such a transaction (after letting the gate go, keygen_gate_wait), as
+ * a unique index waits for a concurrent inserter of the same key; then it
+ * probes again: the key is a duplicate if that transaction committed, and
+ * absent if it rolled back.  Once A has settled, the probe's own snapshot
+ * sees every key there: under READ COMMITTED every probe takes a new
+ * snapshot, later than the state it read; under REPEATABLE READ and
+ * SERIALIZABLE, whose snapshot may predate the settle, keystore.c probes A
+ * again with the latest snapshot when keygen_seal_visible() says the
+ * transaction's snapshot does not see it, and fails to serialize (40001)
+ * if the key is there, as a conflict in one table would (a key a dirty
+ * probe finds committed after the snapshot fails the same way).  A key
+ * delivered on both sides of a switch is therefore recorded once
+ * (isolation specs key_generation_switch.spec and key_generation_gate.spec
+ * run each interleaving).  The switch never waits for a delivery's
+ * transaction: only for the gate, which no one holds for long, so a
+ * transaction left open cannot stop the ring.
  *
- * Who counts on a seal.  Retirement (keygen_retire.c) drops a sealed
+ * Settling.  A sealed generation is settling until no transaction that
+ * may have recorded a key there is left.  A transaction takes the settle
+ * lock of the current generation (its filter table in ROW SHARE mode)
+ * with the gate passed, right before it inserts a key there, and keeps it
+ * to its end; keygen_settle takes it in EXCLUSIVE mode without waiting,
+ * and once granted, sets the generation's settled_at: by 1 and 2 no
+ * transaction takes it after the switch.  A delivery that only probed, or
+ * waited, takes none, so it holds back no settle.
+ *
+ * Who counts on a settle.  Retirement (keygen_retire.c) drops a settled
  * generation without reading its keys, from two facts per generation that
- * this file keeps true:
+ * this file keeps true, and leaves one still settling alone:
  *
  *	3. Every consumer with a key in the generation is registered there
  *	   (generation_consumers) by a transaction that commits if the key
- *	   does: keygen_note_recording registers in the recording transaction
- *	   unless this session's registration is known to have committed or
- *	   belongs to the recording transaction itself.  A registration still
- *	   in progress in another transaction counts for nothing, as that
- *	   transaction may yet roll back: the only such transaction of this
- *	   session is one it prepared (PREPARE TRANSACTION), which stays in
- *	   progress after the session moves on.
- *	4. No key in the generation is newer than its seal, the opened_at of
- *	   the next generation: a key's processed_at is its transaction's
- *	   start, every transaction that recorded there ended before the
- *	   switch got its lock (by 2), and the switch reads the clock after
- *	   that, not its own start, which may precede a recording transaction
- *	   that began while it waited.
+ *	   does: keygen_note_recording registers in the recording transaction,
+ *	   with the gate still passed, unless this session's registration is
+ *	   known to have committed or belongs to the recording transaction
+ *	   itself.  A registration still in progress in another transaction
+ *	   counts for nothing, as that transaction may yet roll back: the only
+ *	   such transaction of this session is one it prepared (PREPARE
+ *	   TRANSACTION), which stays in progress after the session moves on.
+ *	   Once settled, every registration there has committed or rolled back
+ *	   with its key.
+ *	4. No key in a settled generation is newer than its seal, settled_at:
+ *	   a key's processed_at is its transaction's start, and every
+ *	   transaction that recorded there had ended when the settle read the
+ *	   clock.
+ * The filters (keygen_filter.c) are built only for settled generations,
+ * for the same reason: a key committed later would be missing.
  *
- * The switch never queues for its lock: a queued SHARE ROW EXCLUSIVE would
- * hold up every delivery behind it for as long as it waited.  It tries the
- * lock without waiting, sleeping on its latch between tries, up to the
- * wait it was given.
+ * The switch never queues for its lock: a queued EXCLUSIVE would hold up
+ * every delivery behind it for as long as it waited.  It tries the lock
+ * without waiting, sleeping on its latch between tries, up to the wait it
+ * was given.  Retirement and filter builds, which change key_generations
+ * too, take SHARE UPDATE EXCLUSIVE, which conflicts with the switch and
+ * with each other but not with the gate.
  *
  * Copyright (c) 2025-2026, idem_consumer maintainers
  *

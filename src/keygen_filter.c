@@ -3,7 +3,7 @@
  * keygen_filter.c
  *	  The filters of the sealed generations of keys: a blocked Bloom filter
  *	  of each sealed generation's keys, and one of all of them together,
- *	  built once a generation is sealed (idem_key_generation_build_filters,
+ *	  built once a generation is settled (idem_key_generation_build_filters,
  *	  and the purge worker after each switch), and the tests that spare a
  *	  delivery the probe of a generation that cannot hold its key.
  *
@@ -19,9 +19,10 @@
  *
  * Why a filter is exact (no key it holds is ever reported absent):
  *	1. it is built from every key of both tables of the generation, read
- *	   with a snapshot taken after the seal: every transaction that
- *	   recorded a key there had ended before the seal (keygen.c);
- *	2. nothing adds a key to a sealed generation afterwards: a collision
+ *	   with a snapshot taken once it has settled: every transaction that
+ *	   may have recorded a key there had ended before (keygen.c), and a
+ *	   generation still settling is built no filter;
+ *	2. nothing adds a key to a settled generation afterwards: a collision
  *	   moved into its occupant's place (forget, purge) was in the
  *	   generation already, and is in the filter;
  *	3. it is used only once key_generations says it was built

@@ -84,12 +84,20 @@ static const StorageStmt holders_stmt_defs[KH_NUM_STMTS] = {
 		" ORDER BY 4 DESC NULLS LAST",
 		1, {OIDOID}
 	},
-	/* seconds since the current generation opened (NULL: the first), and the generations open */
+	/*
+	 * seconds since the current generation opened (NULL: the first), the
+	 * generations open, and seconds since the oldest generation still
+	 * settling was sealed, when the next one opened (NULL: none)
+	 */
 	[KH_GAUGES] = {
 		"SELECT pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-)"
 		"  (SELECT g.opened_at FROM " STORAGE_SCHEMA ".key_generations AS g"
 		"    ORDER BY g.epoch DESC LIMIT 1)),"
-		" (SELECT pg_catalog.count(*) FROM " STORAGE_SCHEMA ".key_generations)",
+		" (SELECT pg_catalog.count(*) FROM " STORAGE_SCHEMA ".key_generations),"
+		" pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-)"
+		"  (SELECT pg_catalog.min(n.opened_at) FROM " STORAGE_SCHEMA ".key_generations AS n"
+		"    WHERE n.epoch OPERATOR(pg_catalog.>) (SELECT pg_catalog.min(s.epoch)"
+		"      FROM " STORAGE_SCHEMA ".key_generations AS s WHERE s.settled_at IS NULL)))",
 		0, {InvalidOid}
 	},
 };
@@ -185,13 +193,16 @@ keygen_switch_held_back(KeyGenSlot sealing, bool quiet)
 
 /*
  * Reads the gauges of the ring for idem_metrics(): how long ago the
- * current generation opened (negative before the first switch) and how
- * many are sealed; returns false where the key store has no ring.  A
+ * current generation opened (negative before the first switch), how many
+ * are sealed, and how long ago the oldest generation still settling was
+ * sealed (0: none); returns false where the key store has no ring.  A
  * current generation older than the interval by much more than the purge
- * worker's period is a switch held back.  Needs an SPI connection.
+ * worker's period is a switch held back; a generation settling for as
+ * long, a transaction that recorded keys there and stays open.  Needs an
+ * SPI connection.
  */
 bool
-keygen_ring_gauges(double *current_age, int *sealed)
+keygen_ring_gauges(double *current_age, int *sealed, double *settling_age)
 {
 	bool		isnull;
 
@@ -205,5 +216,9 @@ keygen_ring_gauges(double *current_age, int *sealed)
 	/* before the first switch no row is there, and the first is current */
 	*sealed = (int) Max(DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
 													SPI_tuptable->tupdesc, 2, &isnull)) - 1, 0);
+	*settling_age = DatumGetFloat8(SPI_getbinval(SPI_tuptable->vals[0],
+												 SPI_tuptable->tupdesc, 3, &isnull));
+	if (isnull)
+		*settling_age = 0;
 	return true;
 }

@@ -13,12 +13,17 @@
  * from that consumer's latest activity.  A generation goes when that holds
  * of every key in it, which is checked per consumer with two bounds that
  * can only keep keys longer:
- *	- no key of a sealed generation is newer than its seal, the opening of
- *	  the next generation (keygen.c, fact 4);
+ *	- no key of a settled generation is newer than its seal, the time it
+ *	  settled (keygen.c, fact 4);
  *	- a consumer's latest activity is at least the newest first_at of its
  *	  rows in generation_consumers, the processed_at of a key it recorded
  *	  (keygen.c, fact 3: every consumer with a key in a generation is
  *	  registered there).
+ * Facts 3 and 4 hold only once a sealed generation has settled: a
+ * generation still settling may yet gain keys and registrations, of the
+ * transactions that recorded there before the switch and are still open,
+ * and is neither dropped nor carried, however old.  The settle
+ * (keygen_settle) is taken first, without waiting.
  * So a generation goes when, for each consumer registered in it, its seal
  * is older than the consumer's cutoff, and no pending dead letter's key is
  * in it; a consumer whose window is forever keeps it, and with it the keys

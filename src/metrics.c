@@ -361,16 +361,18 @@ append_database_gauge(StringInfo buf, const char *name, const char *help,
  * has one: the interval of the switches, the age of the current
  * generation (once a switch has opened one) and the sealed generations.
  * A current generation much older than the interval is a switch held
- * back, by a transaction that recorded keys and stays open (the purge
- * worker's log names it).  Needs an SPI connection.
+ * back (the purge worker's log names who by); a generation settling for
+ * as long, a transaction that recorded keys there and stays open.  Needs
+ * an SPI connection.
  */
 static void
 append_generation_gauges(StringInfo buf, const char *database)
 {
 	double		age;
 	int			sealed;
+	double		settling_age;
 
-	if (!keygen_ring_gauges(&age, &sealed))
+	if (!keygen_ring_gauges(&age, &sealed, &settling_age))
 		return;
 	append_database_gauge(buf, "idem_key_generation_interval_seconds",
 						  "idem_consumer.key_generation_interval: how often the purge worker switches generations of keys; 0 when it does not.",
@@ -382,6 +384,9 @@ append_generation_gauges(StringInfo buf, const char *database)
 	append_database_gauge(buf, "idem_key_generations_sealed",
 						  "Sealed generations of keys not yet dropped; the ring has 16 places.",
 						  database, sealed, 3);
+	append_database_gauge(buf, "idem_key_generation_settling_age_seconds",
+						  "Time since the oldest generation of keys still settling was sealed; 0 when none is.",
+						  database, settling_age, 3);
 }
 
 /*

@@ -122,6 +122,17 @@ ok($held_timeouts > 0 && $held_other == 0,
 is($settling, $held_timeouts + $held_other, 'its generation stayed settling meanwhile');
 is($node->safe_psql('postgres', q{SELECT count(*) FROM applied WHERE key = 'held-1'}),
 	'0', 'nothing of the held key committed yet');
+# the runbook's query finds the session that keeps the generation
+my $holder_pid = $holder->query_safe('SELECT pg_backend_pid()');
+is( $node->safe_psql(
+		'postgres', q{
+	SELECT string_agg(l.pid::text, ',')
+	  FROM idem_key_generations AS g
+	  JOIN pg_locks AS l
+	    ON l.locktype = 'relation' AND l.granted AND l.mode = 'RowShareLock'
+	   AND l.relation = ('idem_consumer_local.key_filter_' || g.generation)::regclass
+	 WHERE g.state = 'settling'}),
+	$holder_pid, "the runbook's query names the open transaction's process");
 
 $holder->query_safe('COMMIT');
 $holder->quit;
