@@ -477,8 +477,8 @@ keygen_state_is_current(void)
 
 /*
  * Returns the generations as key_generations holds them now, for those
- * that only read keys and take no lock that a switch waits for: the
- * invalidation of a switch reaches other backends only after its commit.
+ * that only read keys and do not pass the gate: the invalidation of a
+ * switch reaches other backends only after its commit.
  */
 const KeyGenState *
 keygen_state_latest(void)

@@ -253,8 +253,8 @@ generation_step(int step)
  * filters of the sealed ones left when keys expire by generation
  * (idem_consumer.key_generation_interval), each in a transaction of its
  * own, before a purge of the legacy keys.  A switch waits at most a second
- * for the transactions recording keys; one that cannot be done now is
- * tried again at the next run.
+ * for the gate (keygen.c); one that cannot be done now is tried again at
+ * the next run.  The retirement and the build settle first what they can.
  */
 static void
 purge_worker_generations(const char *dbname)
