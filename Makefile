@@ -11,9 +11,11 @@ OBJS = \
 	src/fastpath.o \
 	src/keystore_fastpath.o \
 	src/keystore.o \
+	src/keystore_batch.o \
 	src/keystore_remove.o \
 	src/routed.o \
 	src/keygen.o \
+	src/keygen_gate.o \
 	src/keygen_retire.o \
 	src/keygen_holders.o \
 	src/keygen_filter.o \

@@ -51,13 +51,9 @@
  * transaction left open cannot stop the ring.
  *
  * Settling.  A sealed generation is settling until no transaction that
- * may have recorded a key there is left.  A transaction takes the settle
- * lock of the current generation (its filter table in ROW SHARE mode)
- * with the gate passed, right before it inserts a key there, and keeps it
- * to its end; keygen_settle takes it in EXCLUSIVE mode without waiting,
- * and once granted, sets the generation's settled_at: by 1 and 2 no
- * transaction takes it after the switch.  A delivery that only probed, or
- * waited, takes none, so it holds back no settle.
+ * may have recorded a key there is left; keygen_gate.c keeps the gate,
+ * the lock that tells who may still record in a generation, and the
+ * settle itself.
  *
  * Who counts on a settle.  Retirement (keygen_retire.c) drops a settled
  * generation without reading its keys, from two facts per generation that
@@ -108,7 +104,6 @@
 #include "storage/latch.h"
 #include "storage/lmgr.h"
 #include "storage/bufmgr.h"
-#include "storage/proc.h"
 #include "storage/procarray.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
@@ -118,7 +113,6 @@
 #include "utils/timestamp.h"
 #include "utils/wait_event.h"
 
-#include "compat.h"
 #include "keystore_internal.h"
 
 /* how long the switch sleeps between two tries of its lock */
@@ -163,8 +157,6 @@ typedef enum KeyGenStmt
 	KG_OPEN_NEXT,
 	KG_SWITCH_DUE,
 	KG_REGISTER,
-	KG_UNSETTLED,
-	KG_SETTLE,
 	KG_NUM_STMTS
 } KeyGenStmt;
 
@@ -198,22 +190,6 @@ static const StorageStmt keygen_stmt_defs[KG_NUM_STMTS] = {
 		"INSERT INTO " STORAGE_SCHEMA ".generation_consumers (epoch, consumer_id, first_at)"
 		" VALUES ($1, $2, $3)",
 		3, {INT8OID, INT4OID, INT4OID}
-	},
-	/* the sealed generations not settled yet */
-	[KG_UNSETTLED] = {
-		"SELECT g.epoch, g.generation FROM " STORAGE_SCHEMA ".key_generations AS g"
-		" WHERE g.settled_at IS NULL AND g.epoch OPERATOR(pg_catalog.<>)"
-		" (SELECT pg_catalog.max(x.epoch) FROM " STORAGE_SCHEMA ".key_generations AS x)",
-		0, {InvalidOid}
-	},
-	/*
-	 * The settle's time is read once no transaction that may have recorded
-	 * keys in the generation is left: no key there is newer.
-	 */
-	[KG_SETTLE] = {
-		"UPDATE " STORAGE_SCHEMA ".key_generations SET settled_at = pg_catalog.clock_timestamp()"
-		" WHERE epoch OPERATOR(pg_catalog.=) $1 AND settled_at IS NULL",
-		1, {INT8OID}
 	},
 };
 
@@ -488,225 +464,14 @@ keygen_state_latest(void)
 }
 
 /*
- * Returns the current generation, having locked its key table in ROW
- * EXCLUSIVE mode.  A generation found sealed once locked is let go again:
- * the lock was new, as the invalidation processed when it was granted
- * shows.  The generation may be sealed at any time after: only the gate
- * (keygen_gate_pass) keeps it current.
- */
-KeyGenSlot
-keygen_lock_current(void)
-{
-	for (;;)
-	{
-		KeyGenSlot	slot = keygen_state()->current;
-		Oid			keys_relid = storage_locate()->gens[slot].keys_relid;
-
-		LockRelationOid(keys_relid, RowExclusiveLock);
-		if (keygen_state()->current == slot)
-			return slot;
-		UnlockRelationOid(keys_relid, RowExclusiveLock);
-	}
-}
-
-/*
- * Passes the gate (rule 1) if generation slot, locked by
- * keygen_lock_current, is still current then; returns whether it did.
- * Passing it processes the invalidation of a switch that committed, which
- * a switch sends before it lets the gate go, so the generation found
- * current stays current until the gate is let go.  The caller records its
- * keys there and then lets the gate go (keygen_gate_release), or gives it
- * up to wait (keygen_gate_wait): it never waits for another transaction
- * while it holds it.
- */
-bool
-keygen_gate_pass(KeyGenSlot slot)
-{
-	const StorageInfo *si = storage_locate();
-
-	if (!si->has_ring)
-		return true;
-	LockRelationOid(si->generations_relid, RowShareLock);
-	if (keygen_state()->current == slot)
-		return true;
-	UnlockRelationOid(si->generations_relid, RowShareLock);
-	return false;
-}
-
-/*
- * Locks the current generation and passes the gate; returns the generation.
- */
-KeyGenSlot
-keygen_gate_enter(void)
-{
-	for (;;)
-	{
-		KeyGenSlot	slot = keygen_lock_current();
-
-		if (keygen_gate_pass(slot))
-			return slot;
-	}
-}
-
-/*
- * Lets the gate go: a switch may seal the generation now.
+ * Forgets the cached state, so that it is read again: for a settle
+ * (keygen_gate.c), whose change of key_generations this backend would
+ * otherwise see only at its next invalidation.
  */
 void
-keygen_gate_release(void)
+keygen_state_forget(void)
 {
-	const StorageInfo *si = storage_locate();
-
-	if (si->has_ring)
-		UnlockRelationOid(si->generations_relid, RowShareLock);
-}
-
-/*
- * The lock that tells a settle whether a transaction may still record keys
- * in a generation: the table of its filter, which a recorder holds in ROW
- * SHARE mode and a settle takes in EXCLUSIVE mode (the filter is built
- * only once settled, and its readers' ACCESS SHARE conflicts with
- * neither); where the generation has no filter table, its key table, in
- * ROW EXCLUSIVE and SHARE modes.
- */
-static Oid
-settle_lock(KeyGenSlot slot, LOCKMODE *recorder_mode, LOCKMODE *settle_mode)
-{
-	const KeyGeneration *gen = &storage_locate()->gens[slot];
-
-	if (OidIsValid(gen->filter_relid))
-	{
-		*recorder_mode = RowShareLock;
-		*settle_mode = ExclusiveLock;
-		return gen->filter_relid;
-	}
-	*recorder_mode = RowExclusiveLock;
-	*settle_mode = ShareLock;
-	return gen->keys_relid;
-}
-
-/*
- * Notes that this transaction may record keys in generation slot, the
- * current one, to the end of the transaction: taken with the gate passed,
- * right before an insertion, and not by a delivery that only probed or
- * waited, so that only transactions that may hold a key there hold back
- * the settle of the generation.
- */
-void
-keygen_mark_recording(KeyGenSlot slot)
-{
-	static struct
-	{
-		LocalTransactionId lxid;
-		SubTransactionId subxid;
-		uint64		storage_generation;
-		KeyGenSlot	slot;
-	}			marked;
-	LOCKMODE	recorder_mode;
-	LOCKMODE	settle_mode;
-	Oid			relid;
-	const StorageInfo *si = storage_locate();
-
-	/*
-	 * Taken already in this very subtransaction: held until it ends, as
-	 * nothing lets it go before (a subtransaction's abort lets go of what
-	 * it took, so a lock of another subtransaction is taken again).
-	 */
-	if (marked.lxid == compat_my_lxid() && marked.subxid == GetCurrentSubTransactionId() &&
-		marked.storage_generation == si->generation && marked.slot == slot)
-		return;
-	if (!si->has_ring || slot == KEYGEN_LEGACY)
-		return;
-	relid = settle_lock(slot, &recorder_mode, &settle_mode);
-	LockRelationOid(relid, recorder_mode);
-	marked.lxid = compat_my_lxid();
-	marked.subxid = GetCurrentSubTransactionId();
-	marked.storage_generation = si->generation;
-	marked.slot = slot;
-}
-
-/*
- * Whether no transaction but this one may still record keys in sealed
- * generation slot: the lock of a settle, taken without waiting and kept.
- */
-bool
-keygen_settled_for_me(KeyGenSlot slot)
-{
-	LOCKMODE	recorder_mode;
-	LOCKMODE	settle_mode;
-	Oid			relid = settle_lock(slot, &recorder_mode, &settle_mode);
-
-	return ConditionalLockRelationOid(relid, settle_mode);
-}
-
-/*
- * Lets the gate go and waits for what *wait names, then clears it; the
- * caller passes the gate again and probes the key anew, in whatever
- * generation is current by then (keygen_gate_enter).  The lock of a
- * settle waited for is kept, so that probing again finds every transaction
- * that may have recorded there ended.
- */
-void
-keygen_gate_wait(GateWait *wait)
-{
-	keygen_gate_release();
-	if (TransactionIdIsValid(wait->xid))
-		XactLockTableWait(wait->xid, NULL, NULL, XLTW_None);
-	if (wait->settle != 0)
-	{
-		LOCKMODE	recorder_mode;
-		LOCKMODE	settle_mode;
-		Oid			relid = settle_lock(wait->settle, &recorder_mode, &settle_mode);
-
-		LockRelationOid(relid, settle_mode);
-	}
-	wait->xid = InvalidTransactionId;
-	wait->settle = 0;
-}
-
-/*
- * Settles the sealed generations that no transaction that may have
- * recorded keys there holds any longer (the lock of a settle is free,
- * taken without waiting), setting their settled_at: from then on they hold
- * every key recorded there, none newer than settled_at, and are probed
- * with the transaction's snapshot, filtered and retired.  Returns how many
- * it settled.  The caller holds key_generations against switches.
- */
-int
-keygen_settle(void)
-{
-	const StorageInfo *si = storage_locate();
-	SPITupleTable *unsettled;
-	uint64		n;
-	int			settled = 0;
-
-	if (!si->has_ring)
-		return 0;
-	storage_stmt_run(&keygen_stmts, KG_UNSETTLED, NULL, NULL, 0);
-	unsettled = SPI_tuptable;
-	n = SPI_processed;
-	for (uint64 i = 0; i < n; i++)
-	{
-		bool		isnull;
-		Datum		epoch = SPI_getbinval(unsettled->vals[i], unsettled->tupdesc, 1, &isnull);
-		int32		slot = DatumGetInt32(SPI_getbinval(unsettled->vals[i],
-													   unsettled->tupdesc, 2, &isnull));
-		LOCKMODE	recorder_mode;
-		LOCKMODE	settle_mode;
-		Oid			relid;
-
-		if (slot < 1 || slot > KEYGEN_RING)
-			continue;
-		relid = settle_lock(slot, &recorder_mode, &settle_mode);
-		if (!ConditionalLockRelationOid(relid, settle_mode))
-			continue;
-		storage_stmt_run(&keygen_stmts, KG_SETTLE, &epoch, NULL, 0);
-		settled += (int) SPI_processed;
-		UnlockRelationOid(relid, settle_mode);
-	}
-	SPI_freetuptable(unsettled);
-	if (settled > 0)
-		cache.known = false;
-	return settled;
+	cache.known = false;
 }
 
 /*

@@ -6,10 +6,11 @@
  *	  and their ids are consumers.c's; forgetting and removing keys,
  *	  keystore_remove.c's.
  *
- * The key store is five files.  storage.c finds the tables and their
+ * The key store is six files.  storage.c finds the tables and their
  * owner; keystore_sql.c holds the fixed statements and runs them as that
  * owner; keystore_fastpath.c probes and inserts through the key index in
- * C; keystore_remove.c forgets and removes keys.  This file puts them
+ * C; keystore_batch.c records the keys of a batch; keystore_remove.c
+ * forgets and removes keys.  This file puts them
  * together, and the argument that the result is exact is here and nowhere
  * else:
  *
@@ -314,7 +315,7 @@ recorded_in_sealed(const KeyGenState *st, KeyGenSlot slot, int32 consumer_id,
  * recorded.  With for_recording, returns false with GATE_WAIT_NEEDED(wait)
  * when the caller must wait and probe again.
  */
-static bool
+bool
 recorded_before(const KeyGenState *st, int32 consumer_id, text *key,
 				RecordedKey *recorded, bool for_recording, GateWait *wait)
 {
@@ -364,7 +365,7 @@ recorded_before(const KeyGenState *st, int32 consumer_id, text *key,
  * that takes the place between this probe and the insertion is still
  * waited for with the gate held; the fast path's insertion never waits.
  */
-static bool
+bool
 record_current_sql(KeyGenSlot slot, int64 hash, int32 consumer_id, int32 processed_at,
 				   text *key, const int32 *fingerprint, RecordedKey *recorded,
 				   GateWait *wait)
@@ -407,7 +408,7 @@ record_current_sql(KeyGenSlot slot, int64 hash, int32 consumer_id, int32 process
  * transaction, which the caller does without the gate before it records
  * the key again.
  */
-static bool
+bool
 fastpath_record(KeyFastPath *fp, const KeyGenState *st, KeyGenSlot slot,
 				int64 hash, int32 consumer_id, int32 processed_at, text *key,
 				const int32 *fingerprint, RecordedKey *recorded,
@@ -466,34 +467,6 @@ keystore_carry_key(KeyGenSlot slot, int32 consumer_id, int32 processed_at,
 				   text *key, const int32 *fingerprint)
 {
 	return record_key_sql(slot, consumer_id, processed_at, key, fingerprint, NULL);
-}
-
-/*
- * Whether this database has sealed generations that may hold keys, each
- * probed before a key is recorded.  Passes the gate first, and keeps it
- * when it returns false, so that no switch adds one while the caller
- * records keys with the set-based statements, which probe none: the
- * caller lets it go with keystore_gate_release() once they are recorded.
- */
-bool
-keystore_sealed_live(void)
-{
-	bool		live;
-
-	(void) keygen_gate_enter();
-	live = keygen_state()->nsealed > 0 || keystore_legacy_live();
-	if (live)
-		keygen_gate_release();
-	return live;
-}
-
-/*
- * Lets the gate go that keystore_sealed_live kept.
- */
-void
-keystore_gate_release(void)
-{
-	keygen_gate_release();
 }
 
 /*
@@ -568,259 +541,6 @@ bool
 keystore_record_key(int32 consumer_id, text *key)
 {
 	return keystore_record_key_fp(consumer_id, key, NULL, NULL);
-}
-
-/* A key of a batch, sorted in the order of the unique index. */
-typedef struct BatchKey
-{
-	int64		hash;
-	int			index;			/* position in the batch */
-	text	   *key;
-} BatchKey;
-
-/*
- * Orders batch keys by hash, then by key as COLLATE "C" does: the order of
- * KS_INSERT_BATCH.
- */
-static int
-batch_key_cmp_keys(const BatchKey *a, const BatchKey *b)
-{
-	int			len_a = VARSIZE_ANY_EXHDR(a->key);
-	int			len_b = VARSIZE_ANY_EXHDR(b->key);
-	int			cmp;
-
-	if (a->hash != b->hash)
-		return a->hash < b->hash ? -1 : 1;
-	cmp = memcmp(VARDATA_ANY(a->key), VARDATA_ANY(b->key), Min(len_a, len_b));
-	if (cmp != 0)
-		return cmp;
-	return len_a == len_b ? 0 : (len_a < len_b ? -1 : 1);
-}
-
-/*
- * qsort comparator of batch keys; the first occurrence of a key sorts
- * first.
- */
-static int
-batch_key_cmp(const void *a, const void *b)
-{
-	const BatchKey *ka = (const BatchKey *) a;
-	const BatchKey *kb = (const BatchKey *) b;
-	int			cmp = batch_key_cmp_keys(ka, kb);
-
-	return cmp != 0 ? cmp : ka->index - kb->index;
-}
-
-/*
- * Returns a batch's keys in the order of the unique index, with their
- * hashes and places in the batch; sets every isnew to false.
- */
-static BatchKey *
-sort_batch(KeyGenSlot slot, int32 consumer_id, text **keys, int nkeys, bool *isnew)
-{
-	BatchKey   *sorted = palloc(Max(nkeys, 1) * sizeof(BatchKey));
-
-	for (int i = 0; i < nkeys; i++)
-	{
-		sorted[i].hash = key_hash_in(slot, consumer_id, keys[i]);
-		sorted[i].index = i;
-		sorted[i].key = keys[i];
-		isnew[i] = false;
-	}
-	qsort(sorted, nkeys, sizeof(BatchKey), batch_key_cmp);
-	return sorted;
-}
-
-/*
- * Sets what a repeated key of a batch found to what its first occurrence,
- * at first, recorded or found.
- */
-static void
-repeat_as_first(RecordedKey *found, int first, const bool *isnew,
-				const RecordedKey *recorded, const int32 *fingerprints,
-				const bool *has_fingerprint, int32 processed_at)
-{
-	if (isnew[first])
-	{
-		found->has_fingerprint = fingerprints != NULL && has_fingerprint[first];
-		found->fingerprint = found->has_fingerprint ? fingerprints[first] : 0;
-		found->processed_at = processed_at;
-	}
-	else
-		*found = recorded[first];
-}
-
-/*
- * Records the keys of a batch one at a time in the order of the unique
- * index, which rules out deadlocks between batches for the reason given at
- * KS_INSERT_BATCH.  Sets isnew[i] when keys[i] was not recorded before and
- * is the first occurrence of its key in the batch.
- *
- * fingerprints is NULL, or the fingerprint of each key's message
- * (has_fingerprint[i] false: none).  recorded is NULL, or receives for
- * each key that is not new what the storage holds of it; for a repeat in
- * the batch, its first occurrence as this call recorded it.
- *
- * Keys go through the fast path; a key it cannot decide takes the SQL
- * statements at its place in the order.  The first key is probed before
- * it is inserted.  If it was new, the batch is taken for a batch of new
- * messages and the keys that follow are inserted without a probe until
- * one finds its place taken (see fastpath_record): a batch of new keys
- * descends the index once per key, and a batch delivered again, whose
- * first key is recorded, probes every key and takes no transaction id.
- * When the fast path cannot be used at all, with require_fastpath this
- * returns false, doing nothing; otherwise every key takes the SQL
- * statements.
- */
-bool
-keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
-					 const int32 *fingerprints, const bool *has_fingerprint,
-					 bool require_fastpath, bool *isnew, RecordedKey *recorded)
-{
-	KeyFastPath fp;
-	KeyGenSlot	slot;
-	bool		fast;
-	BatchKey   *sorted;
-	int32		processed_at;
-	MemoryContext keycxt;
-	bool		insert_first = false;
-	bool		any_new = false;
-	GateWait	wait = {InvalidTransactionId, 0};
-
-	routed_refuse_unrouted();
-	inflight_note_recording();
-
-	slot = keygen_gate_enter();
-	fast = key_fastpath_open(&fp, slot, true);
-	if (!fast && require_fastpath)
-	{
-		keygen_gate_release();
-		return false;
-	}
-
-	processed_at = keystore_processed_at_now();
-	sorted = sort_batch(slot, consumer_id, keys, nkeys, isnew);
-
-	keycxt = AllocSetContextCreate(CurrentMemoryContext,
-								   "idem_consumer batch key",
-								   ALLOCSET_SMALL_SIZES);
-	for (int i = 0; i < nkeys; i++)
-	{
-		int			index = sorted[i].index;
-		const int32 *fingerprint = NULL;
-		RecordedKey *found = recorded != NULL ? &recorded[index] : NULL;
-		MemoryContext oldcxt;
-
-		CHECK_FOR_INTERRUPTS();
-		if (fingerprints != NULL && has_fingerprint[index])
-			fingerprint = &fingerprints[index];
-
-		if (i > 0 && batch_key_cmp_keys(&sorted[i - 1], &sorted[i]) == 0)
-		{
-			/* a repeat: one message, as its first occurrence left it */
-			if (found != NULL)
-				repeat_as_first(found, sorted[i - 1].index, isnew, recorded,
-								fingerprints, has_fingerprint, processed_at);
-			continue;
-		}
-
-		oldcxt = MemoryContextSwitchTo(keycxt);
-		if (fast)
-		{
-			isnew[index] = fastpath_record(&fp, keygen_state(), slot,
-										   sorted[i].hash, consumer_id,
-										   processed_at, sorted[i].key,
-										   fingerprint, found, &insert_first,
-										   PROBE_UNKNOWN, &wait);
-			/* the first key, never a repeat, decides for those after it */
-			if (i == 0)
-				insert_first = isnew[index];
-		}
-		else
-			isnew[index] =
-				!recorded_before(keygen_state(), consumer_id, sorted[i].key,
-								 found, true, &wait) &&
-				!GATE_WAIT_NEEDED(&wait) &&
-				record_current_sql(slot, sorted[i].hash, consumer_id, processed_at,
-								   sorted[i].key, fingerprint, found, &wait);
-		MemoryContextSwitchTo(oldcxt);
-		MemoryContextReset(keycxt);
-
-		if (GATE_WAIT_NEEDED(&wait))
-		{
-			/*
-			 * The keys recorded so far are in this generation: register
-			 * them there before the gate goes, then wait and take this key
-			 * again in whichever generation is current then.
-			 */
-			if (any_new)
-				keygen_note_recording(consumer_id, processed_at);
-			any_new = false;
-			if (fast)
-				key_fastpath_close(&fp);
-			keygen_gate_wait(&wait);
-			slot = keygen_gate_enter();
-			fast = key_fastpath_open(&fp, slot, true);
-			insert_first = false;
-			i--;
-			continue;
-		}
-		any_new |= isnew[index];
-	}
-	MemoryContextDelete(keycxt);
-	pfree(sorted);
-
-	if (fast)
-		key_fastpath_close(&fp);
-	if (any_new)
-		keygen_note_recording(consumer_id, processed_at);
-	keygen_gate_release();
-	return true;
-}
-
-/*
- * Inserts the keys of a batch that are not recorded; returns how many were
- * inserted and leaves their keys in SPI_tuptable.  Keys that conflicted
- * are either recorded already or collide: see keystore_unresolved_batch.
- * The caller holds the gate that keystore_sealed_live kept.
- */
-uint64
-keystore_insert_batch(int32 consumer_id, ArrayType *keys)
-{
-	Datum		args[3];
-
-	routed_refuse_unrouted();
-	inflight_note_recording();
-	args[0] = Int32GetDatum(consumer_id);
-	args[1] = Int32GetDatum(keystore_processed_at_now());
-	args[2] = PointerGetDatum(keys);
-	/* before the insert, whose rows the caller reads in SPI_tuptable */
-	keygen_note_recording(consumer_id, DatumGetInt32(args[1]));
-	keygen_mark_recording(keygen_state()->current);
-	keystore_execute_in(keygen_state()->current, KS_INSERT_BATCH, args, NULL, 0);
-	return SPI_processed;
-}
-
-/*
- * Finds the keys of a batch that keystore_insert_batch did not insert
- * (inserted holds those it did) and that are not recorded either; returns
- * how many and leaves them in SPI_tuptable.  Each needs
- * keystore_record_key, which tells a collision from a key whose occupant
- * was deleted meanwhile.  Runs as a statement of its own, so that under
- * READ COMMITTED it sees the rows the insert waited for.  The caller holds
- * the gate that keystore_sealed_live kept.
- */
-uint64
-keystore_unresolved_batch(int32 consumer_id, ArrayType *keys,
-						  ArrayType *inserted)
-{
-	Datum		args[3];
-
-	args[0] = Int32GetDatum(consumer_id);
-	args[1] = PointerGetDatum(keys);
-	args[2] = PointerGetDatum(inserted);
-	keystore_execute_in(keygen_state()->current, KS_UNRESOLVED_BATCH, args, NULL, 0);
-	return SPI_processed;
 }
 
 /*

@@ -173,6 +173,7 @@ extern KeyProbe key_dirty_probe(KeyGenSlot gen_slot, int64 hash, int32 consumer_
 /* keystore.c */
 extern int32 keystore_processed_at_now(void);
 
+
 /*
  * keygen.c: which generation takes new keys and which are sealed, as
  * key_generations says; before 1.2, the legacy pair is the current one.
@@ -194,8 +195,15 @@ typedef struct KeyGenState
 
 extern const KeyGenState *keygen_state(void);
 extern const KeyGenState *keygen_state_latest(void);
+extern void keygen_state_forget(void);
 extern bool keygen_state_is_current(void);
 extern bool keygen_generation_empty(const KeyGeneration *gen);
+extern bool keystore_carry_key(KeyGenSlot slot, int32 consumer_id, int32 processed_at,
+							   text *key, const int32 *fingerprint);
+extern bool keygen_seal_visible(KeyGenSlot slot, Snapshot snapshot);
+extern void keygen_note_recording(int32 consumer_id, int32 processed_at);
+
+/* keygen_gate.c */
 extern KeyGenSlot keygen_lock_current(void);
 extern bool keygen_gate_pass(KeyGenSlot slot);
 extern KeyGenSlot keygen_gate_enter(void);
@@ -218,10 +226,19 @@ extern void keygen_gate_wait(GateWait *wait);
 extern void keygen_mark_recording(KeyGenSlot slot);
 extern bool keygen_settled_for_me(KeyGenSlot slot);
 extern int	keygen_settle(void);
-extern bool keystore_carry_key(KeyGenSlot slot, int32 consumer_id, int32 processed_at,
-							   text *key, const int32 *fingerprint);
-extern bool keygen_seal_visible(KeyGenSlot slot, Snapshot snapshot);
-extern void keygen_note_recording(int32 consumer_id, int32 processed_at);
+
+/* keystore.c, for keystore_batch.c: probing and recording one key */
+extern bool recorded_before(const KeyGenState *st, int32 consumer_id, text *key,
+							RecordedKey *recorded, bool for_recording,
+							GateWait *wait);
+extern bool record_current_sql(KeyGenSlot slot, int64 hash, int32 consumer_id,
+							   int32 processed_at, text *key, const int32 *fingerprint,
+							   RecordedKey *recorded, GateWait *wait);
+extern bool fastpath_record(KeyFastPath *fp, const KeyGenState *st,
+							KeyGenSlot slot, int64 hash, int32 consumer_id,
+							int32 processed_at, text *key, const int32 *fingerprint,
+							RecordedKey *recorded, bool *insert_first, KeyProbe probe,
+							GateWait *wait);
 
 /* keygen_holders.c */
 extern void keygen_switch_held_back(KeyGenSlot sealing, bool quiet);
