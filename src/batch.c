@@ -17,7 +17,9 @@
  * cannot deadlock each other (see KS_INSERT_BATCH in keystore_sql.c).  Through
  * keystore.c's fast path each key costs an index probe, and a new key a
  * speculative insertion, with no SQL statement per key.  When the storage
- * does not allow the fast path, the work is set-based SQL: one insert for
+ * does not allow the fast path, keys go one at a time through the SQL
+ * statements, but for a key store without generations (its SQL older than
+ * 1.2), where the work is set-based SQL: one insert for
  * the whole batch, then, only if some keys were not inserted, one
  * statement that finds which of those are not simply recorded already.
  * Only such keys, hash collisions in practice, go through the per-key path
@@ -181,10 +183,7 @@ record_batch(FunctionCallInfo fcinfo, const char *consumer, ArrayType *keys,
 	if (nnew < 0 && keystore_sealed_live())
 		nnew = record_batch_by_key(rsinfo, consumer_id, elems, NULL, nkeys, false);
 	else if (nnew < 0)
-	{
 		nnew = record_batch_sql(rsinfo, consumer_id, keys, nkeys);
-		keystore_gate_release();
-	}
 
 	SPI_finish();
 

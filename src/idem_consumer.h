@@ -145,7 +145,6 @@ extern uint64 keystore_unresolved_batch(int32 consumer_id, ArrayType *keys,
 										ArrayType *inserted);
 extern uint64 keystore_storage_version(void);
 extern bool keystore_sealed_live(void);
-extern void keystore_gate_release(void);
 extern void keygen_init(void);
 extern int	keygen_switch_if_due(int64 wait_ms);
 extern bool keygen_retention_by_generation(void);

@@ -3,8 +3,9 @@
  * keystore_batch.c
  *	  Recording the keys of a batch (idem_record_batch, idem_apply_batch):
  *	  one at a time through the fast path in the order of the unique
- *	  index, or, where the fast path cannot be used and no sealed
- *	  generation is left to probe, with set-based SQL statements.
+ *	  index, or, where the fast path cannot be used and the key store has
+ *	  no generations (its SQL is older than 1.2), with set-based SQL
+ *	  statements.
  *	  keystore.c says why recording a key is exact; this file applies it
  *	  to many keys, passing the gate once for the batch and letting it go
  *	  whenever a key must wait for another transaction.
@@ -26,31 +27,16 @@
 #include "keystore_internal.h"
 
 /*
- * Whether this database has sealed generations that may hold keys, each
- * probed before a key is recorded.  Passes the gate first, and keeps it
- * when it returns false, so that no switch adds one while the caller
- * records keys with the set-based statements, which probe none: the
- * caller lets it go with keystore_gate_release() once they are recorded.
+ * Whether the keys of a batch must go one at a time where the fast path
+ * cannot be used, rather than through the set-based statements, which
+ * probe no sealed generation and would wait for a transaction inserting
+ * one of the keys with the gate held (keygen.c): wherever the key store
+ * has generations, or the legacy one still holds keys.
  */
 bool
 keystore_sealed_live(void)
 {
-	bool		live;
-
-	(void) keygen_gate_enter();
-	live = keygen_state()->nsealed > 0 || keystore_legacy_live();
-	if (live)
-		keygen_gate_release();
-	return live;
-}
-
-/*
- * Lets the gate go that keystore_sealed_live kept.
- */
-void
-keystore_gate_release(void)
-{
-	keygen_gate_release();
+	return storage_locate()->has_ring || keystore_legacy_live();
 }
 
 /* A key of a batch, sorted in the order of the unique index. */
@@ -265,7 +251,8 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
  * Inserts the keys of a batch that are not recorded; returns how many were
  * inserted and leaves their keys in SPI_tuptable.  Keys that conflicted
  * are either recorded already or collide: see keystore_unresolved_batch.
- * The caller holds the gate that keystore_sealed_live kept.
+ * Only where keystore_sealed_live() is false: no generation but the
+ * current one.
  */
 uint64
 keystore_insert_batch(int32 consumer_id, ArrayType *keys)
@@ -279,7 +266,6 @@ keystore_insert_batch(int32 consumer_id, ArrayType *keys)
 	args[2] = PointerGetDatum(keys);
 	/* before the insert, whose rows the caller reads in SPI_tuptable */
 	keygen_note_recording(consumer_id, DatumGetInt32(args[1]));
-	keygen_mark_recording(keygen_state()->current);
 	keystore_execute_in(keygen_state()->current, KS_INSERT_BATCH, args, NULL, 0);
 	return SPI_processed;
 }
@@ -290,8 +276,8 @@ keystore_insert_batch(int32 consumer_id, ArrayType *keys)
  * how many and leaves them in SPI_tuptable.  Each needs
  * keystore_record_key, which tells a collision from a key whose occupant
  * was deleted meanwhile.  Runs as a statement of its own, so that under
- * READ COMMITTED it sees the rows the insert waited for.  The caller holds
- * the gate that keystore_sealed_live kept.
+ * READ COMMITTED it sees the rows the insert waited for.  Only where
+ * keystore_sealed_live() is false.
  */
 uint64
 keystore_unresolved_batch(int32 consumer_id, ArrayType *keys,
