@@ -94,7 +94,7 @@ keygen_lock_current(void)
 }
 
 /*
- * Passes the gate (rule 1) if generation slot, locked by
+ * Passes the gate (keygen.c, rule 1) if generation slot, locked by
  * keygen_lock_current, is still current then; returns whether it did.
  * Passing it processes the invalidation of a switch that committed, which
  * a switch sends before it lets the gate go, so the generation found
