@@ -95,11 +95,14 @@ END
 $$;
 SET client_min_messages = warning;
 
--- retention removes expired keys from sealed generations too
+-- purged one by one (key_generation_interval = 0), retention removes
+-- expired keys from sealed generations too
 UPDATE idem_consumer.processed_keys_1 SET processed_at = processed_at - 30 * 86400;
 UPDATE idem_consumer.key_collisions_1 SET processed_at = processed_at - 30 * 86400;
 SELECT idem_set_retention('gen', '7 days');
+SET idem_consumer.key_generation_interval = 0;
 SELECT idem_purge('gen') > 0 AS purged;
+RESET idem_consumer.key_generation_interval;
 SELECT generation, count(*) AS keys FROM gen_keys GROUP BY 1 ORDER BY 1;
 SELECT deliver('a-', 1000) AS a_again;
 

@@ -149,6 +149,8 @@ extern void keygen_init(void);
 extern int	keygen_switch_if_due(int64 wait_ms);
 extern bool keygen_retention_by_generation(void);
 extern int	keygen_retire(void);
+extern void keygen_registered_activity(void (*note) (int32 consumer_id, int32 latest, void *arg),
+									   void *arg);
 extern int	keygen_build_filters(void);
 extern int	keygen_interval_seconds(void);
 extern bool keygen_ring_gauges(double *current_age, int *sealed);
@@ -208,6 +210,7 @@ typedef enum PurgeProgress
 
 extern void retention_init(void);
 extern int	retention_default_secs(void);
+extern int32 retention_longest_window_secs(void);
 
 typedef struct RetentionWindows RetentionWindows;
 

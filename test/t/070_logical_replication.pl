@@ -37,7 +37,9 @@ my $sub = PostgreSQL::Test::Cluster->new('subscriber');
 for my $node ($pub, $sub)
 {
 	$node->init(allows_streaming => 'logical');
-	$node->append_conf('postgresql.conf', "shared_preload_libraries = 'idem_consumer'\n");
+	# keys purged one by one, whose deletes replicate row by row
+	$node->append_conf('postgresql.conf',
+		"shared_preload_libraries = 'idem_consumer'\nidem_consumer.key_generation_interval = 0\n");
 	$node->start;
 	# the roles get other OIDs on the subscriber: owners replicate by name
 	$node->safe_psql('postgres', 'CREATE ROLE only_here') if $node == $sub;
