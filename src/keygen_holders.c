@@ -86,7 +86,10 @@ static const StorageStmt holders_stmt_defs[KH_NUM_STMTS] = {
 	 * generations open, and the bytes on disk of the key tables (every
 	 * generation's, the collisions' and 1.1's, with their indexes) and of
 	 * the filters (their pages of bits: each generation's and the two of
-	 * all of them): sizes from the catalog and the files, no row read.
+	 * all of them): sizes from the files, no row read.  Each table is
+	 * opened under ACCESS SHARE for the moment of its size; the retire,
+	 * which never queues for its ACCESS EXCLUSIVE, leaves a generation so
+	 * held to its next run.
 	 */
 	[KH_GAUGES] = {
 		"SELECT pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-)"
