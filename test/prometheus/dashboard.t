@@ -10,7 +10,8 @@
 # loaded ones), is evaluated through the HTTP API (/api/v1/query and
 # /api/v1/query_range) and must give no error and at least one series;
 # every rule's expression, read back from /api/v1/rules, must give no
-# error, and the recording rules and the alerts the load provokes a series.
+# error, and the recording rules and the alerts the load provokes a series;
+# the panels' thresholds must be the limits of the alerts.
 # A target whose metric name does not exist gives no series: the check is
 # run once on such a target and must refuse it.  Last, the data of a few
 # panels is plotted into docs/dashboard.png (test/prometheus/dashboard-plot).
@@ -357,6 +358,42 @@ is_deeply(\@rule_failures, [], 'every rule evaluates; the recording rules and '
 	  . join(', ', sort keys %must_fire) . ' return series');
 diag('rules with series: ' . join(', ', @series));
 diag('rules quiet under this load: ' . join(', ', @quiet));
+
+# The panels' thresholds are the alerts' (as Prometheus loaded them): the
+# first constant an alert compares with, times a factor where the panel
+# shows the series in another unit (dead letters per minute, not per 5
+# minutes), or the first whole count above it (an increase > 0: 1).
+my %alert_limit;
+for my $rule (grep { $_->{type} eq 'alerting' } @rules)
+{
+	$alert_limit{ $rule->{name} } = $1 if $rule->{query} =~ />=?\s*([0-9.]+)/;
+}
+my @threshold_of = (
+	['Duplicate ratio', 'IdemDuplicateRatioSurge', 1],
+	['Processing latency p50 / p95 / p99', 'IdemProcessingLatencyHigh', 1],
+	['Lag: commit time minus event_time', 'IdemConsumerLagHigh', 1],
+	['Lag: commit time minus event_time', 'IdemConsumerLagCritical', 1],
+	['Dead letters parked per minute', 'IdemDeadLetterBurst', 1 / 5],
+	['Oldest pending dead letter', 'IdemDeadLetterPendingTooLong', 1],
+	['Oldest pending dead letter', 'IdemDeadLetterPendingCritical', 1],
+	['Effects of unknown outcome, last 15 minutes', 'IdemEffectUnknownOutcome', 'count'],
+	['Effects of unknown outcome, last 15 minutes', 'IdemEffectUnknownOutcomeBurst', 1]);
+my %panel_by_title = map { $_->{title} => $_ } @panels;
+my @thresholds_differ;
+for my $t (@threshold_of)
+{
+	my ($title, $alert, $factor) = @$t;
+	my $limit = $alert_limit{$alert};
+	my $panel = $panel_by_title{$title};
+	push(@thresholds_differ, "$alert: no limit read"), next unless defined $limit;
+	push(@thresholds_differ, "$title: no such panel"), next unless $panel;
+	my $want = $factor eq 'count' ? int($limit) + 1 : $limit * $factor;
+	my @steps = grep { defined } map { $_->{value} }
+	  @{ $panel->{fieldConfig}{defaults}{thresholds}{steps} };
+	push @thresholds_differ, "$title: no threshold at $want ($alert), has @steps"
+	  unless grep { abs($_ - $want) < 1e-9 } @steps;
+}
+is_deeply(\@thresholds_differ, [], 'the panels\' thresholds are the alerts\' limits');
 
 # The preview: the data of a few panels over the load, for gnuplot.
 my %plotted = (
