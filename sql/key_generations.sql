@@ -111,6 +111,12 @@ SELECT deliver('a-', 1000) AS a_again;
 -- generations' indexes but for about 1% of them
 SELECT idem_key_generation_build_filters() AS built;
 SELECT generation, state, filtered FROM idem_key_generations ORDER BY epoch;
+-- idem_metrics() gives their bytes: the pages of each sealed generation's
+-- filter and of the filter of all of them
+SELECT substring(idem_metrics() from E'\nidem_key_filter_bytes\\{database="idem_generations"\\} (\\d+)\n')::bigint
+       = 8192 * ((SELECT sum(filter_chunks) FROM idem_consumer.key_generations)
+                 + (SELECT chunks FROM idem_consumer_local.key_filter_all)) AS filter_bytes_exact,
+       (SELECT sum(filter_chunks) FROM idem_consumer.key_generations) > 0 AS has_chunks;
 SELECT count(*) FILTER (WHERE k.collision) > 0 AS has_collisions
   FROM gen_keys AS k WHERE k.generation = 2;
 SELECT deliver('a-', 1000) AS a_again, deliver('b-', 1000) AS b_again, deliver('c-', 1000) AS c_again;

@@ -153,7 +153,17 @@ extern void keygen_registered_activity(void (*note) (int32 consumer_id, int32 la
 									   void *arg);
 extern int	keygen_build_filters(void);
 extern int	keygen_interval_seconds(void);
-extern bool keygen_ring_gauges(double *current_age, int *sealed);
+
+/* keygen_holders.c: the ring's gauges of idem_metrics() */
+typedef struct KeyRingGauges
+{
+	double		current_age;	/* seconds; negative before the first switch */
+	int			sealed;			/* sealed generations not yet dropped */
+	double		key_bytes;		/* key tables and their indexes */
+	double		filter_bytes;	/* filters of the sealed generations */
+} KeyRingGauges;
+
+extern bool keygen_ring_gauges(KeyRingGauges *gauges);
 extern void keystore_table_blocks(BlockNumber *blocks);
 extern uint64 keystore_remove_rows(KeystoreTable table, ItemPointer tids,
 								   int ntids, Datum consumer_ids, Datum cutoffs);

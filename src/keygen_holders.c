@@ -4,7 +4,8 @@
  *	  Whether and by whom switches of key generations are held back: the
  *	  transactions that still hold the current generation's key table,
  *	  named in the switch's error or the purge worker's log, and the
- *	  current generation's age for the metrics.
+ *	  gauges of the ring for the metrics (the current generation's age,
+ *	  the sealed generations, the bytes of the keys and of the filters).
  *
  * A switch waits for every transaction that recorded a key in the
  * generation it seals (keygen.c, rule 2).  When one does not end in time,
@@ -80,12 +81,31 @@ static const StorageStmt holders_stmt_defs[KH_NUM_STMTS] = {
 		" ORDER BY 4 DESC NULLS LAST",
 		1, {OIDOID}
 	},
-	/* seconds since the current generation opened (NULL: the first), and the generations open */
+	/*
+	 * Seconds since the current generation opened (NULL: the first), the
+	 * generations open, and the bytes on disk of the key tables (every
+	 * generation's, the collisions' and 1.1's, with their indexes) and of
+	 * the filters (their pages of bits: each generation's and the two of
+	 * all of them): sizes from the files, no row read.  Each table is
+	 * opened under ACCESS SHARE for the moment of its size; the retire,
+	 * which never queues for its ACCESS EXCLUSIVE, leaves a generation so
+	 * held to its next run.
+	 */
 	[KH_GAUGES] = {
 		"SELECT pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-)"
 		"  (SELECT g.opened_at FROM " STORAGE_SCHEMA ".key_generations AS g"
 		"    ORDER BY g.epoch DESC LIMIT 1)),"
-		" (SELECT pg_catalog.count(*) FROM " STORAGE_SCHEMA ".key_generations)",
+		" (SELECT pg_catalog.count(*) FROM " STORAGE_SCHEMA ".key_generations),"
+		" (SELECT pg_catalog.sum(pg_catalog.pg_total_relation_size(c.oid))::pg_catalog.float8"
+		"    FROM pg_catalog.pg_class AS c"
+		"   WHERE c.relnamespace OPERATOR(pg_catalog.=) '" STORAGE_SCHEMA "'::pg_catalog.regnamespace"
+		"     AND c.relkind OPERATOR(pg_catalog.=) 'r'"
+		"     AND c.relname OPERATOR(pg_catalog.~) '^(processed_keys|key_collisions)(_[0-9]+)?$'),"
+		" (SELECT pg_catalog.sum(pg_catalog.pg_relation_size(c.oid))::pg_catalog.float8"
+		"    FROM pg_catalog.pg_class AS c"
+		"   WHERE c.relnamespace OPERATOR(pg_catalog.=) '" LOCAL_SCHEMA "'::pg_catalog.regnamespace"
+		"     AND c.relkind OPERATOR(pg_catalog.=) 'r'"
+		"     AND c.relname OPERATOR(pg_catalog.~) '^key_filter_(all_)?[0-9]+$')",
 		0, {InvalidOid}
 	},
 };
@@ -182,25 +202,32 @@ keygen_switch_held_back(KeyGenSlot sealing, bool quiet)
 
 /*
  * Reads the gauges of the ring for idem_metrics(): how long ago the
- * current generation opened (negative before the first switch) and how
- * many are sealed; returns false where the key store has no ring.  A
- * current generation older than the interval by much more than the purge
- * worker's period is a switch held back.  Needs an SPI connection.
+ * current generation opened (negative before the first switch), how many
+ * are sealed, and the bytes of the key tables and of the filters; returns
+ * false where the key store has no ring.  A current generation older than
+ * the interval by much more than the purge worker's period is a switch
+ * held back.  Needs an SPI connection.
  */
 bool
-keygen_ring_gauges(double *current_age, int *sealed)
+keygen_ring_gauges(KeyRingGauges *gauges)
 {
+	HeapTuple	row;
+	TupleDesc	desc;
 	bool		isnull;
+	Datum		value;
 
 	if (!storage_locate()->has_ring)
 		return false;
 	storage_stmt_run(&holders_stmts, KH_GAUGES, NULL, NULL, 1);
-	*current_age = DatumGetFloat8(SPI_getbinval(SPI_tuptable->vals[0],
-												SPI_tuptable->tupdesc, 1, &isnull));
-	if (isnull)
-		*current_age = -1;
+	row = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	value = SPI_getbinval(row, desc, 1, &isnull);
+	gauges->current_age = isnull ? -1 : DatumGetFloat8(value);
 	/* before the first switch no row is there, and the first is current */
-	*sealed = (int) Max(DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-													SPI_tuptable->tupdesc, 2, &isnull)) - 1, 0);
+	gauges->sealed = (int) Max(DatumGetInt64(SPI_getbinval(row, desc, 2, &isnull)) - 1, 0);
+	value = SPI_getbinval(row, desc, 3, &isnull);
+	gauges->key_bytes = isnull ? 0 : DatumGetFloat8(value);
+	value = SPI_getbinval(row, desc, 4, &isnull);
+	gauges->filter_bytes = isnull ? 0 : DatumGetFloat8(value);
 	return true;
 }

@@ -123,8 +123,9 @@ ensure_packages() {
     if [ "$profile" != build ] && [ "$profile" != demo ]; then
         pkgs="$pkgs libipc-run-perl prometheus"
         # the prometheus suite runs Debian's postgres_exporter with the
-        # queries file of docs/prometheus and scrapes it with curl
-        pkgs="$pkgs prometheus-postgres-exporter curl"
+        # queries file of docs/prometheus and scrapes it with curl, and
+        # plots the dashboard's preview with gnuplot
+        pkgs="$pkgs prometheus-postgres-exporter curl gnuplot-nox"
         # PL/Proxy: test/t/021_plproxy.pl and test/bench/plproxy (docs/plproxy)
         [ -n "$debian_server" ] && pkgs="$pkgs postgresql-$PG_MAJOR-plproxy"
         # test/t/080_pgbouncer.pl: Debian's PgBouncer in transaction mode,
