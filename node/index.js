@@ -3,7 +3,7 @@
 // or Pool (pg is a peer dependency).
 'use strict';
 
-const { apply, applyRows, tryApply, tryApplyRows, recordBatch, batchParams } = require('./lib/apply');
+const { apply, tryApply, recordBatch, batchParams } = require('./lib/apply');
 const { stats } = require('./lib/stats');
 const { transaction, isRetryable } = require('./lib/retry');
 const { toText, paramsText, ParamError } = require('./lib/params');
@@ -14,9 +14,7 @@ const {
 
 module.exports = {
   apply,
-  applyRows,
   tryApply,
-  tryApplyRows,
   recordBatch,
   batchParams,
   transaction,
