@@ -123,6 +123,7 @@ SELECT state_of($$SELECT * FROM idem_record_batch('batch', ARRAY['b-9', 'b-8'], 
 SELECT state_of($$SELECT * FROM idem_record_batch('batch', ARRAY['b-9'], NULL, NULL::bigint[])$$);
 SELECT state_of($$SELECT * FROM idem_record_batch('batch', ARRAY['b-9'], NULL, ARRAY['seven'])$$);
 SELECT state_of($$SELECT * FROM idem_record_batch('batch', ARRAY['b-9'], NULL, ARRAY[[1]])$$);
+SELECT state_of($$SELECT * FROM idem_record_batch('batch', ARRAY['b-9'], NULL, 7::bigint)$$);
 SELECT state_of($$SELECT * FROM idem_record_batch('batch', ARRAY['b-9', NULL], NULL, ARRAY[1, 2])$$);
 SELECT count(*) AS empty_batch FROM idem_record_batch('batch', '{}', NULL, '{}'::bigint[]);
 SELECT count(*) AS recorded FROM idem_consumer.routed_keys WHERE key IN ('b-8', 'b-9');

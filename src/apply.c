@@ -69,7 +69,9 @@ get_message_args(FunctionCallInfo fcinfo, MessageArgs *args)
 				 errmsg("expect_rows must not be negative"),
 				 errdetail("The value given is " INT64_FORMAT ".", args->expect_rows),
 				 errhint("Pass NULL to demand no rows.")));
-	args->routed = routed_get_route_arg(fcinfo, 7, &args->route, &args->route_type);
+	/* the usual call has no route: it costs no call (test/bench/instructions) */
+	args->routed = nargs > 7 && !PG_ARGISNULL(7) &&
+		routed_get_route_arg(fcinfo, 7, &args->route, &args->route_type);
 }
 
 /*

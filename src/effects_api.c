@@ -215,9 +215,10 @@ idem_effect_begin(PG_FUNCTION_ARGS)
 	EffectRow	row = {.cxt = CurrentMemoryContext};
 	EffectAction action;
 
+	/* a call without its route is refused first, as the mistake it is */
+	effect_place_args(fcinfo, 4, "idem_effect_begin", &place);
 	require_own_transaction("idem_effect_begin");
 	inflight_check_call(fcinfo);
-	effect_place_args(fcinfo, 4, "idem_effect_begin", &place);
 	request = PG_ARGISNULL(2) ? NULL : PG_GETARG_JSONB_P(2);
 	lease_us = get_duration_arg(fcinfo, 3, "lease", MAX_LEASE_US);
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
@@ -514,12 +515,13 @@ idem_effect_claim(PG_FUNCTION_ARGS)
 	int64		lease_us;
 	bool		every_route;
 
-	require_own_transaction("idem_effect_claim");
-	inflight_check_call(fcinfo);
 	place.consumer = get_consumer_arg(fcinfo, 0);
 	max_count = get_count_arg(fcinfo, 1, "max_count");
 	lease_us = get_duration_arg(fcinfo, 2, "lease", MAX_LEASE_US);
+	/* a call without its route is refused first, as the mistake it is */
 	every_route = claim_route_arg(fcinfo, 3, &place);
+	require_own_transaction("idem_effect_claim");
+	inflight_check_call(fcinfo);
 	InitMaterializedSRF(fcinfo, 0);
 
 	SPI_connect();

@@ -415,21 +415,19 @@ routed_get_routes_arg(FunctionCallInfo fcinfo, int argno, int nkeys, Datum **rou
 		return false;
 	argtype = get_fn_expr_argtype(fcinfo->flinfo, argno);
 	value = PG_GETARG_DATUM(argno);
-	if (OidIsValid(relid))
-		value = route_value(relid, value, argtype, true, &argtype);
-	else if (argtype == UNKNOWNOID)
-	{
-		/* read as text only to count and check them */
-		value = OidInputFunctionCall(F_ARRAY_IN, DatumGetCString(value), TEXTOID, -1);
-		argtype = TEXTARRAYOID;
-	}
-	if (!OidIsValid(argtype) || !OidIsValid(get_element_type(argtype)))
+	if (argtype != UNKNOWNOID &&
+		(!OidIsValid(argtype) || !OidIsValid(get_element_type(argtype))))
 		ereport(ERROR,
 				(errcode(ERRCODE_DATATYPE_MISMATCH),
 				 errmsg("routes must be an array"),
 				 errdetail("The routes given are of type %s.",
 						   OidIsValid(argtype) ? format_type_be(argtype) : "unknown"),
 				 errhint("Pass the distribution column value of each key's business row, in the order of the keys.")));
+	if (OidIsValid(relid))
+		value = route_value(relid, value, argtype, true, &argtype);
+	else if (argtype == UNKNOWNOID)
+		/* read as text only to count and check them */
+		value = OidInputFunctionCall(F_ARRAY_IN, DatumGetCString(value), TEXTOID, -1);
 	array = DatumGetArrayTypeP(value);
 	elemtype = ARR_ELEMTYPE(array);
 	if (ARR_NDIM(array) > 1)
