@@ -19,7 +19,22 @@ export type ParamValue =
   | string | number | bigint | boolean | Date | Buffer | ArrayBufferView | ArrayBuffer
   | null | undefined | ParamValue[] | { toPostgres(): unknown } | { [key: string]: unknown };
 
-export interface Message {
+/**
+ * Where a message came from, for its OpenTelemetry span only (with
+ * @opentelemetry/api installed): never sent to the server.
+ */
+export interface TraceFields {
+  /** messaging.system, e.g. 'kafka', 'rabbitmq', 'aws_sqs'. */
+  system?: string;
+  /** messaging.destination.name: the topic or queue; names the span `process <destination>`. */
+  destination?: string;
+  /** messaging.destination.partition.id. */
+  partition?: string | number;
+  /** messaging.message.id: the broker's id of the message. */
+  messageId?: string;
+}
+
+export interface Message extends TraceFields {
   /** Business idempotency key, e.g. `order-paid:${eventId}`. */
   key: string;
   /** Consumer name; keys are deduplicated per consumer. */
@@ -107,7 +122,7 @@ export function stats(db: Queryable, consumer?: undefined, options?: RetryOption
 /** One consumer's counters, or null if it has none (not counted yet, or untracked). */
 export function stats(db: Queryable, consumer: string, options?: RetryOptions): Promise<ConsumerStats | null>;
 
-export interface Batch<M> {
+export interface Batch<M> extends TraceFields {
   consumer: string;
   messages: M[];
   /** The message's idempotency key. */
@@ -184,7 +199,7 @@ export interface Effect<R = unknown> {
   lastError: string | null;
 }
 
-export interface EffectKey {
+export interface EffectKey extends TraceFields {
   consumer: string;
   /** The effect's key, e.g. `charge:${event.id}` (keep it apart from message keys). */
   key: string;
