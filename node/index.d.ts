@@ -47,8 +47,8 @@ export interface Message extends TraceFields {
   /**
    * The least number of rows sql must affect (rows changed by INSERT,
    * UPDATE, DELETE, MERGE; rows returned by a SELECT); fewer raises IK002
-   * and records nothing. Calls idem_apply_rows / idem_try_apply_rows
-   * (extension 1.2). Leave it out for no demand; null is refused.
+   * and records nothing. Passed as idem_apply's expect_rows (extension
+   * 1.2). Leave it out for no demand; null is refused.
    */
   expectRows?: number | bigint;
   /**
@@ -82,28 +82,8 @@ export type Outcome = 'applied' | 'duplicate' | 'dead_lettered';
  */
 export function apply(db: Queryable, message: Message, options?: RetryOptions): Promise<boolean>;
 
-/**
- * apply through idem_apply_rows (extension 1.2): the rows the SQL affected,
- * or null for a duplicate (nothing ran). message.expectRows defaults to 0.
- */
-export function applyRows(db: Queryable, message: Message, options?: RetryOptions): Promise<number | null>;
-
 /** Like apply, but a permanent error of the SQL parks the message in the dead-letter queue. */
 export function tryApply(db: Queryable, message: Message, options?: RetryOptions): Promise<Outcome>;
-
-/** What tryApplyRows resolves to. */
-export interface TryApplyResult {
-  outcome: Outcome;
-  /** The rows the SQL affected when outcome is 'applied'; null otherwise. */
-  rows: number | null;
-}
-
-/**
- * tryApply through idem_try_apply_rows (extension 1.2). IK002 (too few
- * rows) is transient by default: the promise rejects with it and nothing
- * is recorded.
- */
-export function tryApplyRows(db: Queryable, message: Message, options?: RetryOptions): Promise<TryApplyResult>;
 
 /**
  * One consumer's counters (view idem_stats), decoded whatever type parsers

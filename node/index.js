@@ -3,7 +3,7 @@
 // or Pool (pg is a peer dependency).
 'use strict';
 
-const { apply, applyRows, tryApply, tryApplyRows, recordBatch, batchParams } = require('./lib/apply');
+const { apply, tryApply, recordBatch, batchParams } = require('./lib/apply');
 const { stats } = require('./lib/stats');
 const { traced } = require('./lib/trace');
 const { transaction, isRetryable } = require('./lib/retry');
@@ -15,14 +15,11 @@ const {
 
 // the outcome a span records, from what each call resolves to
 const applied = (result) => (result ? 'applied' : 'duplicate');
-const rowsApplied = (rows) => (rows === null ? 'duplicate' : 'applied');
 const action = (result) => (result && typeof result === 'object' ? result.action : result);
 
 module.exports = {
   apply: traced('idem_apply', apply, applied),
-  applyRows: traced('idem_apply', applyRows, rowsApplied),
   tryApply: traced('idem_try_apply', tryApply, (outcome) => outcome),
-  tryApplyRows: traced('idem_try_apply', tryApplyRows, (r) => r.outcome),
   recordBatch: traced('idem_record_batch', recordBatch),
   batchParams,
   transaction,

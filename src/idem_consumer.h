@@ -385,9 +385,6 @@ extern text *get_key_arg(FunctionCallInfo fcinfo, int argno);
 extern char *get_consumer_arg(FunctionCallInfo fcinfo, int argno);
 extern int32 get_count_arg(FunctionCallInfo fcinfo, int argno, const char *argname);
 extern char *get_sql_arg(FunctionCallInfo fcinfo, int argno);
-extern void check_event_time_arg(FunctionCallInfo fcinfo, int argno);
-extern text *get_fingerprint_arg(FunctionCallInfo fcinfo, int argno);
-extern int64 get_expect_rows_arg(FunctionCallInfo fcinfo, int argno);
 extern ArrayType *get_keys_arg(FunctionCallInfo fcinfo, int argno, Datum **elems,
 							   int *nkeys);
 extern void get_fingerprints_arg(FunctionCallInfo fcinfo, int argno, int nkeys,
@@ -399,6 +396,29 @@ extern int64 get_fence_arg(FunctionCallInfo fcinfo, int argno);
 extern bool get_bool_arg(FunctionCallInfo fcinfo, int argno, const char *argname);
 extern void check_retention_arg(Interval *retention);
 extern Oid	get_role_arg(FunctionCallInfo fcinfo, int argno, bool null_is_current);
+
+/* apply.c */
+
+/*
+ * The arguments of idem_apply and idem_try_apply, in their order:
+ * key, consumer, sql, params, event_time, then fingerprint (from 1.1 on),
+ * expect_rows and route (from 1.2 on).
+ */
+typedef struct MessageArgs
+{
+	text	   *key;
+	char	   *consumer;
+	char	   *sql;
+	ArrayType  *params;			/* NULL if none */
+	NullableDatum event_time;
+	text	   *fingerprint;	/* the caller's, NULL if none */
+	int64		expect_rows;	/* 0: no demand */
+	bool		routed;			/* a route given where keys are routed */
+	Datum		route;
+	Oid			route_type;
+} MessageArgs;
+
+extern void get_message_args(FunctionCallInfo fcinfo, MessageArgs *args);
 
 /* inflight.c */
 extern int	inflight_push(int32 consumer_id, const char *consumer, text *key);

@@ -26,7 +26,7 @@ $node->start;
 $node->safe_psql('postgres', q{
 	CREATE EXTENSION idem_consumer;
 	CREATE ROLE team_a LOGIN;
-	GRANT EXECUTE ON FUNCTION idem_forget(text, text), idem_apply(text, text, text, text[], timestamptz)
+	GRANT EXECUTE ON FUNCTION idem_forget(text, text, "any"), idem_apply(text, text, text, text[], timestamptz, text, bigint, "any")
 	   TO team_a;
 	SELECT idem_consumer_create('a', 'team_a');
 	SELECT idem_consumer_create('b');

@@ -25,8 +25,8 @@ my $setup = q{
 	CREATE ROLE pay_app LOGIN IN ROLE team_pay;
 	CREATE EXTENSION idem_consumer;
 	CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL DEFAULT 0);
-	GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz),
-	                          idem_try_apply(text, text, text, text[], timestamptz),
+	GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
+	                          idem_try_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
 	                          idem_consumer_create(text, regrole)
 	                          TO team_pay;
 	GRANT SELECT, UPDATE ON accounts TO team_pay;
@@ -183,7 +183,7 @@ $sub->safe_psql('postgres', q{
 		RETURN 'refused';
 	END
 	$$;
-	GRANT EXECUTE ON FUNCTION may_read(text), idem_is_processed(text, text) TO pay_app;
+	GRANT EXECUTE ON FUNCTION may_read(text), idem_is_processed(text, text, "any") TO pay_app;
 });
 my $member = $sub->background_psql('postgres', on_error_stop => 1);
 $member->query_safe('SET ROLE pay_app');
