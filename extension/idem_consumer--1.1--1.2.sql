@@ -12,6 +12,95 @@
 --
 
 --
+-- One API (see "The 1.2 API" below).  1.2 replaces thirteen functions of
+-- 1.0 and 1.1 with functions of the same names whose new parameters are
+-- trailing and defaulted, so that every call of the old ones means what
+-- it meant.  An object of the database's own that depends on one of them
+-- (a view, an SQL function with a BEGIN ATOMIC body) would be dropped with
+-- it or stop the update half-way: the update refuses, before it changes
+-- anything, and names those objects.
+--
+DO $dependents$
+DECLARE
+    dependents text;
+BEGIN
+    SELECT pg_catalog.string_agg(DISTINCT pg_catalog.pg_describe_object(d.classid, d.objid, d.objsubid)
+                                 OPERATOR(pg_catalog.||) ' (on '
+                                 OPERATOR(pg_catalog.||) d.refobjid::pg_catalog.regprocedure::pg_catalog.text
+                                 OPERATOR(pg_catalog.||) ')', ', ')
+      INTO dependents
+      FROM pg_catalog.pg_depend AS d
+     WHERE d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+       AND d.deptype OPERATOR(pg_catalog.=) ANY ('{n,a}')
+       AND d.refobjid OPERATOR(pg_catalog.=) ANY (ARRAY[
+               'idem_apply(text, text, text, text[], timestamptz)',
+               'idem_apply(text, text, text, text[], timestamptz, text)',
+               'idem_try_apply(text, text, text, text[], timestamptz)',
+               'idem_try_apply(text, text, text, text[], timestamptz, text)',
+               'idem_is_processed(text, text)',
+               'idem_forget(text, text)',
+               'idem_record_batch(text, text[], text[])',
+               'idem_effect_begin(text, text, jsonb, interval)',
+               'idem_effect_complete(text, text, bigint, jsonb, text, text[])',
+               'idem_effect_fail(text, text, bigint, text, boolean)',
+               'idem_effect_heartbeat(text, text, bigint, interval)',
+               'idem_effect_enqueue(text, text, jsonb)',
+               'idem_effect_claim(text, integer, interval)']::pg_catalog.regprocedure[]::pg_catalog.oid[]);
+    IF dependents IS NOT NULL THEN
+        RAISE EXCEPTION 'idem_consumer cannot be updated to 1.2 while objects depend on functions it replaces'
+            USING ERRCODE = 'dependent_objects_still_exist',
+                  DETAIL = pg_catalog.format('Version 1.2 replaces these functions with functions of the same names that take more arguments, and %s depend on them.', dependents),
+                  HINT = 'Drop the dependent objects, run ALTER EXTENSION idem_consumer UPDATE again, and create them again: their calls resolve to the functions of 1.2 unchanged.';
+    END IF;
+END
+$dependents$;
+
+-- Revokes EXECUTE on new_entry from PUBLIC, as on every function of the
+-- API, grants it to every role the old entries old_entries grant it to,
+-- with the grant option they had, and drops them.  Those grants are the
+-- DBA's, not the extension's: they are left out of pg_init_privs, which
+-- records what the extension's scripts grant, so that pg_dump keeps
+-- dumping them.  Dropped at the end of this script.
+CREATE FUNCTION idem_consumer.replace_functions(new_entry regprocedure,
+                                                VARIADIC old_entries regprocedure[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    own_acl aclitem[];
+    g record;
+BEGIN
+    EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', new_entry);
+    own_acl := (SELECT p.proacl FROM pg_catalog.pg_proc AS p
+                 WHERE p.oid OPERATOR(pg_catalog.=) new_entry);
+    FOR g IN
+        SELECT a.grantee, pg_catalog.bool_or(a.is_grantable) AS grantable
+          FROM pg_catalog.pg_proc AS p,
+               LATERAL pg_catalog.aclexplode(p.proacl) AS a
+         WHERE p.oid OPERATOR(pg_catalog.=) ANY (old_entries::oid[])
+           AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
+           AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
+         GROUP BY a.grantee
+         ORDER BY a.grantee
+    LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s%s', new_entry,
+                                  CASE WHEN g.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                                       ELSE g.grantee::pg_catalog.regrole::pg_catalog.text END,
+                                  CASE WHEN g.grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+    END LOOP;
+    UPDATE pg_catalog.pg_init_privs
+       SET initprivs = own_acl
+     WHERE objoid OPERATOR(pg_catalog.=) new_entry
+       AND classoid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+       AND objsubid OPERATOR(pg_catalog.=) 0;
+    FOR i IN 1 .. pg_catalog.array_length(old_entries, 1) LOOP
+        EXECUTE pg_catalog.format('DROP FUNCTION %s', old_entries[i]);
+    END LOOP;
+END
+$$;
+
+--
 -- Views that filter rows by owner (src/visible_rows.c).
 --
 -- Each shows a role only the rows of the consumers it may act on, and
@@ -71,16 +160,13 @@ CREATE OR REPLACE VIEW idem_effects WITH (security_barrier) AS
 --
 -- Function labels that say what the C code does (src/apply.c, src/stats.c).
 --
--- idem_is_processed answers for the moment of each call: it takes a new
--- snapshot per call (under READ COMMITTED it sees keys committed since the
--- calling statement began, and keys recorded earlier in that statement),
--- so it is not STABLE; a planner that took it for one could evaluate it
--- once for many rows.  idem_stats_reset changes the shared counters and
+-- idem_is_processed answers for the moment of each call, so it is not
+-- STABLE: 1.2 replaces it with a VOLATILE one (The 1.2 API, below).
+-- idem_stats_reset changes the shared counters and
 -- checks the caller's rights on the consumers with a statement of its own:
 -- not a function for a parallel worker.  Every other function's labels
 -- already match (test: sql/function_labels.sql).
 --
-ALTER FUNCTION idem_is_processed(text, text) VOLATILE;
 ALTER FUNCTION idem_stats_reset(text) PARALLEL UNSAFE;
 
 --
@@ -119,128 +205,209 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION idem_metrics() IS 'counters in the Prometheus text exposition format 0.0.4, labelled by database and consumer';
 
 --
--- Typed parameters (src/apply_typed.c).
+-- The 1.2 API.
 --
--- Drivers that bind each value with its own type (psycopg, JDBC) cannot
--- pass one text[] of mixed types.  idem_apply_v and idem_try_apply_v take
--- the values as they are, write them with their types' output and run
--- idem_apply and idem_try_apply: same privileges checks, counters, dead
--- letters and fingerprints.  EXECUTE is granted as for those.
+-- Each function of the API is one function: what 1.2 adds to a function
+-- of 1.0 or 1.1 comes as trailing parameters with defaults, so that every
+-- call of the old function, positional or named, and every driver that
+-- sends its parameters untyped (node-postgres sends each $n as unknown),
+-- resolves to it unchanged.  Overloads with defaults would make such
+-- calls "not unique".  The entries of 1.0 and 1.1 they replace are
+-- dropped, their grants carried over (replace_functions above).
 --
-CREATE FUNCTION idem_apply_v(key text, consumer text, sql text,
-                             VARIADIC params "any")
-RETURNS boolean
-AS 'MODULE_PATHNAME', 'idem_apply_v'
-LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_apply_v(text, text, text, "any") IS
-    'idem_apply with parameter values of their own types';
-CREATE FUNCTION idem_apply_v(key text, consumer text, sql text)
-RETURNS boolean
-AS 'MODULE_PATHNAME', 'idem_apply_v'
-LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_apply_v(text, text, text) IS
-    'idem_apply of SQL without parameters';
-CREATE FUNCTION idem_try_apply_v(key text, consumer text, sql text,
-                                 VARIADIC params "any")
-RETURNS idem_outcome
-AS 'MODULE_PATHNAME', 'idem_try_apply_v'
-LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_try_apply_v(text, text, text, "any") IS
-    'idem_try_apply with parameter values of their own types';
-CREATE FUNCTION idem_try_apply_v(key text, consumer text, sql text)
-RETURNS idem_outcome
-AS 'MODULE_PATHNAME', 'idem_try_apply_v'
-LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_try_apply_v(text, text, text) IS
-    'idem_try_apply of SQL without parameters';
-REVOKE ALL ON FUNCTION idem_apply_v(text, text, text, "any") FROM PUBLIC;
-REVOKE ALL ON FUNCTION idem_apply_v(text, text, text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION idem_try_apply_v(text, text, text, "any") FROM PUBLIC;
-REVOKE ALL ON FUNCTION idem_try_apply_v(text, text, text) FROM PUBLIC;
-
+-- The parameters 1.2 adds:
+--  - expect_rows, the least number of rows the business SQL must affect
+--    (src/expect_rows.c): an UPDATE that matches no row succeeds, so a
+--    message delivered before the one that creates its row (an order-paid
+--    event before its order) would be recorded as applied with nothing
+--    changed.  Fewer rows raise IK002; NULL, the default, demands nothing.
+--    A dead letter keeps the demand, so that a replay demands the rows
+--    again.
+--  - route, last, where keys are routed (Citus, src/routed.c): the value
+--    of the distribution column of the business row the key protects, of
+--    that column's type or an untyped literal; NULL, the default, is a
+--    key without a route, which a database whose keys are routed refuses.
+--    Where keys are not routed a route is ignored, so that the same
+--    consumer runs on one server and on Citus.  It is "any" so that it
+--    takes the distribution column's own type; an untyped parameter ($n)
+--    cannot be "any", and a driver casts it ($8::bigint).
 --
--- The rows a message's business SQL must affect (src/expect_rows.c).
---
--- An UPDATE that matches no row succeeds, so a message delivered before
--- the one that creates its row (an order-paid event before its order)
--- would be recorded as applied with nothing changed, and its redeliveries
--- skipped.  idem_apply_rows and idem_try_apply_rows take expect_rows, the
--- least number of rows the SQL must affect (0, the default, demands
--- nothing), raise IK002 when it affects fewer, and return the rows it
--- affected.  They are functions of their own rather than overloads of
--- idem_apply and idem_try_apply: a driver that sends its parameters
--- untyped (node-postgres sends every $n as unknown) would find a call of
--- five or six arguments ambiguous between two functions with defaults.
--- A dead letter keeps the demand, so that a replay demands the rows
--- again; NULL is no demand.
+-- Values of other types than text go into params through their types'
+-- output functions: ARRAY[$4::text, $5::text] (docs/clients.md).
 --
 ALTER TABLE idem_consumer.dead_letters ADD COLUMN expect_rows bigint
     CHECK (expect_rows OPERATOR(pg_catalog.>) 0);
 COMMENT ON COLUMN idem_consumer.dead_letters.expect_rows IS
     'least number of rows the SQL must affect, NULL for no demand; a replay demands it again';
 
-CREATE FUNCTION idem_apply_rows(key text, consumer text, sql text,
-                                params text[] DEFAULT NULL,
-                                expect_rows bigint DEFAULT 0,
-                                event_time timestamptz DEFAULT NULL,
-                                fingerprint text DEFAULT NULL)
-RETURNS bigint
-AS 'MODULE_PATHNAME', 'idem_apply_rows'
+CREATE FUNCTION idem_apply(key text, consumer text, sql text,
+                           params text[] DEFAULT NULL,
+                           event_time timestamptz DEFAULT NULL,
+                           fingerprint text DEFAULT NULL,
+                           expect_rows bigint DEFAULT NULL,
+                           route "any" DEFAULT NULL)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_apply'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_apply_rows(text, text, text, text[], bigint, timestamptz, text) IS
-    'idem_apply demanding that sql affect at least expect_rows rows (IK002 if fewer); the rows it affected, NULL for a duplicate';
-REVOKE ALL ON FUNCTION idem_apply_rows(text, text, text, text[], bigint, timestamptz, text) FROM PUBLIC;
+COMMENT ON FUNCTION idem_apply(text, text, text, text[], timestamptz, text, bigint, "any") IS
+    'record (consumer, key) and run sql with params once; false for a duplicate';
+SELECT idem_consumer.replace_functions('idem_apply(text, text, text, text[], timestamptz, text, bigint, "any")',
+                                       'idem_apply(text, text, text, text[], timestamptz)',
+                                       'idem_apply(text, text, text, text[], timestamptz, text)');
 
-CREATE FUNCTION idem_try_apply_rows(key text, consumer text, sql text,
-                                    params text[] DEFAULT NULL,
-                                    expect_rows bigint DEFAULT 0,
-                                    event_time timestamptz DEFAULT NULL,
-                                    fingerprint text DEFAULT NULL,
-                                    OUT outcome idem_outcome, OUT rows bigint)
-RETURNS record
-AS 'MODULE_PATHNAME', 'idem_try_apply_rows'
+CREATE FUNCTION idem_try_apply(key text, consumer text, sql text,
+                               params text[] DEFAULT NULL,
+                               event_time timestamptz DEFAULT NULL,
+                               fingerprint text DEFAULT NULL,
+                               expect_rows bigint DEFAULT NULL,
+                               route "any" DEFAULT NULL)
+RETURNS idem_outcome
+AS 'MODULE_PATHNAME', 'idem_try_apply'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_try_apply_rows(text, text, text, text[], bigint, timestamptz, text) IS
-    'idem_try_apply demanding that sql affect at least expect_rows rows (IK002, transient by default); the outcome and the rows affected';
-REVOKE ALL ON FUNCTION idem_try_apply_rows(text, text, text, text[], bigint, timestamptz, text) FROM PUBLIC;
+COMMENT ON FUNCTION idem_try_apply(text, text, text, text[], timestamptz, text, bigint, "any") IS
+    'like idem_apply, but park the message in the dead-letter queue on a permanent error instead of raising';
+SELECT idem_consumer.replace_functions('idem_try_apply(text, text, text, text[], timestamptz, text, bigint, "any")',
+                                       'idem_try_apply(text, text, text, text[], timestamptz)',
+                                       'idem_try_apply(text, text, text, text[], timestamptz, text)');
 
--- The rows forms with parameter values of their own types, as
--- idem_apply_v is to idem_apply; expect_rows comes before the values,
--- which VARIADIC keeps last.
-CREATE FUNCTION idem_apply_rows_v(key text, consumer text, sql text,
-                                  expect_rows bigint, VARIADIC params "any")
-RETURNS bigint
-AS 'MODULE_PATHNAME', 'idem_apply_rows_v'
+-- VOLATILE, as 1.0's idem_is_processed should have been: it takes a new
+-- snapshot per call (under READ COMMITTED it sees keys committed since the
+-- calling statement began, and keys recorded earlier in that statement),
+-- and a planner that took it for STABLE could evaluate it once for many
+-- rows.
+CREATE FUNCTION idem_is_processed(key text, consumer text, route "any" DEFAULT NULL)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_is_processed'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_apply_rows_v(text, text, text, bigint, "any") IS
-    'idem_apply_rows with parameter values of their own types';
-CREATE FUNCTION idem_apply_rows_v(key text, consumer text, sql text,
-                                  expect_rows bigint)
-RETURNS bigint
-AS 'MODULE_PATHNAME', 'idem_apply_rows_v'
+COMMENT ON FUNCTION idem_is_processed(text, text, "any") IS
+    'whether (consumer, key) is recorded and visible to this transaction';
+SELECT idem_consumer.replace_functions('idem_is_processed(text, text, "any")',
+                                       'idem_is_processed(text, text)');
+
+CREATE FUNCTION idem_forget(key text, consumer text, route "any" DEFAULT NULL)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_forget'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_apply_rows_v(text, text, text, bigint) IS
-    'idem_apply_rows of SQL without parameters';
-CREATE FUNCTION idem_try_apply_rows_v(key text, consumer text, sql text,
-                                      expect_rows bigint, VARIADIC params "any",
-                                      OUT outcome idem_outcome, OUT rows bigint)
-RETURNS record
-AS 'MODULE_PATHNAME', 'idem_try_apply_rows_v'
+COMMENT ON FUNCTION idem_forget(text, text, "any") IS
+    'remove (consumer, key) so that the message is processed again; true if it was recorded';
+SELECT idem_consumer.replace_functions('idem_forget(text, text, "any")',
+                                       'idem_forget(text, text)');
+
+-- The batch of 1.1 with fingerprints, and routes aligned with the keys.
+-- The result gains route, the route of each key as text (NULL where keys
+-- are not routed): one key under two routes is two messages, and both
+-- may be new.  idem_record_batch(consumer, keys) of 1.0 stays as it is.
+CREATE FUNCTION idem_record_batch(consumer text, keys text[], fingerprints text[],
+                                  routes "any" DEFAULT NULL)
+RETURNS TABLE (key text, reused boolean, route text)
+AS 'MODULE_PATHNAME', 'idem_record_batch_fingerprinted'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 100;
+COMMENT ON FUNCTION idem_record_batch(text, text[], text[], "any") IS
+    'record every key of a batch with the fingerprint of its message, under its route where keys are routed; returns the new keys and the reused ones';
+SELECT idem_consumer.replace_functions('idem_record_batch(text, text[], text[], "any")',
+                                       'idem_record_batch(text, text[], text[])');
+
+-- The external effects of 1.1, with the route last.
+CREATE FUNCTION idem_effect_begin(consumer text, key text, request jsonb DEFAULT NULL,
+                                  lease interval DEFAULT '30 seconds',
+                                  route "any" DEFAULT NULL)
+RETURNS idem_effect
+AS 'MODULE_PATHNAME', 'idem_effect_begin'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_try_apply_rows_v(text, text, text, bigint, "any") IS
-    'idem_try_apply_rows with parameter values of their own types';
-CREATE FUNCTION idem_try_apply_rows_v(key text, consumer text, sql text,
-                                      expect_rows bigint,
-                                      OUT outcome idem_outcome, OUT rows bigint)
-RETURNS record
-AS 'MODULE_PATHNAME', 'idem_try_apply_rows_v'
+COMMENT ON FUNCTION idem_effect_begin(text, text, jsonb, interval, "any") IS
+    'claim an external effect before calling the provider; run it alone, outside a transaction block';
+SELECT idem_consumer.replace_functions('idem_effect_begin(text, text, jsonb, interval, "any")',
+                                       'idem_effect_begin(text, text, jsonb, interval)');
+
+CREATE FUNCTION idem_effect_complete(consumer text, key text, fence bigint, result jsonb,
+                                     sql text DEFAULT NULL, params text[] DEFAULT NULL,
+                                     route "any" DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_effect_complete'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_try_apply_rows_v(text, text, text, bigint) IS
-    'idem_try_apply_rows of SQL without parameters';
-REVOKE ALL ON FUNCTION idem_apply_rows_v(text, text, text, bigint, "any") FROM PUBLIC;
-REVOKE ALL ON FUNCTION idem_apply_rows_v(text, text, text, bigint) FROM PUBLIC;
-REVOKE ALL ON FUNCTION idem_try_apply_rows_v(text, text, text, bigint, "any") FROM PUBLIC;
-REVOKE ALL ON FUNCTION idem_try_apply_rows_v(text, text, text, bigint) FROM PUBLIC;
+COMMENT ON FUNCTION idem_effect_complete(text, text, bigint, jsonb, text, text[], "any") IS
+    'store the result of an effect (and run sql with params) in the business transaction; raises IE001 if fence is no longer current';
+SELECT idem_consumer.replace_functions('idem_effect_complete(text, text, bigint, jsonb, text, text[], "any")',
+                                       'idem_effect_complete(text, text, bigint, jsonb, text, text[])');
+
+CREATE FUNCTION idem_effect_fail(consumer text, key text, fence bigint, error text,
+                                 retryable boolean DEFAULT true,
+                                 route "any" DEFAULT NULL)
+RETURNS idem_effect_action
+AS 'MODULE_PATHNAME', 'idem_effect_fail'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_effect_fail(text, text, bigint, text, boolean, "any") IS
+    'record a failed attempt: wait (retry later with backoff) or dead (dead-letter queue)';
+SELECT idem_consumer.replace_functions('idem_effect_fail(text, text, bigint, text, boolean, "any")',
+                                       'idem_effect_fail(text, text, bigint, text, boolean)');
+
+CREATE FUNCTION idem_effect_heartbeat(consumer text, key text, fence bigint, extend interval,
+                                      route "any" DEFAULT NULL)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_effect_heartbeat'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_effect_heartbeat(text, text, bigint, interval, "any") IS
+    'extend a live lease to now() + extend; false when the caller has been fenced off';
+SELECT idem_consumer.replace_functions('idem_effect_heartbeat(text, text, bigint, interval, "any")',
+                                       'idem_effect_heartbeat(text, text, bigint, interval)');
+
+CREATE FUNCTION idem_effect_enqueue(consumer text, key text, request jsonb,
+                                    route "any" DEFAULT NULL)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_effect_enqueue'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_effect_enqueue(text, text, jsonb, "any") IS
+    'add an effect to the outbox in the business transaction; false if the key was enqueued before';
+SELECT idem_consumer.replace_functions('idem_effect_enqueue(text, text, jsonb, "any")',
+                                       'idem_effect_enqueue(text, text, jsonb)');
+
+-- A claim under one route; a NULL of the routes' type (route =>
+-- NULL::bigint) claims under every route.  The result gains route, each
+-- effect's route as text (NULL where keys are not routed and none was
+-- given).
+CREATE FUNCTION idem_effect_claim(consumer text, max_count integer DEFAULT 10,
+                                  lease interval DEFAULT '30 seconds',
+                                  route "any" DEFAULT NULL)
+RETURNS TABLE (key text, request jsonb, fence bigint, provider_key text,
+               attempt integer, outcome_unknown boolean, route text)
+AS 'MODULE_PATHNAME', 'idem_effect_claim'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 10;
+COMMENT ON FUNCTION idem_effect_claim(text, integer, interval, "any") IS
+    'lease up to max_count due outbox effects, oldest first, skipping those other dispatchers hold; of one route, or every route for a NULL of the routes'' type';
+SELECT idem_consumer.replace_functions('idem_effect_claim(text, integer, interval, "any")',
+                                       'idem_effect_claim(text, integer, interval)');
+
+-- The dead-letter entry of a routed message is named by its key,
+-- consumer and route: its table is distributed by route, and an id would
+-- be each node's own.  These are overloads of their own, with no default
+-- for the route: idem_dlq_replay(id bigint, route "any" DEFAULT NULL)
+-- would make an untyped call of idem_dlq_replay(consumer, max_count) of
+-- 1.0 "not unique".  Where keys are not routed they find the entry of
+-- the key in idem_dead_letters.
+CREATE FUNCTION idem_dlq_replay(key text, consumer text, route "any")
+RETURNS idem_outcome
+AS 'MODULE_PATHNAME', 'idem_dlq_replay_key'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_dlq_replay(text, text, "any") IS
+    'idem_dlq_replay for the pending entry of a key, named by its key, consumer and route';
+REVOKE ALL ON FUNCTION idem_dlq_replay(text, text, "any") FROM PUBLIC;
+
+CREATE FUNCTION idem_dlq_discard(key text, consumer text, reason text, route "any")
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_dlq_discard_key'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_dlq_discard(text, text, text, "any") IS
+    'idem_dlq_discard for the pending entry of a key, named by its key, consumer and route';
+REVOKE ALL ON FUNCTION idem_dlq_discard(text, text, text, "any") FROM PUBLIC;
+
+--
+-- The functions the views idem_stats and idem_stats_info read are the
+-- views' business, not the API: they move to the schema idem_consumer,
+-- where only its owner may name them.  The views follow them by OID.
+--
+ALTER FUNCTION idem_stats_internal() SET SCHEMA idem_consumer;
+ALTER FUNCTION idem_stats_internal_1_1() SET SCHEMA idem_consumer;
+ALTER FUNCTION idem_stats_info_internal() SET SCHEMA idem_consumer;
 
 -- the dead-letter view, read through its function as above, shows the demand
 CREATE FUNCTION idem_consumer.dead_letters_visible(
@@ -720,34 +887,6 @@ CREATE OR REPLACE VIEW idem_consumers AS
 -- column has the type of that table's distribution column, so the table
 -- exists only once that call has run.
 --
-CREATE FUNCTION idem_apply_routed(key text, consumer text, sql text, params text[],
-                                  route anyelement,
-                                  event_time timestamptz DEFAULT NULL,
-                                  fingerprint text DEFAULT NULL)
-RETURNS boolean
-AS 'MODULE_PATHNAME', 'idem_apply_routed'
-LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_apply_routed(text, text, text, text[], anyelement, timestamptz, text) IS
-    'idem_apply with the key stored beside the business row of route (Citus)';
-REVOKE ALL ON FUNCTION idem_apply_routed(text, text, text, text[], anyelement, timestamptz, text)
-    FROM PUBLIC;
-
-CREATE FUNCTION idem_is_processed_routed(key text, consumer text, route anyelement)
-RETURNS boolean
-AS 'MODULE_PATHNAME', 'idem_is_processed_routed'
-LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_is_processed_routed(text, text, anyelement) IS
-    'idem_is_processed for a key stored with its route';
-REVOKE ALL ON FUNCTION idem_is_processed_routed(text, text, anyelement) FROM PUBLIC;
-
-CREATE FUNCTION idem_forget_routed(key text, consumer text, route anyelement)
-RETURNS boolean
-AS 'MODULE_PATHNAME', 'idem_forget_routed'
-LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_forget_routed(text, text, anyelement) IS
-    'idem_forget for a key stored with its route';
-REVOKE ALL ON FUNCTION idem_forget_routed(text, text, anyelement) FROM PUBLIC;
-
 --
 -- The rows of the routed views below, of the consumers the current role
 -- may act on (src/visible_rows.c); an entry of a consumer this node does
@@ -776,7 +915,7 @@ COMMENT ON FUNCTION idem_consumer.routed_effects_visible() IS
 --    keys;
 --  - routed_dead_letters, the dead-letter queue of routed messages, keyed
 --    like the keys, so that an entry lives and moves with its key and the
---    business rows, and what idem_try_apply_routed parks, a replay applies
+--    business rows, and what idem_try_apply parks under a route, a replay applies
 --    and the purge expires commits or not with them on one node.  Its
 --    consumer is a name and its role a role name: ids and OIDs are each
 --    node's own;
@@ -924,133 +1063,6 @@ $$;
 COMMENT ON FUNCTION idem_consumer.routed_storage_create(regtype, regclass) IS
     'make the routed tables with the route of the given type, distributed colocated with the given table, or local without one';
 REVOKE ALL ON FUNCTION idem_consumer.routed_storage_create(regtype, regclass) FROM PUBLIC;
-
-CREATE FUNCTION idem_try_apply_routed(key text, consumer text, sql text, params text[],
-                                      route anyelement,
-                                      event_time timestamptz DEFAULT NULL,
-                                      fingerprint text DEFAULT NULL)
-RETURNS idem_outcome
-AS 'MODULE_PATHNAME', 'idem_try_apply_routed'
-LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_try_apply_routed(text, text, text, text[], anyelement, timestamptz, text) IS
-    'idem_try_apply with the key and a dead-letter entry stored beside the business row of route (Citus)';
-REVOKE ALL ON FUNCTION idem_try_apply_routed(text, text, text, text[], anyelement, timestamptz, text)
-    FROM PUBLIC;
-
-CREATE FUNCTION idem_apply_rows_routed(key text, consumer text, sql text, params text[],
-                                       route anyelement,
-                                       expect_rows bigint DEFAULT 0,
-                                       event_time timestamptz DEFAULT NULL,
-                                       fingerprint text DEFAULT NULL)
-RETURNS bigint
-AS 'MODULE_PATHNAME', 'idem_apply_rows_routed'
-LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_apply_rows_routed(text, text, text, text[], anyelement, bigint, timestamptz, text) IS
-    'idem_apply_rows with the key stored beside the business row of route (Citus)';
-REVOKE ALL ON FUNCTION idem_apply_rows_routed(text, text, text, text[], anyelement, bigint, timestamptz, text)
-    FROM PUBLIC;
-
-CREATE FUNCTION idem_try_apply_rows_routed(key text, consumer text, sql text, params text[],
-                                           route anyelement,
-                                           expect_rows bigint DEFAULT 0,
-                                           event_time timestamptz DEFAULT NULL,
-                                           fingerprint text DEFAULT NULL,
-                                           OUT outcome idem_outcome, OUT rows bigint)
-RETURNS record
-AS 'MODULE_PATHNAME', 'idem_try_apply_rows_routed'
-LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_try_apply_rows_routed(text, text, text, text[], anyelement, bigint, timestamptz, text) IS
-    'idem_try_apply_rows with the key and a dead-letter entry stored beside the business row of route (Citus)';
-REVOKE ALL ON FUNCTION idem_try_apply_rows_routed(text, text, text, text[], anyelement, bigint, timestamptz, text)
-    FROM PUBLIC;
-
-CREATE FUNCTION idem_record_batch_routed(consumer text, keys text[], routes anyarray)
-RETURNS TABLE (key text, route anyelement)
-AS 'MODULE_PATHNAME', 'idem_record_batch_routed'
-LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 100;
-COMMENT ON FUNCTION idem_record_batch_routed(text, text[], anyarray) IS
-    'idem_record_batch with each key stored under its route, the element of routes at its position (Citus); returns each new key with its route';
-REVOKE ALL ON FUNCTION idem_record_batch_routed(text, text[], anyarray) FROM PUBLIC;
-
-CREATE FUNCTION idem_dlq_replay_routed(key text, consumer text, route anyelement)
-RETURNS idem_outcome
-AS 'MODULE_PATHNAME', 'idem_dlq_replay_routed'
-LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_dlq_replay_routed(text, text, anyelement) IS
-    'idem_dlq_replay for the pending entry of a key stored with its route';
-REVOKE ALL ON FUNCTION idem_dlq_replay_routed(text, text, anyelement) FROM PUBLIC;
-
-CREATE FUNCTION idem_dlq_discard_routed(key text, consumer text, route anyelement, reason text)
-RETURNS void
-AS 'MODULE_PATHNAME', 'idem_dlq_discard_routed'
-LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_dlq_discard_routed(text, text, anyelement, text) IS
-    'idem_dlq_discard for the pending entry of a key stored with its route';
-REVOKE ALL ON FUNCTION idem_dlq_discard_routed(text, text, anyelement, text) FROM PUBLIC;
-
--- The external effects of 1.1 with a route, where keys are routed.  The
--- route goes after the arguments that have no default.
-CREATE FUNCTION idem_effect_begin_routed(consumer text, key text, route anyelement,
-                                         request jsonb DEFAULT NULL,
-                                         lease interval DEFAULT '30 seconds')
-RETURNS idem_effect
-AS 'MODULE_PATHNAME', 'idem_effect_begin_routed'
-LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_effect_begin_routed(text, text, anyelement, jsonb, interval) IS
-    'idem_effect_begin for an effect stored with its route (Citus)';
-REVOKE ALL ON FUNCTION idem_effect_begin_routed(text, text, anyelement, jsonb, interval)
-    FROM PUBLIC;
-
-CREATE FUNCTION idem_effect_complete_routed(consumer text, key text, fence bigint, result jsonb,
-                                            route anyelement, sql text DEFAULT NULL,
-                                            params text[] DEFAULT NULL)
-RETURNS void
-AS 'MODULE_PATHNAME', 'idem_effect_complete_routed'
-LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_effect_complete_routed(text, text, bigint, jsonb, anyelement, text, text[]) IS
-    'idem_effect_complete for an effect stored with its route (Citus)';
-REVOKE ALL ON FUNCTION idem_effect_complete_routed(text, text, bigint, jsonb, anyelement, text, text[])
-    FROM PUBLIC;
-
-CREATE FUNCTION idem_effect_fail_routed(consumer text, key text, fence bigint, error text,
-                                        route anyelement, retryable boolean DEFAULT true)
-RETURNS idem_effect_action
-AS 'MODULE_PATHNAME', 'idem_effect_fail_routed'
-LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_effect_fail_routed(text, text, bigint, text, anyelement, boolean) IS
-    'idem_effect_fail for an effect stored with its route (Citus)';
-REVOKE ALL ON FUNCTION idem_effect_fail_routed(text, text, bigint, text, anyelement, boolean)
-    FROM PUBLIC;
-
-CREATE FUNCTION idem_effect_heartbeat_routed(consumer text, key text, fence bigint,
-                                             extend interval, route anyelement)
-RETURNS boolean
-AS 'MODULE_PATHNAME', 'idem_effect_heartbeat_routed'
-LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_effect_heartbeat_routed(text, text, bigint, interval, anyelement) IS
-    'idem_effect_heartbeat for an effect stored with its route (Citus)';
-REVOKE ALL ON FUNCTION idem_effect_heartbeat_routed(text, text, bigint, interval, anyelement)
-    FROM PUBLIC;
-
-CREATE FUNCTION idem_effect_enqueue_routed(consumer text, key text, request jsonb,
-                                           route anyelement)
-RETURNS boolean
-AS 'MODULE_PATHNAME', 'idem_effect_enqueue_routed'
-LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_effect_enqueue_routed(text, text, jsonb, anyelement) IS
-    'idem_effect_enqueue for an effect stored with its route, beside the business rows (Citus)';
-REVOKE ALL ON FUNCTION idem_effect_enqueue_routed(text, text, jsonb, anyelement) FROM PUBLIC;
-
-CREATE FUNCTION idem_effect_claim_routed(consumer text, from_route anyelement,
-                                         max_count integer DEFAULT 10,
-                                         lease interval DEFAULT '30 seconds')
-RETURNS TABLE (key text, route anyelement, request jsonb, fence bigint, provider_key text,
-               attempt integer, outcome_unknown boolean)
-AS 'MODULE_PATHNAME', 'idem_effect_claim_routed'
-LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 10;
-COMMENT ON FUNCTION idem_effect_claim_routed(text, anyelement, integer, interval) IS
-    'idem_effect_claim of the effects of one route, or of every route for a NULL from_route of the routes'' type; returns each with its route';
-REVOKE ALL ON FUNCTION idem_effect_claim_routed(text, anyelement, integer, interval) FROM PUBLIC;
 
 CREATE FUNCTION idem_citus_distribute(colocate_with regclass)
 RETURNS regclass
@@ -1241,6 +1253,9 @@ COMMENT ON FUNCTION idem_citus_stats() IS
     'idem_stats summed over the nodes of a Citus cluster';
 REVOKE ALL ON FUNCTION idem_citus_stats() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idem_citus_stats() TO pg_monitor;
+
+-- the helper of the replaced functions, above
+DROP FUNCTION idem_consumer.replace_functions(regprocedure, regprocedure[]);
 
 --
 -- Last, the switch from processed_keys to the ring: processed_keys_1 is

@@ -19,7 +19,22 @@ export type ParamValue =
   | string | number | bigint | boolean | Date | Buffer | ArrayBufferView | ArrayBuffer
   | null | undefined | ParamValue[] | { toPostgres(): unknown } | { [key: string]: unknown };
 
-export interface Message {
+/**
+ * Where a message came from, for its OpenTelemetry span only (with
+ * @opentelemetry/api installed): never sent to the server.
+ */
+export interface TraceFields {
+  /** messaging.system, e.g. 'kafka', 'rabbitmq', 'aws_sqs'. */
+  system?: string;
+  /** messaging.destination.name: the topic or queue; names the span `process <destination>`. */
+  destination?: string;
+  /** messaging.destination.partition.id. */
+  partition?: string | number;
+  /** messaging.message.id: the broker's id of the message. */
+  messageId?: string;
+}
+
+export interface Message extends TraceFields {
   /** Business idempotency key, e.g. `order-paid:${eventId}`. */
   key: string;
   /** Consumer name; keys are deduplicated per consumer. */
@@ -32,8 +47,8 @@ export interface Message {
   /**
    * The least number of rows sql must affect (rows changed by INSERT,
    * UPDATE, DELETE, MERGE; rows returned by a SELECT); fewer raises IK002
-   * and records nothing. Calls idem_apply_rows / idem_try_apply_rows
-   * (extension 1.2). Leave it out for no demand; null is refused.
+   * and records nothing. Passed as idem_apply's expect_rows (extension
+   * 1.2). Leave it out for no demand; null is refused.
    */
   expectRows?: number | bigint;
   /**
@@ -67,28 +82,8 @@ export type Outcome = 'applied' | 'duplicate' | 'dead_lettered';
  */
 export function apply(db: Queryable, message: Message, options?: RetryOptions): Promise<boolean>;
 
-/**
- * apply through idem_apply_rows (extension 1.2): the rows the SQL affected,
- * or null for a duplicate (nothing ran). message.expectRows defaults to 0.
- */
-export function applyRows(db: Queryable, message: Message, options?: RetryOptions): Promise<number | null>;
-
 /** Like apply, but a permanent error of the SQL parks the message in the dead-letter queue. */
 export function tryApply(db: Queryable, message: Message, options?: RetryOptions): Promise<Outcome>;
-
-/** What tryApplyRows resolves to. */
-export interface TryApplyResult {
-  outcome: Outcome;
-  /** The rows the SQL affected when outcome is 'applied'; null otherwise. */
-  rows: number | null;
-}
-
-/**
- * tryApply through idem_try_apply_rows (extension 1.2). IK002 (too few
- * rows) is transient by default: the promise rejects with it and nothing
- * is recorded.
- */
-export function tryApplyRows(db: Queryable, message: Message, options?: RetryOptions): Promise<TryApplyResult>;
 
 /**
  * One consumer's counters (view idem_stats), decoded whatever type parsers
@@ -127,7 +122,7 @@ export function stats(db: Queryable, consumer?: undefined, options?: RetryOption
 /** One consumer's counters, or null if it has none (not counted yet, or untracked). */
 export function stats(db: Queryable, consumer: string, options?: RetryOptions): Promise<ConsumerStats | null>;
 
-export interface Batch<M> {
+export interface Batch<M> extends TraceFields {
   consumer: string;
   messages: M[];
   /** The message's idempotency key. */
@@ -204,7 +199,7 @@ export interface Effect<R = unknown> {
   lastError: string | null;
 }
 
-export interface EffectKey {
+export interface EffectKey extends TraceFields {
   consumer: string;
   /** The effect's key, e.g. `charge:${event.id}` (keep it apart from message keys). */
   key: string;

@@ -3,8 +3,9 @@
 // or Pool (pg is a peer dependency).
 'use strict';
 
-const { apply, applyRows, tryApply, tryApplyRows, recordBatch, batchParams } = require('./lib/apply');
+const { apply, tryApply, recordBatch, batchParams } = require('./lib/apply');
 const { stats } = require('./lib/stats');
+const { traced } = require('./lib/trace');
 const { transaction, isRetryable } = require('./lib/retry');
 const { toText, paramsText, ParamError } = require('./lib/params');
 const {
@@ -12,25 +13,27 @@ const {
   FencedOffError,
 } = require('./lib/effects');
 
+// the outcome a span records, from what each call resolves to
+const applied = (result) => (result ? 'applied' : 'duplicate');
+const action = (result) => (result && typeof result === 'object' ? result.action : result);
+
 module.exports = {
-  apply,
-  applyRows,
-  tryApply,
-  tryApplyRows,
-  recordBatch,
+  apply: traced('idem_apply', apply, applied),
+  tryApply: traced('idem_try_apply', tryApply, (outcome) => outcome),
+  recordBatch: traced('idem_record_batch', recordBatch),
   batchParams,
   transaction,
   isRetryable,
   toText,
   paramsText,
   ParamError,
-  beginEffect,
-  completeEffect,
-  failEffect,
+  beginEffect: traced('idem_effect_begin', beginEffect, action),
+  completeEffect: traced('idem_effect_complete', completeEffect),
+  failEffect: traced('idem_effect_fail', failEffect, action),
   heartbeatEffect,
-  enqueueEffect,
+  enqueueEffect: traced('idem_effect_enqueue', enqueueEffect, (enqueued) => (enqueued ? 'enqueued' : 'duplicate')),
   claimEffects,
-  withEffect,
+  withEffect: traced('idem_effect', withEffect, action),
   FencedOffError,
   stats,
 };

@@ -24,10 +24,10 @@ CREATE ROLE cr_team;
 CREATE ROLE cr_creator;
 CREATE ROLE cr_creator_member IN ROLE cr_creator;
 GRANT cr_team, cr_creator TO cr_pooler;
-GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz),
-                          idem_try_apply(text, text, text, text[], timestamptz),
+GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
+                          idem_try_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
                           idem_record_batch(text, text[]),
-                          idem_effect_enqueue(text, text, jsonb)
+                          idem_effect_enqueue(text, text, jsonb, "any")
     TO cr_pooler, cr_team, cr_creator;
 GRANT EXECUTE ON FUNCTION idem_consumer_create(text, regrole) TO cr_creator;
 -- the per-role switch of 1.1: it follows the login, not SET ROLE

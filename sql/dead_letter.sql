@@ -367,7 +367,7 @@ CREATE TABLE inventory (sku text PRIMARY KEY, qty int NOT NULL CHECK (qty >= 0))
 INSERT INTO inventory VALUES ('a', 0);
 GRANT SELECT, UPDATE ON inventory TO dlq_app;
 -- the consumer role, which creates its consumer by using it
-GRANT EXECUTE ON FUNCTION idem_try_apply(text, text, text, text[], timestamptz),
+GRANT EXECUTE ON FUNCTION idem_try_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
                           idem_consumer_create(text, regrole) TO dlq_app;
 -- the documented operator grants
 GRANT EXECUTE ON FUNCTION idem_dlq_replay(bigint), idem_dlq_replay(text, integer),
@@ -389,7 +389,7 @@ SELECT dlq_error($$SELECT idem_try_apply('p-3', 'inventory', 'select 1')$$);
 RESET ROLE;
 -- with EXECUTE and SELECT, a role that is no member of the owner is
 -- refused the consumer and sees none of its entries
-GRANT EXECUTE ON FUNCTION idem_try_apply(text, text, text, text[], timestamptz),
+GRANT EXECUTE ON FUNCTION idem_try_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
                           idem_dlq_replay(bigint), idem_dlq_discard(bigint, text) TO dlq_outsider;
 GRANT SELECT ON idem_dead_letters TO dlq_outsider;
 SET ROLE dlq_outsider;

@@ -8,6 +8,8 @@
 -- and an applied redelivery of a discarded message still answered
 -- dead_lettered.)  A pending entry keeps its key, as before.
 --
+-- keys purged one by one (by whole generations, the default: key_generation_retention)
+SET idem_consumer.key_generation_interval = 0;
 CREATE TABLE ex_stock (id int PRIMARY KEY, qty int NOT NULL CHECK (qty >= 0));
 INSERT INTO ex_stock VALUES (1, 0);
 -- ages every key of a consumer by 30 days, past the 7-day default window

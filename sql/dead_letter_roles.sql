@@ -24,7 +24,7 @@ CREATE SCHEMA idem_dlr_app AUTHORIZATION idem_dlr_app;
 GRANT USAGE, CREATE ON SCHEMA public TO idem_dlr_app;
 CREATE TABLE dlr_ledger (id int PRIMARY KEY, n int NOT NULL);
 INSERT INTO dlr_ledger VALUES (1, 0);
-GRANT EXECUTE ON FUNCTION idem_try_apply(text, text, text, text[], timestamptz) TO idem_dlr_app;
+GRANT EXECUTE ON FUNCTION idem_try_apply(text, text, text, text[], timestamptz, text, bigint, "any") TO idem_dlr_app;
 GRANT EXECUTE ON FUNCTION idem_dlq_replay(bigint), idem_dlq_replay(text, integer)
     TO idem_dlr_ops, idem_dlr_other;
 GRANT SELECT ON idem_dead_letters TO idem_dlr_ops, idem_dlr_other;
@@ -101,7 +101,7 @@ SELECT count(*) AS temp_tables FROM pg_class WHERE relname = 'dlr_trap';
 
 -- an entry whose role was dropped is not replayed by anyone
 CREATE ROLE idem_dlr_gone IN ROLE idem_dlr_team;
-GRANT EXECUTE ON FUNCTION idem_try_apply(text, text, text, text[], timestamptz) TO idem_dlr_gone;
+GRANT EXECUTE ON FUNCTION idem_try_apply(text, text, text, text[], timestamptz, text, bigint, "any") TO idem_dlr_gone;
 SET ROLE idem_dlr_gone;
 SELECT idem_try_apply('r-5', 'dlr', 'select 1 / 0');
 RESET ROLE;

@@ -285,8 +285,8 @@ SELECT effect_error($$SELECT * FROM idem_consumer.effects$$);
 RESET ROLE;
 -- a consumer role with EXECUTE works without any table privilege
 CREATE ROLE effects_app;
-GRANT EXECUTE ON FUNCTION idem_effect_begin(text, text, jsonb, interval),
-                          idem_effect_complete(text, text, bigint, jsonb, text, text[]),
+GRANT EXECUTE ON FUNCTION idem_effect_begin(text, text, jsonb, interval, "any"),
+                          idem_effect_complete(text, text, bigint, jsonb, text, text[], "any"),
                           idem_consumer_create(text, regrole) TO effects_app;
 GRANT USAGE ON SCHEMA public TO effects_app;
 SET ROLE effects_app;
@@ -297,8 +297,8 @@ SELECT idem_effect_complete('app', 'x', 1, '{"ok": true}');
 RESET ROLE;
 SELECT state, result FROM idem_effects WHERE consumer = 'app';
 REVOKE ALL ON SCHEMA public FROM effects_app;
-REVOKE ALL ON FUNCTION idem_effect_begin(text, text, jsonb, interval),
-                       idem_effect_complete(text, text, bigint, jsonb, text, text[]),
+REVOKE ALL ON FUNCTION idem_effect_begin(text, text, jsonb, interval, "any"),
+                       idem_effect_complete(text, text, bigint, jsonb, text, text[], "any"),
                        idem_consumer_create(text, regrole) FROM effects_app;
 DROP ROLE effects_nobody, effects_app;
 

@@ -104,7 +104,12 @@ SELECT action FROM idem_effect_begin('hp', 'e1', '{"n": 1}');
 SELECT idem_effect_complete('hp', 'e1', 1, '{"ok": true}');
 SELECT idem_effect_enqueue('hp', 'e2', '{"n": 2}');
 SELECT key FROM idem_effect_claim('hp');
+SET idem_consumer.key_generation_interval = 0;   -- the purge key by key
 SELECT idem_purge('hp_other') AS purged;
+RESET idem_consumer.key_generation_interval;
+-- by generations, the purge of every consumer drops the expired
+-- generation as retire does; retire then finds nothing left to drop
+SELECT idem_purge() AS purged_by_generation;
 SELECT idem_key_generation_retire() AS retired;
 -- the next call truncates what the first one dropped
 SELECT idem_key_generation_retire() AS retired_again;

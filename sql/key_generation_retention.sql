@@ -148,13 +148,14 @@ SELECT idem_key_generation_retire() AS dropped;
 SELECT * FROM generations;
 SELECT count(*) AS entries_left FROM idem_dead_letters WHERE key = 'bad-1';
 
--- with key_generation_interval set, the purge deletes no key of the ring:
--- keys expire by generation
+-- by default (and with key_generation_interval set) keys expire by
+-- generation: the purge of a consumer deletes no key of the ring one by
+-- one; with key_generation_interval = 0 it does
 SELECT age_all(30);
-SET idem_consumer.key_generation_interval = '1h';
-SELECT idem_purge() AS purged_by_generation;
-RESET idem_consumer.key_generation_interval;
+SELECT idem_purge('weekly') AS purged_by_generation;
+SET idem_consumer.key_generation_interval = 0;
 SELECT idem_purge() > 0 AS purged_key_by_key;
+RESET idem_consumer.key_generation_interval;
 
 -- once every sealed generation is dropped, the next build empties the
 -- filter of all of them: no page of dropped keys stays behind
@@ -201,6 +202,47 @@ SELECT count(*) FILTER (WHERE key LIKE 'd-new-%') AS live_carried,
 SELECT key, status FROM idem_dead_letters WHERE consumer = 'daily' ORDER BY key;
 SELECT deliver('daily', 'd-new-', 5) AS daily_new_again,
        deliver('daily', 'd-old-', 5) AS daily_old_expired;
+
+-- the purge of every consumer drops the expired generations too, as
+-- idem_key_generation_retire() does, so that idem_purge() alone, on a
+-- schedule, keeps the key store bounded; still nothing key by key
+SELECT idem_key_generation_switch() AS opened;
+SELECT age_all(400);
+SELECT activity('t11') AS active;
+SELECT count(*) AS sealed_before FROM idem_key_generations WHERE state = 'sealed';
+SELECT count(*) AS short_keys_before FROM idem_consumer.processed_keys_11
+ WHERE consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'short');
+SELECT idem_purge() AS purged_key_by_key;
+SELECT count(*) AS sealed_after FROM idem_key_generations WHERE state = 'sealed';
+-- emptied whole, at the next call, not key by key
+SELECT count(*) AS short_keys_after FROM idem_consumer.processed_keys_11
+ WHERE consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'short');
+SELECT idem_purge() AS purged_again;
+SELECT pg_relation_size('idem_consumer.processed_keys_11') AS keys_11_bytes;
+
+-- the interval the worker switches at, by default derived from the
+-- windows: a fourteenth of the longest finite one (here the default 7
+-- days), at least a minute, at most a day
+CREATE FUNCTION switch_interval() RETURNS numeric LANGUAGE sql AS $$
+    SELECT (regexp_match(idem_metrics(),
+            'idem_key_generation_interval_seconds\{[^}]*\} ([0-9.]+)'))[1]::numeric
+$$;
+SELECT switch_interval() AS derived;
+SELECT idem_set_retention('weekly', '60 days');
+SELECT switch_interval() AS at_most_a_day;
+SET idem_consumer.retention = -1;
+SELECT idem_set_retention(c, '10 minutes')
+  FROM unnest(ARRAY['short', 'weekly', 'idle', 'daily', 'forever']) AS c;
+SELECT switch_interval() AS at_least_a_minute;
+SELECT idem_set_retention('forever', '28 minutes');
+SELECT switch_interval() AS fourteenth;
+SELECT idem_set_retention(c, NULL)
+  FROM unnest(ARRAY['short', 'weekly', 'idle', 'daily', 'forever']) AS c;
+SELECT switch_interval() AS every_key_forever;
+RESET idem_consumer.retention;
+SET idem_consumer.key_generation_interval = '2h';
+SELECT switch_interval() AS set;
+RESET idem_consumer.key_generation_interval;
 
 -- who may drop: not PUBLIC
 CREATE ROLE retire_tenant;

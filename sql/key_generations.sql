@@ -95,11 +95,14 @@ END
 $$;
 SET client_min_messages = warning;
 
--- retention removes expired keys from sealed generations too
+-- purged one by one (key_generation_interval = 0), retention removes
+-- expired keys from sealed generations too
 UPDATE idem_consumer.processed_keys_1 SET processed_at = processed_at - 30 * 86400;
 UPDATE idem_consumer.key_collisions_1 SET processed_at = processed_at - 30 * 86400;
 SELECT idem_set_retention('gen', '7 days');
+SET idem_consumer.key_generation_interval = 0;
 SELECT idem_purge('gen') > 0 AS purged;
+RESET idem_consumer.key_generation_interval;
 SELECT generation, count(*) AS keys FROM gen_keys GROUP BY 1 ORDER BY 1;
 SELECT deliver('a-', 1000) AS a_again;
 
@@ -108,6 +111,12 @@ SELECT deliver('a-', 1000) AS a_again;
 -- generations' indexes but for about 1% of them
 SELECT idem_key_generation_build_filters() AS built;
 SELECT generation, state, filtered FROM idem_key_generations ORDER BY epoch;
+-- idem_metrics() gives their bytes: the pages of each sealed generation's
+-- filter and of the filter of all of them
+SELECT substring(idem_metrics() from E'\nidem_key_filter_bytes\\{database="idem_generations"\\} (\\d+)\n')::bigint
+       = 8192 * ((SELECT sum(filter_chunks) FROM idem_consumer.key_generations)
+                 + (SELECT chunks FROM idem_consumer_local.key_filter_all)) AS filter_bytes_exact,
+       (SELECT sum(filter_chunks) FROM idem_consumer.key_generations) > 0 AS has_chunks;
 SELECT count(*) FILTER (WHERE k.collision) > 0 AS has_collisions
   FROM gen_keys AS k WHERE k.generation = 2;
 SELECT deliver('a-', 1000) AS a_again, deliver('b-', 1000) AS b_again, deliver('c-', 1000) AS c_again;

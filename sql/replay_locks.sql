@@ -6,7 +6,7 @@
 -- operator's transaction, as every lock of it does.
 --
 CREATE ROLE rl_team;
-GRANT EXECUTE ON FUNCTION idem_try_apply(text, text, text, text[], timestamptz) TO rl_team;
+GRANT EXECUTE ON FUNCTION idem_try_apply(text, text, text, text[], timestamptz, text, bigint, "any") TO rl_team;
 SELECT idem_consumer_create('rl', 'rl_team');
 -- a transient error, raised by the business SQL
 CREATE FUNCTION rl_transient() RETURNS int LANGUAGE plpgsql AS $$

@@ -3,6 +3,8 @@
 -- counted back from that consumer's latest activity (its newest key), not
 -- from the wall clock.  idem_purge() removes expired keys.
 --
+-- keys purged one by one (by whole generations, the default: key_generation_retention)
+SET idem_consumer.key_generation_interval = 0;
 -- store_key() writes a key straight into the storage, as if it had been
 -- recorded "age" ago; keys_of() lists what a consumer has left.
 CREATE FUNCTION store_key(consumer text, key text, age interval) RETURNS void

@@ -9,6 +9,8 @@ SELECT current_database() AS regression_db \gset
 CREATE DATABASE idem_retention_chunks;
 \c idem_retention_chunks
 SET client_min_messages = warning;
+-- keys purged one by one (by whole generations, the default: key_generation_retention)
+SET idem_consumer.key_generation_interval = 0;
 CREATE EXTENSION idem_consumer;
 INSERT INTO idem_consumer.consumers (name) VALUES ('chunks'), ('other');
 -- store_keys(consumer, prefix, n, age): n keys recorded age ago (but for

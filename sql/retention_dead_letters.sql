@@ -3,6 +3,8 @@
 -- dead-letter queue (an entry with status 'pending'): an operator may still
 -- replay it.  Resolved entries do not hold their keys.
 --
+-- keys purged one by one (by whole generations, the default: key_generation_retention)
+SET idem_consumer.key_generation_interval = 0;
 
 -- dl_store_key() writes a key as if it had been recorded "age" ago; into
 -- key_collisions_1 when collision is true (the current generation).

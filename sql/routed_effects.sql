@@ -1,11 +1,11 @@
 --
 -- Routed external effects (src/effects_api.c, src/effects_store.c):
--- idem_effect_begin_routed, _complete_routed, _fail_routed,
--- _heartbeat_routed, _enqueue_routed and _claim_routed keep an effect
--- under its route in idem_consumer.routed_effects, beside the business
--- rows of the route; a dead one is parked in routed_dead_letters (kind
--- effect) and re-armed by idem_dlq_replay_routed.  Without routed keys the
--- route is not needed and they are the effect functions of 1.1.  On one
+-- idem_effect_begin, _complete, _fail, _heartbeat, _enqueue and _claim
+-- with a route keep an effect under it in idem_consumer.routed_effects,
+-- beside the business rows of the route; a dead one is parked in
+-- routed_dead_letters (kind effect) and re-armed by idem_dlq_replay by
+-- key and route.  Without routed keys the route is not needed and
+-- ignored.  On one
 -- server without Citus, as in routed_keys.  In a database of its own.
 --
 SELECT current_database() AS regression_db \gset
@@ -26,12 +26,12 @@ END
 $$;
 
 -- without routed keys: the effects of 1.1, the route not needed
-SELECT action, fence FROM idem_effect_begin_routed('shop', 'u-1', route => 7::bigint);
-SELECT idem_effect_complete_routed('shop', 'u-1', 1, '{"id": "ch_u1"}', route => 7::bigint);
+SELECT action, fence FROM idem_effect_begin('shop', 'u-1', route => 7::bigint);
+SELECT idem_effect_complete('shop', 'u-1', 1, '{"id": "ch_u1"}', route => 7::bigint);
 SELECT action, result FROM idem_effect_begin('shop', 'u-1');
-SELECT idem_effect_enqueue_routed('shop', 'u-2', '{"to": "a"}', route => 7::bigint);
-SELECT key, route, fence FROM idem_effect_claim_routed('shop', 7::bigint);
-SELECT key, route, fence FROM idem_effect_claim_routed('shop', NULL::bigint);
+SELECT idem_effect_enqueue('shop', 'u-2', '{"to": "a"}', route => 7::bigint);
+SELECT key, route, fence FROM idem_effect_claim('shop', route => 7::bigint);
+SELECT key, route, fence FROM idem_effect_claim('shop', route => NULL::bigint);
 SELECT consumer, key, state FROM idem_effects ORDER BY key;
 DELETE FROM idem_consumer.effects;
 
@@ -51,51 +51,51 @@ SELECT count(*) AS unrouted_effects FROM idem_consumer.effects;
 -- busy, complete stores the result and runs the business SQL, a later
 -- begin replays the result
 SELECT action, fence, attempt, outcome_unknown
-  FROM idem_effect_begin_routed('shop', 'r-1', route => 7::bigint, request => '{"amount": 5}');
+  FROM idem_effect_begin('shop', 'r-1', route => 7::bigint, request => '{"amount": 5}');
 SELECT action, fence, retry_at IS NOT NULL AS has_retry_at
-  FROM idem_effect_begin_routed('shop', 'r-1', route => 7::bigint, request => '{"amount": 5}');
-SELECT idem_effect_complete_routed('shop', 'r-1', 1, '{"id": "ch_1"}', route => 7::bigint,
+  FROM idem_effect_begin('shop', 'r-1', route => 7::bigint, request => '{"amount": 5}');
+SELECT idem_effect_complete('shop', 'r-1', 1, '{"id": "ch_1"}', route => 7::bigint,
                                    sql => :'charge', params => ARRAY['7', 'ch_1']);
 SELECT action, fence, result
-  FROM idem_effect_begin_routed('shop', 'r-1', route => 7::bigint, request => '{"amount": 5}');
+  FROM idem_effect_begin('shop', 'r-1', route => 7::bigint, request => '{"amount": 5}');
 SELECT order_id, charge FROM charges;
 -- a different request under the same key and route
-SELECT action FROM idem_effect_begin_routed('shop', 'r-1', route => 7::bigint, request => '{"amount": 6}');
+SELECT action FROM idem_effect_begin('shop', 'r-1', route => 7::bigint, request => '{"amount": 6}');
 -- the same key under another route is another effect
-SELECT action, fence FROM idem_effect_begin_routed('shop', 'r-1', route => 8::bigint, request => '{"amount": 6}');
+SELECT action, fence FROM idem_effect_begin('shop', 'r-1', route => 8::bigint, request => '{"amount": 6}');
 -- a route of a type assignable to the routes' is taken; others are refused
-SELECT action FROM idem_effect_begin_routed('shop', 'r-2', route => 9);
-SELECT idem_effect_begin_routed('shop', 'r-3', route => 'x'::text);
-SELECT idem_effect_begin_routed('shop', 'r-3', route => NULL::bigint);
+SELECT action FROM idem_effect_begin('shop', 'r-2', route => 9);
+SELECT idem_effect_begin('shop', 'r-3', route => 'x'::text);
+SELECT idem_effect_begin('shop', 'r-3', route => NULL::bigint);
 SELECT route, consumer, key, state, fence, attempts, result, request
   FROM idem_routed_effects ORDER BY route, key;
 SELECT count(*) AS unrouted_effects FROM idem_consumer.effects;
 
 -- a lease that expired: the next begin takes the effect over with
 -- outcome_unknown, and the first holder is fenced off
-SELECT action, fence FROM idem_effect_begin_routed('shop', 'r-4', route => 7::bigint, lease => '1 millisecond');
+SELECT action, fence FROM idem_effect_begin('shop', 'r-4', route => 7::bigint, lease => '1 millisecond');
 SELECT pg_sleep(0.01);
 SELECT action, fence, attempt, outcome_unknown
-  FROM idem_effect_begin_routed('shop', 'r-4', route => 7::bigint);
-SELECT idem_effect_heartbeat_routed('shop', 'r-4', 1, '1 minute', route => 7::bigint) AS old_holder,
-       idem_effect_heartbeat_routed('shop', 'r-4', 2, '1 minute', route => 7::bigint) AS new_holder;
-SELECT idem_effect_complete_routed('shop', 'r-4', 1, '{}', route => 7::bigint,
+  FROM idem_effect_begin('shop', 'r-4', route => 7::bigint);
+SELECT idem_effect_heartbeat('shop', 'r-4', 1, '1 minute', route => 7::bigint) AS old_holder,
+       idem_effect_heartbeat('shop', 'r-4', 2, '1 minute', route => 7::bigint) AS new_holder;
+SELECT idem_effect_complete('shop', 'r-4', 1, '{}', route => 7::bigint,
                                    sql => :'charge', params => ARRAY['7', 'fenced off']);
-SELECT idem_effect_complete_routed('shop', 'r-4', 3, '{}', route => 7::bigint);
-SELECT idem_effect_complete_routed('shop', 'r-4', 2, '{"id": "ch_4"}', route => 8::bigint);
-SELECT idem_effect_complete_routed('shop', 'r-4', 2, '{"id": "ch_4"}', route => 7::bigint,
+SELECT idem_effect_complete('shop', 'r-4', 3, '{}', route => 7::bigint);
+SELECT idem_effect_complete('shop', 'r-4', 2, '{"id": "ch_4"}', route => 8::bigint);
+SELECT idem_effect_complete('shop', 'r-4', 2, '{"id": "ch_4"}', route => 7::bigint,
                                    sql => :'charge', params => ARRAY['7', 'ch_4']);
 SELECT order_id, charge FROM charges ORDER BY charge;
 
 -- failures: retried with backoff, then dead and parked under the route
 SELECT idem_set_effect_policy('shop', 2, '1 hour', '1 hour');
-SELECT action, fence FROM idem_effect_begin_routed('shop', 'r-5', route => 7::bigint);
-SELECT idem_effect_fail_routed('shop', 'r-5', 1, 'timeout', route => 7::bigint) AS first_failure;
-SELECT action, last_error FROM idem_effect_begin_routed('shop', 'r-5', route => 7::bigint);
+SELECT action, fence FROM idem_effect_begin('shop', 'r-5', route => 7::bigint);
+SELECT idem_effect_fail('shop', 'r-5', 1, 'timeout', route => 7::bigint) AS first_failure;
+SELECT action, last_error FROM idem_effect_begin('shop', 'r-5', route => 7::bigint);
 UPDATE idem_consumer.routed_effects SET retry_at = now() WHERE key = 'r-5';
-SELECT action, fence, attempt FROM idem_effect_begin_routed('shop', 'r-5', route => 7::bigint);
-SELECT idem_effect_fail_routed('shop', 'r-5', 2, 'timeout again', route => 7::bigint) AS second_failure;
-SELECT action, last_error FROM idem_effect_begin_routed('shop', 'r-5', route => 7::bigint);
+SELECT action, fence, attempt FROM idem_effect_begin('shop', 'r-5', route => 7::bigint);
+SELECT idem_effect_fail('shop', 'r-5', 2, 'timeout again', route => 7::bigint) AS second_failure;
+SELECT action, last_error FROM idem_effect_begin('shop', 'r-5', route => 7::bigint);
 SELECT route, consumer, key, kind, status, sqlstate, message, detail, sql,
        dead_lettered_by = current_user AS by_me
   FROM idem_routed_dead_letters;
@@ -103,54 +103,54 @@ SELECT consumer, effects_dead FROM idem_stats WHERE consumer = 'shop';
 -- a message that fails under the key of a parked effect finds the key's
 -- entry taken; an effect that dies under the key of a parked message
 -- cannot be parked
-SELECT action FROM idem_effect_begin_routed('shop', 'r-6', route => 7::bigint);
-SELECT idem_try_apply_routed('r-6', 'shop', 'select 1 / 0', NULL, route => 7::bigint) AS message_parked;
-SELECT idem_effect_fail_routed('shop', 'r-6', 1, 'declined', route => 7::bigint, retryable => false);
+SELECT action FROM idem_effect_begin('shop', 'r-6', route => 7::bigint);
+SELECT idem_try_apply('r-6', 'shop', 'select 1 / 0', NULL, route => 7::bigint) AS message_parked;
+SELECT idem_effect_fail('shop', 'r-6', 1, 'declined', route => 7::bigint, retryable => false);
 SELECT state FROM idem_routed_effects WHERE key = 'r-6';
 -- forgetting a message's key leaves an effect's entry alone
-SELECT idem_dlq_discard_routed('r-6', 'shop', 7::bigint, 'test');
-SELECT idem_forget_routed('r-6', 'shop', 7::bigint);
+SELECT idem_dlq_discard('r-6', 'shop', 'test', 7::bigint);
+SELECT idem_forget('r-6', 'shop', 7::bigint);
 SELECT key, kind, status FROM idem_routed_dead_letters ORDER BY key;
 -- the replay of the effect's entry re-arms it: due now, attempts from zero
-SELECT idem_dlq_replay_routed('r-5', 'shop', 7::bigint);
+SELECT idem_dlq_replay('r-5', 'shop', 7::bigint);
 SELECT key, state, attempts, retry_at <= now() AS due FROM idem_routed_effects WHERE key = 'r-5';
 SELECT key, kind, status FROM idem_routed_dead_letters WHERE key = 'r-5';
-SELECT action, fence, attempt FROM idem_effect_begin_routed('shop', 'r-5', route => 7::bigint);
-SELECT idem_dlq_replay_routed('r-5', 'shop', 7::bigint);
+SELECT action, fence, attempt FROM idem_effect_begin('shop', 'r-5', route => 7::bigint);
+SELECT idem_dlq_replay('r-5', 'shop', 7::bigint);
 -- dead again and discarded: the effect stays dead
-SELECT idem_effect_fail_routed('shop', 'r-5', 3, 'declined', route => 7::bigint, retryable => false);
-SELECT idem_dlq_discard_routed('r-5', 'shop', 7::bigint, 'refunded by hand');
+SELECT idem_effect_fail('shop', 'r-5', 3, 'declined', route => 7::bigint, retryable => false);
+SELECT idem_dlq_discard('r-5', 'shop', 'refunded by hand', 7::bigint);
 SELECT key, status, attempts, discard_reason FROM idem_routed_dead_letters WHERE key = 'r-5';
-SELECT action FROM idem_effect_begin_routed('shop', 'r-5', route => 7::bigint);
+SELECT action FROM idem_effect_begin('shop', 'r-5', route => 7::bigint);
 -- an entry whose effect was re-armed by hand is not replayed twice
-SELECT action FROM idem_effect_begin_routed('shop', 'r-7', route => 7::bigint);
-SELECT idem_effect_fail_routed('shop', 'r-7', 1, 'declined', route => 7::bigint, retryable => false);
+SELECT action FROM idem_effect_begin('shop', 'r-7', route => 7::bigint);
+SELECT idem_effect_fail('shop', 'r-7', 1, 'declined', route => 7::bigint, retryable => false);
 UPDATE idem_consumer.routed_effects SET state = 'waiting', retry_at = now() WHERE key = 'r-7';
-SELECT idem_dlq_replay_routed('r-7', 'shop', 7::bigint);
-SELECT idem_dlq_discard_routed('r-7', 'shop', 7::bigint, 're-armed by hand');
+SELECT idem_dlq_replay('r-7', 'shop', 7::bigint);
+SELECT idem_dlq_discard('r-7', 'shop', 're-armed by hand', 7::bigint);
 
 -- the outbox: an effect enqueued in a business transaction exists if and
 -- only if it commits
 BEGIN;
-SELECT idem_effect_enqueue_routed('mail', 'm-1', '{"to": "a"}', route => 7::bigint);
+SELECT idem_effect_enqueue('mail', 'm-1', '{"to": "a"}', route => 7::bigint);
 ROLLBACK;
 BEGIN;
-SELECT idem_effect_enqueue_routed('mail', 'm-1', '{"to": "a"}', route => 7::bigint) AS m1,
-       idem_effect_enqueue_routed('mail', 'm-2', '{"to": "b"}', route => 8::bigint) AS m2,
-       idem_effect_enqueue_routed('mail', 'm-3', '{"to": "c"}', route => 8::bigint) AS m3,
-       idem_effect_enqueue_routed('mail', 'm-1', '{"to": "a"}', route => 7::bigint) AS m1_again;
+SELECT idem_effect_enqueue('mail', 'm-1', '{"to": "a"}', route => 7::bigint) AS m1,
+       idem_effect_enqueue('mail', 'm-2', '{"to": "b"}', route => 8::bigint) AS m2,
+       idem_effect_enqueue('mail', 'm-3', '{"to": "c"}', route => 8::bigint) AS m3,
+       idem_effect_enqueue('mail', 'm-1', '{"to": "a"}', route => 7::bigint) AS m1_again;
 COMMIT;
-SELECT idem_effect_enqueue_routed('mail', 'm-1', '{"to": "x"}', route => 7::bigint);
+SELECT idem_effect_enqueue('mail', 'm-1', '{"to": "x"}', route => 7::bigint);
 -- a claim of one route, then of every route, each effect with its route
-SELECT key, route, request, fence, attempt, outcome_unknown FROM idem_effect_claim_routed('mail', 8::bigint, 1);
-SELECT key, route, request, fence, attempt FROM idem_effect_claim_routed('mail', NULL::bigint);
-SELECT key, route FROM idem_effect_claim_routed('mail', NULL::bigint);
-SELECT * FROM idem_effect_claim_routed('mail', NULL::integer);
-SELECT * FROM idem_effect_claim_routed('nobody', NULL::bigint);
+SELECT key, route, request, fence, attempt, outcome_unknown FROM idem_effect_claim('mail', 1, route => 8::bigint);
+SELECT key, route, request, fence, attempt FROM idem_effect_claim('mail', route => NULL::bigint);
+SELECT key, route FROM idem_effect_claim('mail', route => NULL::bigint);
+SELECT * FROM idem_effect_claim('mail', route => NULL::integer);
+SELECT * FROM idem_effect_claim('nobody', route => NULL::bigint);
 BEGIN;
-SELECT * FROM idem_effect_claim_routed('mail', 7::bigint);
+SELECT * FROM idem_effect_claim('mail', route => 7::bigint);
 ROLLBACK;
-SELECT idem_effect_complete_routed('mail', 'm-2', 1, '{"sent": true}', route => 8::bigint);
+SELECT idem_effect_complete('mail', 'm-2', 1, '{"sent": true}', route => 8::bigint);
 SELECT route, key, state FROM idem_routed_effects WHERE consumer = 'mail' ORDER BY key;
 
 -- retention: completed effects older than the consumer's window, counted
@@ -159,8 +159,8 @@ SELECT route, key, state FROM idem_routed_effects WHERE consumer = 'mail' ORDER 
 SELECT idem_set_retention('shop', '1 day');
 UPDATE idem_consumer.routed_effects SET completed_at = completed_at - interval '3 days'
  WHERE consumer = 'shop' AND key = 'r-4';
-SELECT action FROM idem_effect_begin_routed('shop', 'r-8', route => 7::bigint);
-SELECT idem_effect_complete_routed('shop', 'r-8', 1, '{}', route => 7::bigint);
+SELECT action FROM idem_effect_begin('shop', 'r-8', route => 7::bigint);
+SELECT idem_effect_complete('shop', 'r-8', 1, '{}', route => 7::bigint);
 SELECT idem_purge('shop') AS keys_purged;
 -- r-4, completed three days before the consumer's newest completion, is gone
 SELECT route, key, state FROM idem_routed_effects WHERE consumer = 'shop' ORDER BY route, key;
@@ -175,8 +175,8 @@ SELECT idem_reset_retention('shop');
 -- a tenant: its effects only, with its own rights; the view is a barrier
 CREATE ROLE routed_fx_team;
 CREATE ROLE routed_fx_other;
-GRANT EXECUTE ON FUNCTION idem_effect_begin_routed(text, text, anyelement, jsonb, interval),
-    idem_effect_complete_routed(text, text, bigint, jsonb, anyelement, text, text[])
+GRANT EXECUTE ON FUNCTION idem_effect_begin(text, text, jsonb, interval, "any"),
+    idem_effect_complete(text, text, bigint, jsonb, text, text[], "any")
     TO routed_fx_team, routed_fx_other;
 GRANT SELECT ON idem_routed_effects TO routed_fx_team, routed_fx_other;
 GRANT SELECT, INSERT ON charges TO routed_fx_team;
@@ -191,8 +191,8 @@ BEGIN
 END $$;
 CREATE TRIGGER charges_probe BEFORE INSERT ON charges FOR EACH ROW EXECUTE FUNCTION charges_probe();
 SET ROLE routed_fx_team;
-SELECT action, fence FROM idem_effect_begin_routed('fx-team', 't-1', route => 11::bigint, request => '{"card": "secret"}');
-SELECT idem_effect_complete_routed('fx-team', 't-1', 1, '{}', route => 11::bigint,
+SELECT action, fence FROM idem_effect_begin('fx-team', 't-1', route => 11::bigint, request => '{"card": "secret"}');
+SELECT idem_effect_complete('fx-team', 't-1', 1, '{}', route => 11::bigint,
                                    sql => :'charge', params => ARRAY['11', 'ch_t1']);
 SELECT consumer, key, state FROM idem_routed_effects ORDER BY route, key;
 SELECT state_of($$SELECT count(*) FROM idem_consumer.routed_effects$$);
@@ -207,8 +207,8 @@ SELECT count(*) AS visible FROM idem_routed_effects WHERE leak(key || request::t
 -- nor does an error in WHERE: the other team's row is never tested
 SELECT count(*) AS visible FROM idem_routed_effects
  WHERE 1 / (CASE WHEN key = 't-1' THEN 0 ELSE 1 END) = 1;
-SELECT state_of($$SELECT idem_effect_complete_routed('fx-team', 't-1', 1, '{}', route => 11::bigint)$$);
-SELECT action FROM idem_effect_begin_routed('fx-team', 't-1', route => 11::bigint);
+SELECT state_of($$SELECT idem_effect_complete('fx-team', 't-1', 1, '{}', route => 11::bigint)$$);
+SELECT action FROM idem_effect_begin('fx-team', 't-1', route => 11::bigint);
 RESET ROLE;
 SET client_min_messages = warning;
 

@@ -9,8 +9,8 @@ INSERT INTO ledger VALUES (1, 0);
 CREATE TABLE audit (who name, what text);
 
 -- the documented grants for a consumer role
-GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz) TO idem_app;
-GRANT EXECUTE ON FUNCTION idem_is_processed(text, text) TO idem_app;
+GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz, text, bigint, "any") TO idem_app;
+GRANT EXECUTE ON FUNCTION idem_is_processed(text, text, "any") TO idem_app;
 -- the privilege to create consumers, here by their first use
 GRANT EXECUTE ON FUNCTION idem_consumer_create(text, regrole) TO idem_app;
 GRANT SELECT ON ledger TO idem_app;

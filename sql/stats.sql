@@ -95,7 +95,7 @@ CREATE TEMP TABLE expo AS
 SELECT count(*) AS malformed_lines FROM expo
  WHERE line !~ '^# (HELP|TYPE) idem_[a-z_]+ .+$'
    AND line !~ '^idem_[a-z_]+\{database="([^"\\]|\\[\\"n])*",consumer="([^"\\]|\\[\\"n])*"(,le="([0-9.e+-]+|\+Inf)")?\} [0-9][0-9.e+-]*$'
-   AND line !~ '^idem_keys_stored\{database="([^"\\]|\\[\\"n])*"\} [0-9]+$'
+   AND line !~ '^idem_(keys_stored|key_store_bytes|key_filter_bytes)\{database="([^"\\]|\\[\\"n])*"\} [0-9]+$'
    AND line !~ '^idem_key_generation(_interval_seconds|_current_age_seconds|s_sealed|_settling_age_seconds)\{database="([^"\\]|\\[\\"n])*"\} [0-9]+\.[0-9]{3}$';
 -- every family has HELP and TYPE, in that order, before its samples
 SELECT substring(line from '^# TYPE (\S+)') AS family, substring(line from '(\S+)$') AS type
@@ -139,6 +139,18 @@ SELECT abs(substring(idem_metrics() from E'\nidem_keys_stored\\{database="contri
        AS keys_stored_close
   FROM (SELECT count(*) AS n FROM idem_processed_keys) AS k;
 SELECT consumer, keys_stored FROM idem_consumers WHERE consumer IN ('stats-a', 'stats-lag') ORDER BY consumer;
+-- the bytes of the key store: every generation's key and collision
+-- tables (and 1.1's) with their indexes; of the filters: none before a
+-- generation is sealed and its filter built
+SELECT substring(line from ' (\d+)$')::bigint =
+       (SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c
+         WHERE c.relnamespace = 'idem_consumer'::regnamespace AND c.relkind = 'r'
+           AND c.relname ~ '^(processed_keys|key_collisions)(_\d+)?$') AS key_store_bytes_exact,
+       (SELECT count(*) FROM pg_class c
+         WHERE c.relnamespace = 'idem_consumer'::regnamespace AND c.relkind = 'r'
+           AND c.relname ~ '^(processed_keys|key_collisions)(_\d+)?$') AS key_tables
+  FROM expo WHERE line ~ '^idem_key_store_bytes\{database="contrib_regression"\} \d+$';
+SELECT line FROM expo WHERE line LIKE 'idem_key_filter_bytes{%';
 
 -- the other counters: every consumer that made a counted call is tracked
 SELECT consumers = (SELECT count(*) FROM idem_stats) AS consumers_listed,

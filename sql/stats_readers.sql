@@ -11,8 +11,8 @@ CREATE ROLE sr_team_b;
 CREATE ROLE sr_oncall_a IN ROLE sr_team_a;
 CREATE ROLE sr_monitor IN ROLE pg_monitor;
 CREATE ROLE sr_ops;
-GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz),
-                          idem_try_apply(text, text, text, text[], timestamptz),
+GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
+                          idem_try_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
                           idem_metrics()
     TO sr_team_a, sr_team_b;
 SELECT idem_consumer_create('sr-a', 'sr_team_a');

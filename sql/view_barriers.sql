@@ -19,9 +19,9 @@ CREATE ROLE vb_noinherit NOINHERIT IN ROLE vb_team_a;
 CREATE TABLE vb_orders (id int PRIMARY KEY, paid int NOT NULL DEFAULT 0);
 INSERT INTO vb_orders VALUES (1);
 GRANT SELECT, UPDATE ON vb_orders TO vb_team_a, vb_team_b;
-GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz),
-                          idem_try_apply(text, text, text, text[], timestamptz),
-                          idem_effect_begin(text, text, jsonb, interval)
+GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
+                          idem_try_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
+                          idem_effect_begin(text, text, jsonb, interval, "any")
    TO vb_team_a, vb_team_b;
 GRANT SELECT ON idem_processed_keys, idem_dead_letters, idem_effects
    TO vb_team_a, vb_team_b, vb_noinherit;

@@ -1,11 +1,11 @@
 /*-------------------------------------------------------------------------
  *
  * apply.c
- *	  The SQL-callable API: idem_apply(), idem_apply_rows(),
- *	  idem_apply_routed(), idem_apply_rows_routed(), idem_is_processed(),
- *	  idem_forget() and their routed forms.  Puts the
- *	  argument validators (args.c), the key store (or routed.c's keys, for
- *	  a call with a route) and business plans together.
+ *	  The SQL-callable API: idem_apply(), idem_is_processed() and
+ *	  idem_forget(), and the reader of the arguments of a message that
+ *	  idem_apply() and idem_try_apply() share.  Puts the argument
+ *	  validators (args.c), the key store (or routed.c's keys, for a call
+ *	  with a route) and business plans together.
  *
  * idem_apply() checks everything that can be checked before it records the
  * key (arguments, the SQL text, the parameter values), so that a bad call
@@ -32,175 +32,156 @@
 #include "idem_consumer.h"
 
 PG_FUNCTION_INFO_V1(idem_apply);
-PG_FUNCTION_INFO_V1(idem_apply_rows);
-PG_FUNCTION_INFO_V1(idem_apply_routed);
-PG_FUNCTION_INFO_V1(idem_apply_rows_routed);
 PG_FUNCTION_INFO_V1(idem_is_processed);
 PG_FUNCTION_INFO_V1(idem_forget);
-PG_FUNCTION_INFO_V1(idem_is_processed_routed);
-PG_FUNCTION_INFO_V1(idem_forget_routed);
 
 /*
- * Records (consumer, key) and runs sql with params, the first four
- * arguments of the call, demanding that it affect at least expect_rows
- * rows (0: any number); sets *rows to the rows it affected.  Returns false,
- * running nothing, if the key was already recorded for the same message,
- * and raises IK001 if it was recorded for another one.  event_time and the
- * fingerprint are the arguments at the positions given; a fingerprint
- * position past the last argument means none (the idem_apply of 1.0).  So
- * does a route position of -1; a route is used where keys are routed
- * (routed.c).
+ * Reads and checks the arguments of idem_apply or idem_try_apply: key,
+ * consumer, sql and params; event_time, finite if given; the caller's
+ * fingerprint, where the function has one (1.1 on); expect_rows, a
+ * number of rows of at least 0 (NULL and 0 demand nothing), and the
+ * route, where the function has them (1.2 on).  The SQL text and the
+ * parameters' values are checked later, by their plan.
  */
-static bool
-apply_message(FunctionCallInfo fcinfo, int event_time_argno,
-			  int fingerprint_argno, int route_argno, int64 expect_rows,
-			  uint64 *rows)
+void
+get_message_args(FunctionCallInfo fcinfo, MessageArgs *args)
 {
-	text	   *key = get_key_arg(fcinfo, 0);
-	char	   *consumer = get_consumer_arg(fcinfo, 1);
-	char	   *sql = get_sql_arg(fcinfo, 2);
-	ArrayType  *params = PG_ARGISNULL(3) ? NULL : PG_GETARG_ARRAYTYPE_P(3);
+	int			nargs = PG_NARGS();
+
+	args->key = get_key_arg(fcinfo, 0);
+	args->consumer = get_consumer_arg(fcinfo, 1);
+	args->sql = get_sql_arg(fcinfo, 2);
+	args->params = PG_ARGISNULL(3) ? NULL : PG_GETARG_ARRAYTYPE_P(3);
+	args->event_time.isnull = PG_ARGISNULL(4);
+	args->event_time.value = PG_GETARG_DATUM(4);
+	if (!args->event_time.isnull &&
+		TIMESTAMP_NOT_FINITE(DatumGetTimestampTz(args->event_time.value)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("event_time must be a finite timestamp"),
+				 errhint("Pass the time the message was produced, or NULL if it is unknown.")));
+	args->fingerprint = nargs <= 5 || PG_ARGISNULL(5) ? NULL :
+		get_name_arg(fcinfo, 5, "fingerprint", IDEM_MAX_KEY_BYTES);
+	args->expect_rows = nargs <= 6 || PG_ARGISNULL(6) ? 0 : PG_GETARG_INT64(6);
+	if (args->expect_rows < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("expect_rows must not be negative"),
+				 errdetail("The value given is " INT64_FORMAT ".", args->expect_rows),
+				 errhint("Pass NULL to demand no rows.")));
+	/* the usual call has no route: it costs no call (test/bench/instructions) */
+	args->routed = nargs > 7 && !PG_ARGISNULL(7) &&
+		routed_get_route_arg(fcinfo, 7, &args->route, &args->route_type);
+}
+
+/*
+ * idem_apply(key, consumer, sql, params, event_time, fingerprint,
+ * expect_rows, route): records (consumer, key) and runs sql with params,
+ * demanding that it affect at least expect_rows rows; returns whether it
+ * ran: false, running nothing, if the key was already recorded for the
+ * same message, and IK001 if it was recorded for another one.  A route is
+ * used where keys are routed (routed.c).  The 1.0 function has the first
+ * five arguments, the 1.1 one six (get_message_args).
+ */
+Datum
+idem_apply(PG_FUNCTION_ARGS)
+{
+	MessageArgs args;
 	BusinessPlan *bplan;
 	ParamListInfo bound_params;
-	TimestampTz event_time = PG_ARGISNULL(event_time_argno) ? DT_NOBEGIN :
-		PG_GETARG_TIMESTAMPTZ(event_time_argno);
-	text	   *explicit_fingerprint = get_fingerprint_arg(fcinfo, fingerprint_argno);
 	int32		consumer_id;
 	bool		check_fingerprint;
 	int32		fingerprint;
 	RecordedKey recorded = {0};
 	bool		applied;
 	int			call;
-	Datum		route = (Datum) 0;
-	Oid			route_type = InvalidOid;
-	bool		routed;
 
-	check_event_time_arg(fcinfo, event_time_argno);
-	routed = route_argno >= 0 &&
-		routed_get_route_arg(fcinfo, route_argno, &route, &route_type);
+	get_message_args(fcinfo, &args);
 
 	/* a role refused for the consumer must not show in its counters */
 	SPI_connect();
-	consumer_id = keystore_consumer_id_and_fp_check(consumer, false,
-														&check_fingerprint);
-	call = stats_call_begin(consumer);
+	consumer_id = keystore_consumer_id_and_fp_check(args.consumer, false,
+													&check_fingerprint);
+	call = stats_call_begin(args.consumer);
 
-	bplan = business_plan_get(sql);
-	bound_params = business_plan_bind(bplan, params);
-	expect_rows_check_sql(expect_rows, sql);
+	bplan = business_plan_get(args.sql);
+	bound_params = business_plan_bind(bplan, args.params);
+	expect_rows_check_sql(args.expect_rows, args.sql);
 
 	if (consumer_id == 0)
-		consumer_id = keystore_consumer_id_and_fp_check(consumer, true,
+		consumer_id = keystore_consumer_id_and_fp_check(args.consumer, true,
 														&check_fingerprint);
 	if (check_fingerprint)
-		fingerprint = fingerprint_of_bound_call(explicit_fingerprint,
+		fingerprint = fingerprint_of_bound_call(args.fingerprint,
 												business_plan_hashers(bplan),
 												bound_params);
-	inflight_check_key(consumer_id, consumer, key, "record");
+	inflight_check_key(consumer_id, args.consumer, args.key, "record");
 	inflight_check_call(fcinfo);
-	if (routed)
+	if (args.routed)
 	{
-		routed_refuse_two_roles("idem_apply_routed", consumer, GetUserId());
-		applied = routed_record_key(route, route_type, consumer, key,
-									check_fingerprint ? &fingerprint : NULL,
+		routed_refuse_two_roles("idem_apply", args.consumer, GetUserId());
+		applied = routed_record_key(args.route, args.route_type, args.consumer,
+									args.key, check_fingerprint ? &fingerprint : NULL,
 									&recorded);
 	}
 	else
-		applied = keystore_record_key_fp(consumer_id, key,
+		applied = keystore_record_key_fp(consumer_id, args.key,
 										 check_fingerprint ? &fingerprint : NULL,
 										 &recorded);
 	if (applied)
 	{
-		*rows = inflight_execute(consumer_id, consumer, key, bplan, bound_params);
-		expect_rows_demand(expect_rows, *rows, consumer, key);
+		uint64		rows = inflight_execute(consumer_id, args.consumer, args.key,
+											bplan, bound_params);
+
+		expect_rows_demand(args.expect_rows, rows, args.consumer, args.key);
 	}
 	else if (check_fingerprint &&
-			 !fingerprint_admits(explicit_fingerprint, fingerprint, &recorded,
-								 sql, params))
+			 !fingerprint_admits(args.fingerprint, fingerprint, &recorded,
+								 args.sql, args.params))
 	{
 		stats_call_key_reuse(call);
-		fingerprint_raise_key_reuse(consumer, key, fingerprint, &recorded);
+		fingerprint_raise_key_reuse(args.consumer, args.key, fingerprint, &recorded);
 	}
 
 	SPI_finish();
-	stats_call_end(call, applied ? 1 : 0, applied ? 0 : 1, 0, event_time);
+	stats_call_end(call, applied ? 1 : 0, applied ? 0 : 1, 0,
+				   args.event_time.isnull ? DT_NOBEGIN :
+				   DatumGetTimestampTz(args.event_time.value));
 
-	return applied;
+	PG_RETURN_BOOL(applied);
 }
 
 /*
- * idem_apply(key, consumer, sql, params, event_time, fingerprint): records
- * (consumer, key) and runs sql with params; returns whether it ran.  The
- * fingerprint argument exists from version 1.1 of the SQL on.
- */
-Datum
-idem_apply(PG_FUNCTION_ARGS)
-{
-	uint64		rows;
-
-	PG_RETURN_BOOL(apply_message(fcinfo, 4, 5, -1, 0, &rows));
-}
-
-/*
- * idem_apply_routed(key, consumer, sql, params, route, event_time,
- * fingerprint): idem_apply with the key stored beside the business row of
- * route, where keys are routed (Citus); elsewhere the route is not needed,
- * and idem_apply_routed is idem_apply.
- */
-Datum
-idem_apply_routed(PG_FUNCTION_ARGS)
-{
-	uint64		rows;
-
-	PG_RETURN_BOOL(apply_message(fcinfo, 5, 6, 4, 0, &rows));
-}
-
-/*
- * idem_apply_rows_routed(key, consumer, sql, params, route, expect_rows,
- * event_time, fingerprint): idem_apply_rows with the key stored beside the
- * business row of route, where keys are routed.
- */
-Datum
-idem_apply_rows_routed(PG_FUNCTION_ARGS)
-{
-	int64		expect_rows = get_expect_rows_arg(fcinfo, 5);
-	uint64		rows;
-
-	if (!apply_message(fcinfo, 6, 7, 4, expect_rows, &rows))
-		PG_RETURN_NULL();
-	PG_RETURN_INT64((int64) rows);
-}
-
-/*
- * idem_apply_rows(key, consumer, sql, params, expect_rows, event_time,
- * fingerprint): idem_apply, raising IK002 if sql affects fewer than
- * expect_rows rows; returns the rows it affected, NULL for a duplicate.
- */
-Datum
-idem_apply_rows(PG_FUNCTION_ARGS)
-{
-	int64		expect_rows = get_expect_rows_arg(fcinfo, 4);
-	uint64		rows;
-
-	if (!apply_message(fcinfo, 5, 6, -1, expect_rows, &rows))
-		PG_RETURN_NULL();
-	PG_RETURN_INT64((int64) rows);
-}
-
-/*
- * Whether (consumer, key), the first two arguments, is recorded and
- * visible to the current transaction; with the route at route_argno (-1:
- * none) where keys are routed.
+ * Reads the key, consumer and route of idem_is_processed or idem_forget,
+ * the route last where the function has one (1.2 on); returns whether the
+ * key is routed, refusing one without its route where keys are routed.
  */
 static bool
-key_is_processed(FunctionCallInfo fcinfo, int route_argno)
+key_args(FunctionCallInfo fcinfo, text **key, char **consumer, Datum *route,
+		 Oid *route_type)
 {
-	text	   *key = get_key_arg(fcinfo, 0);
-	char	   *consumer = get_consumer_arg(fcinfo, 1);
+	bool		routed;
+
+	*key = get_key_arg(fcinfo, 0);
+	*consumer = get_consumer_arg(fcinfo, 1);
+	routed = routed_get_route_arg(fcinfo, 2, route, route_type);
+	if (!routed)
+		routed_refuse_unrouted();
+	return routed;
+}
+
+/*
+ * idem_is_processed(key, consumer, route): whether (consumer, key) is
+ * recorded and visible to the current transaction.
+ */
+Datum
+idem_is_processed(PG_FUNCTION_ARGS)
+{
+	text	   *key;
+	char	   *consumer;
 	Datum		route = (Datum) 0;
 	Oid			route_type = InvalidOid;
-	bool		routed = route_argno >= 0 &&
-		routed_get_route_arg(fcinfo, route_argno, &route, &route_type);
+	bool		routed = key_args(fcinfo, &key, &consumer, &route, &route_type);
 	int32		consumer_id;
 	bool		exists = false;
 
@@ -210,24 +191,24 @@ key_is_processed(FunctionCallInfo fcinfo, int route_argno)
 		exists = routed ? routed_key_exists(route, route_type, consumer, key) :
 			keystore_key_exists(consumer_id, key);
 	SPI_finish();
-	return exists;
+	PG_RETURN_BOOL(exists);
 }
 
 /*
- * Removes (consumer, key), the first two arguments, with the route at
- * route_argno (-1: none) where keys are routed; returns whether the key
- * was recorded.  function_name is the SQL function's, which business SQL
- * may not call.
+ * idem_forget(key, consumer, route): removes (consumer, key) so that a
+ * redelivery is processed again; returns whether the key was recorded.  A
+ * resolved dead-letter entry of the key goes with it; a pending one makes
+ * it fail, and so does a key recorded by the current transaction (see
+ * keystore_forget_key).  Business SQL may not forget keys at all.
  */
-static bool
-forget_message(FunctionCallInfo fcinfo, int route_argno, const char *function_name)
+Datum
+idem_forget(PG_FUNCTION_ARGS)
 {
-	text	   *key = get_key_arg(fcinfo, 0);
-	char	   *consumer = get_consumer_arg(fcinfo, 1);
+	text	   *key;
+	char	   *consumer;
 	Datum		route = (Datum) 0;
 	Oid			route_type = InvalidOid;
-	bool		routed = route_argno >= 0 &&
-		routed_get_route_arg(fcinfo, route_argno, &route, &route_type);
+	bool		routed = key_args(fcinfo, &key, &consumer, &route, &route_type);
 	int32		consumer_id;
 	bool		removed = false;
 
@@ -235,56 +216,10 @@ forget_message(FunctionCallInfo fcinfo, int route_argno, const char *function_na
 	consumer_id = keystore_consumer_id(consumer, false);
 	if (consumer_id != 0)
 		inflight_check_key(consumer_id, consumer, key, "forget");
-	inflight_check_none(function_name);
+	inflight_check_none("idem_forget");
 	if (consumer_id != 0)
 		removed = routed ? routed_forget_key(route, route_type, consumer, key) :
 			keystore_forget_key(consumer_id, key);
 	SPI_finish();
-	return removed;
-}
-
-/*
- * idem_is_processed(key, consumer): whether (consumer, key) is recorded
- * and visible to the current transaction.
- */
-Datum
-idem_is_processed(PG_FUNCTION_ARGS)
-{
-	routed_refuse_unrouted();
-	PG_RETURN_BOOL(key_is_processed(fcinfo, -1));
-}
-
-/*
- * idem_forget(key, consumer): removes (consumer, key) so that a redelivery
- * is processed again; returns whether the key was recorded.  A resolved
- * dead-letter entry of the key goes with it; a pending one makes it fail,
- * and so does a key recorded by the current transaction (see
- * keystore_forget_key).  Business SQL may not forget keys at all.
- */
-Datum
-idem_forget(PG_FUNCTION_ARGS)
-{
-	routed_refuse_unrouted();
-	PG_RETURN_BOOL(forget_message(fcinfo, -1, "idem_forget"));
-}
-
-/*
- * idem_is_processed_routed(key, consumer, route): idem_is_processed for a
- * key stored with its route; where keys are not routed, the route is not
- * needed.
- */
-Datum
-idem_is_processed_routed(PG_FUNCTION_ARGS)
-{
-	PG_RETURN_BOOL(key_is_processed(fcinfo, 2));
-}
-
-/*
- * idem_forget_routed(key, consumer, route): idem_forget for a key stored
- * with its route; where keys are not routed, the route is not needed.
- */
-Datum
-idem_forget_routed(PG_FUNCTION_ARGS)
-{
-	PG_RETURN_BOOL(forget_message(fcinfo, 2, "idem_forget_routed"));
+	PG_RETURN_BOOL(removed);
 }

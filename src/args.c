@@ -2,10 +2,10 @@
  *
  * args.c
  *	  Validators of the arguments of the SQL-callable functions: keys and
- *	  batches of keys, consumer names, business SQL text, counts, event
- *	  times, fingerprints, the rows a message demands, dead-letter ids, the
- *	  durations, fences and flags of external effects, retention windows,
- *	  owners.
+ *	  batches of keys, consumer names, business SQL text, counts,
+ *	  dead-letter ids, the durations, fences and flags of external
+ *	  effects, retention windows, owners.  (The arguments of a message
+ *	  are apply.c's get_message_args.)
  *
  * Every API function checks its arguments with these before it records or
  * changes anything, so that a bad call leaves nothing behind and the same
@@ -122,33 +122,6 @@ get_sql_arg(FunctionCallInfo fcinfo, int argno)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("sql must not be empty")));
 	return sql;
-}
-
-/*
- * Validates the optional event_time argument.
- */
-void
-check_event_time_arg(FunctionCallInfo fcinfo, int argno)
-{
-	if (PG_ARGISNULL(argno))
-		return;
-	if (TIMESTAMP_NOT_FINITE(PG_GETARG_TIMESTAMPTZ(argno)))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("event_time must be a finite timestamp"),
-				 errhint("Pass the time the message was produced, or NULL if it is unknown.")));
-}
-
-/*
- * Returns the optional fingerprint argument, NULL when not given or when
- * the function is the 1.0 version without it.
- */
-text *
-get_fingerprint_arg(FunctionCallInfo fcinfo, int argno)
-{
-	if (PG_NARGS() <= argno || PG_ARGISNULL(argno))
-		return NULL;
-	return get_name_arg(fcinfo, argno, "fingerprint", IDEM_MAX_KEY_BYTES);
 }
 
 /*
@@ -366,30 +339,6 @@ check_retention_arg(Interval *retention)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("retention must be at most %s", MAX_RETENTION),
 				 errhint("Use NULL to keep the consumer's keys forever.")));
-}
-
-/*
- * Returns the expect_rows argument: a number of rows of at least 0, where
- * 0 demands nothing.  NULL is refused rather than read as 0, so that a
- * demand lost on its way from the caller does not pass silently.
- */
-int64
-get_expect_rows_arg(FunctionCallInfo fcinfo, int argno)
-{
-	int64		value;
-
-	if (PG_ARGISNULL(argno))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("expect_rows must not be null"),
-				 errhint("Pass 0 to demand no rows.")));
-	value = PG_GETARG_INT64(argno);
-	if (value < 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("expect_rows must not be negative"),
-				 errdetail("The value given is " INT64_FORMAT ".", value)));
-	return value;
 }
 
 /*

@@ -1,10 +1,10 @@
 /*-------------------------------------------------------------------------
  *
  * batch.c
- *	  The SQL-callable idem_record_batch() and idem_record_batch_routed():
- *	  records a batch of keys in one call and returns those that were new,
- *	  so that a consumer applies a whole batch of messages in one
- *	  statement.
+ *	  The SQL-callable idem_record_batch(), with and without fingerprints
+ *	  and routes: records a batch of keys in one call and returns those
+ *	  that were new, so that a consumer applies a whole batch of messages
+ *	  in one statement.
  *
  * The guarantees are idem_apply()'s: the keys are recorded in the caller's
  * transaction, a key recorded by a concurrent transaction is waited for
@@ -49,6 +49,7 @@
 #include "miscadmin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
 #include "utils/tuplestore.h"
 #include "utils/typcache.h"
 
@@ -56,30 +57,26 @@
 
 PG_FUNCTION_INFO_V1(idem_record_batch);
 PG_FUNCTION_INFO_V1(idem_record_batch_fingerprinted);
-PG_FUNCTION_INFO_V1(idem_record_batch_routed);
 
 /*
- * Appends one key to the function's result, with its route when the
- * result has a column for it (idem_record_batch_routed).
+ * Appends one key to the result of idem_record_batch(consumer, keys).
  */
 static inline void
-return_key(ReturnSetInfo *rsinfo, Datum key, Datum route)
+return_key(ReturnSetInfo *rsinfo, Datum key)
 {
-	Datum		values[2] = {key, route};
-	bool		nulls[2] = {false, false};
+	bool		isnull = false;
 
-	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, &key, &isnull);
 }
 
 /*
- * Records a batch key by key in keystore.c and returns the new keys, each
- * with the element of routes at its place when routes is given; with
+ * Records a batch key by key in keystore.c and returns the new keys; with
  * require_fastpath, returns -1, doing nothing, when the fast path cannot be
  * used.
  */
 static int64
 record_batch_by_key(ReturnSetInfo *rsinfo, int32 consumer_id,
-					Datum *elems, Datum *routes, int nkeys, bool require_fastpath)
+					Datum *elems, int nkeys, bool require_fastpath)
 {
 	text	  **key_texts = palloc(nkeys * sizeof(text *));
 	bool	   *isnew = palloc(nkeys * sizeof(bool));
@@ -95,7 +92,7 @@ record_batch_by_key(ReturnSetInfo *rsinfo, int32 consumer_id,
 	{
 		if (isnew[i])
 		{
-			return_key(rsinfo, elems[i], routes ? routes[i] : (Datum) 0);
+			return_key(rsinfo, elems[i]);
 			nnew++;
 		}
 	}
@@ -122,7 +119,7 @@ record_batch_sql(ReturnSetInfo *rsinfo, int32 consumer_id,
 
 		inserted[i] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
 									1, &isnull);
-		return_key(rsinfo, inserted[i], (Datum) 0);
+		return_key(rsinfo, inserted[i]);
 	}
 	nnew = (int64) ninserted;
 
@@ -151,7 +148,7 @@ record_batch_sql(ReturnSetInfo *rsinfo, int32 consumer_id,
 		{
 			if (keystore_record_key(consumer_id, unresolved[i]))
 			{
-				return_key(rsinfo, PointerGetDatum(unresolved[i]), (Datum) 0);
+				return_key(rsinfo, PointerGetDatum(unresolved[i]));
 				nnew++;
 			}
 		}
@@ -178,10 +175,10 @@ record_batch(FunctionCallInfo fcinfo, const char *consumer, ArrayType *keys,
 	inflight_check_call(fcinfo);
 	call = stats_call_begin(consumer);
 
-	nnew = record_batch_by_key(rsinfo, consumer_id, elems, NULL, nkeys, true);
+	nnew = record_batch_by_key(rsinfo, consumer_id, elems, nkeys, true);
 	/* the set-based statements know only the generation of new keys */
 	if (nnew < 0 && keystore_sealed_live())
-		nnew = record_batch_by_key(rsinfo, consumer_id, elems, NULL, nkeys, false);
+		nnew = record_batch_by_key(rsinfo, consumer_id, elems, nkeys, false);
 	else if (nnew < 0)
 		nnew = record_batch_sql(rsinfo, consumer_id, keys, nkeys);
 
@@ -213,12 +210,13 @@ idem_record_batch(PG_FUNCTION_ARGS)
 	return (Datum) 0;
 }
 
-/* A key of a routed batch with its route. */
-typedef struct RoutedBatchKey
+/* A key of a batch with fingerprints, its place in the batch and its route. */
+typedef struct BatchKey
 {
-	Datum		route;
+	Datum		route;			/* where keys are routed */
 	text	   *key;
-} RoutedBatchKey;
+	int			place;
+} BatchKey;
 
 /*
  * Compares two keys of a routed batch by their routes, in the type's
@@ -228,8 +226,8 @@ static int
 routed_batch_key_cmp(const void *a, const void *b, void *arg)
 {
 	TypeCacheEntry *typentry = (TypeCacheEntry *) arg;
-	const RoutedBatchKey *ka = (const RoutedBatchKey *) a;
-	const RoutedBatchKey *kb = (const RoutedBatchKey *) b;
+	const BatchKey *ka = (const BatchKey *) a;
+	const BatchKey *kb = (const BatchKey *) b;
 	int			cmp;
 	int			la = VARSIZE_ANY_EXHDR(ka->key);
 	int			lb = VARSIZE_ANY_EXHDR(kb->key);
@@ -247,15 +245,18 @@ routed_batch_key_cmp(const void *a, const void *b, void *arg)
  * Records a routed batch's keys under their routes, in the order that
  * keeps two batches from deadlocking over the whole cluster (see the
  * header): sorted by route, then by the bytes of the key.  A key repeated
- * under one route is one message, returned once.
+ * under one route is one message: only its first place is recorded, the
+ * others are marked neither new nor reused.  Fills isnew and recorded by
+ * the keys' places.
  */
-static int64
-record_batch_routed(ReturnSetInfo *rsinfo, const char *consumer, Datum *elems,
-					Datum *routes, Oid route_type, int nkeys)
+static void
+record_batch_routed(const char *consumer, Datum *elems, Datum *routes,
+					Oid route_type, int nkeys, const int32 *fingerprints,
+					const bool *has_fingerprint, bool *isnew, bool *repeated,
+					RecordedKey *recorded)
 {
 	TypeCacheEntry *typentry;
-	RoutedBatchKey *batch;
-	int64		nnew = 0;
+	BatchKey   *batch;
 
 	typentry = lookup_type_cache(route_type, TYPECACHE_CMP_PROC_FINFO);
 	if (!OidIsValid(typentry->cmp_proc_finfo.fn_oid))
@@ -263,90 +264,42 @@ record_batch_routed(ReturnSetInfo *rsinfo, const char *consumer, Datum *elems,
 				(errcode(ERRCODE_UNDEFINED_FUNCTION),
 				 errmsg("routes of type %s cannot be ordered", format_type_be(route_type)),
 				 errhint("Pass the routes with the type of the distribution column.")));
-	batch = palloc(nkeys * sizeof(RoutedBatchKey));
+	batch = palloc(nkeys * sizeof(BatchKey));
 	for (int i = 0; i < nkeys; i++)
 	{
 		batch[i].route = routes[i];
 		batch[i].key = DatumGetTextPP(elems[i]);
+		batch[i].place = i;
 	}
-	qsort_arg(batch, nkeys, sizeof(RoutedBatchKey), routed_batch_key_cmp, typentry);
+	qsort_arg(batch, nkeys, sizeof(BatchKey), routed_batch_key_cmp, typentry);
 
 	for (int i = 0; i < nkeys; i++)
 	{
-		RecordedKey recorded;
+		int			place = batch[i].place;
 
 		CHECK_FOR_INTERRUPTS();
-		if (i > 0 && routed_batch_key_cmp(&batch[i - 1], &batch[i], typentry) == 0)
+		repeated[place] = i > 0 &&
+			routed_batch_key_cmp(&batch[i - 1], &batch[i], typentry) == 0;
+		if (repeated[place])
 			continue;
-		if (!routed_record_key(batch[i].route, route_type, consumer, batch[i].key,
-							   NULL, &recorded))
-			continue;
-		return_key(rsinfo, PointerGetDatum(batch[i].key), batch[i].route);
-		nnew++;
+		isnew[place] = routed_record_key(batch[i].route, route_type, consumer,
+										 batch[i].key,
+										 has_fingerprint[place] ? &fingerprints[place] : NULL,
+										 &recorded[place]);
 	}
-	return nnew;
 }
 
 /*
- * idem_record_batch_routed(consumer, keys, routes): idem_record_batch
- * with each key stored under its route, the element of routes at its
- * position, where keys are routed (Citus); returns each new key with its
- * route, so that the same key under two routes, two messages, is told
- * apart.  Elsewhere the routes are not needed, and the keys go to the key
- * store as idem_record_batch records them.
- */
-Datum
-idem_record_batch_routed(PG_FUNCTION_ARGS)
-{
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	char	   *consumer;
-	Datum	   *elems;
-	int			nkeys;
-	Datum	   *routes;
-	Oid			route_type;
-	bool		routed;
-	int32		consumer_id;
-	int64		nnew;
-	int			call;
-
-	consumer = text_to_cstring(get_name_arg(fcinfo, 0, "consumer",
-											 IDEM_MAX_CONSUMER_BYTES));
-	(void) get_keys_arg(fcinfo, 1, &elems, &nkeys);
-	routed = routed_get_routes_arg(fcinfo, 2, nkeys, &routes, &route_type);
-
-	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
-	if (nkeys == 0)
-		return (Datum) 0;
-
-	SPI_connect();
-	consumer_id = keystore_consumer_id(consumer, true);
-	inflight_check_keys(consumer_id, consumer, elems, nkeys, "record");
-	inflight_check_call(fcinfo);
-	if (routed)
-		routed_refuse_two_roles("idem_record_batch_routed", consumer, GetUserId());
-	call = stats_call_begin(consumer);
-	if (routed)
-		nnew = record_batch_routed(rsinfo, consumer, elems, routes, route_type, nkeys);
-	else
-		/*
-		 * the key store, where a key repeated under several routes is one
-		 * message, returned once with the route of its first place
-		 */
-		nnew = record_batch_by_key(rsinfo, consumer_id, elems, routes, nkeys, false);
-	SPI_finish();
-
-	stats_call_end(call, (int) nnew, nkeys - (int) nnew, 0, DT_NOBEGIN);
-	return (Datum) 0;
-}
-
-/*
- * idem_record_batch(consumer, keys, fingerprints): records every key of
- * the batch with the fingerprint of its message; returns each new key
- * once with reused = false, and each key found recorded for another
- * message with reused = true.  A reused key is not recorded again and
- * counts as a reuse, not as a duplicate.  Every key takes the per-key path
- * in the order of the unique index, so that the fingerprint of each is
- * compared.
+ * idem_record_batch(consumer, keys, fingerprints, routes): records every
+ * key of the batch with the fingerprint of its message, where keys are
+ * routed under its route, the element of routes at its position; returns
+ * each new key once with reused = false, and each key found recorded for
+ * another message with reused = true, with its route as text (NULL where
+ * keys are not routed): the same key under two routes is two messages.
+ * A reused key is not recorded again and counts as a reuse, not as a
+ * duplicate.  Every key takes the per-key path in the order of the unique
+ * index (or of the routes), so that the fingerprint of each is compared.
+ * The 1.1 function has the first three arguments and no route column.
  */
 Datum
 idem_record_batch_fingerprinted(PG_FUNCTION_ARGS)
@@ -358,14 +311,18 @@ idem_record_batch_fingerprinted(PG_FUNCTION_ARGS)
 	int			nkeys;
 	int32	   *fingerprints;
 	bool	   *has_fingerprint;
+	Datum	   *routes = NULL;
+	Oid			route_type = InvalidOid;
+	bool		routed;
 	bool		check_fingerprint;
-	text	  **key_texts;
 	bool	   *isnew;
+	bool	   *repeated;
 	RecordedKey *recorded;
 	int32		consumer_id;
 	int			nnew = 0;
 	int			nreused = 0;
 	int			call;
+	Oid			route_out = InvalidOid;
 
 	consumer = text_to_cstring(get_name_arg(fcinfo, 0, "consumer",
 											 IDEM_MAX_CONSUMER_BYTES));
@@ -373,6 +330,7 @@ idem_record_batch_fingerprinted(PG_FUNCTION_ARGS)
 	fingerprints = palloc(Max(nkeys, 1) * sizeof(int32));
 	has_fingerprint = palloc(Max(nkeys, 1) * sizeof(bool));
 	get_fingerprints_arg(fcinfo, 2, nkeys, fingerprints, has_fingerprint);
+	routed = routed_get_routes_arg(fcinfo, 3, nkeys, &routes, &route_type);
 
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 	if (keys == NULL)
@@ -380,35 +338,52 @@ idem_record_batch_fingerprinted(PG_FUNCTION_ARGS)
 
 	SPI_connect();
 	consumer_id = keystore_consumer_id_and_fp_check(consumer, true,
-														&check_fingerprint);
+													&check_fingerprint);
 	inflight_check_keys(consumer_id, consumer, elems, nkeys, "record");
 	inflight_check_call(fcinfo);
+	if (routed)
+		routed_refuse_two_roles("idem_record_batch", consumer, GetUserId());
 	call = stats_call_begin(consumer);
 	if (!check_fingerprint)
 		memset(has_fingerprint, 0, nkeys * sizeof(bool));
 
-	key_texts = palloc(nkeys * sizeof(text *));
-	isnew = palloc(nkeys * sizeof(bool));
+	isnew = palloc0(nkeys * sizeof(bool));
+	repeated = palloc0(nkeys * sizeof(bool));
 	recorded = palloc0(nkeys * sizeof(RecordedKey));
-	for (int i = 0; i < nkeys; i++)
-		key_texts[i] = DatumGetTextPP(elems[i]);
-	keystore_record_keys(consumer_id, key_texts, nkeys, fingerprints,
-						 has_fingerprint, false, isnew, recorded);
+	if (routed)
+	{
+		bool		isvarlena;
+
+		record_batch_routed(consumer, elems, routes, route_type, nkeys,
+							fingerprints, has_fingerprint, isnew, repeated, recorded);
+		getTypeOutputInfo(route_type, &route_out, &isvarlena);
+	}
+	else
+	{
+		text	  **key_texts = palloc(nkeys * sizeof(text *));
+
+		for (int i = 0; i < nkeys; i++)
+			key_texts[i] = DatumGetTextPP(elems[i]);
+		keystore_record_keys(consumer_id, key_texts, nkeys, fingerprints,
+							 has_fingerprint, false, isnew, recorded);
+	}
 
 	for (int i = 0; i < nkeys; i++)
 	{
-		Datum		values[2];
-		bool		nulls[2] = {false, false};
+		Datum		values[3];
+		bool		nulls[3] = {false, false, !routed};
 
 		if (isnew[i])
 			nnew++;
-		else if (has_fingerprint[i] &&
+		else if (!repeated[i] && has_fingerprint[i] &&
 				 fingerprint_differs(fingerprints[i], &recorded[i]))
 			nreused++;
 		else
 			continue;
 		values[0] = elems[i];
 		values[1] = BoolGetDatum(!isnew[i]);
+		if (routed)
+			values[2] = CStringGetTextDatum(OidOutputFunctionCall(route_out, routes[i]));
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 		if (!isnew[i])
 			stats_call_key_reuse(call);

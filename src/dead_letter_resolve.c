@@ -2,10 +2,9 @@
  *
  * dead_letter_resolve.c
  *	  Resolving dead-letter entries: the operator functions
- *	  idem_dlq_replay() and idem_dlq_discard(), and their routed forms for
- *	  the entries stored beside routed keys (routed.c), which name an
- *	  entry by its key and route instead of an id: ids would be each
- *	  node's own.  Parking the entries is dead_letter.c's business.
+ *	  idem_dlq_replay() and idem_dlq_discard(), by id, and by key and route
+ *	  for the entries stored beside routed keys (routed.c): ids would be
+ *	  each node's own.  Parking the entries is dead_letter.c's business.
  *
  * Replays lock their entry FOR NO KEY UPDATE before running it, so no two
  * sessions replay one entry; a batch replay skips the entries others hold.
@@ -63,8 +62,8 @@ typedef struct DeadLetterEntry
 PG_FUNCTION_INFO_V1(idem_dlq_replay);
 PG_FUNCTION_INFO_V1(idem_dlq_replay_consumer);
 PG_FUNCTION_INFO_V1(idem_dlq_discard);
-PG_FUNCTION_INFO_V1(idem_dlq_replay_routed);
-PG_FUNCTION_INFO_V1(idem_dlq_discard_routed);
+PG_FUNCTION_INFO_V1(idem_dlq_replay_key);
+PG_FUNCTION_INFO_V1(idem_dlq_discard_key);
 
 /*
  * Returns the rows a dead-letter entry's SQL must affect (0: any number).
@@ -252,7 +251,7 @@ replay_run_as(const DeadLetterEntry *entry, char **consumer_name)
 		run_as = replay_role_check(entry->name, entry->place.consumer,
 								   get_role_oid(entry->dead_lettered_by, true),
 								   entry->dead_lettered_by);
-		routed_refuse_two_roles("idem_dlq_replay_routed", entry->place.consumer,
+		routed_refuse_two_roles("idem_dlq_replay", entry->place.consumer,
 								run_as);
 		return run_as;
 	}
@@ -332,7 +331,7 @@ replay_entry(const DeadLetterEntry *entry)
 				 errmsg("the effect of dead-letter %s is not dead", entry->name),
 				 errdetail("Its effect of consumer \"%s\" was removed or re-armed by hand.",
 						   entry->place.consumer),
-				 errhint("Discard the entry with idem_dlq_discard_routed.")));
+				 errhint("Discard the entry with idem_dlq_discard(key, consumer, reason, route).")));
 
 	/* a message's SQL runs as the role that parked it, for its members */
 	run_as = replay_run_as(entry, &consumer);
@@ -358,7 +357,7 @@ replay_entry(const DeadLetterEntry *entry)
 	}
 
 	/*
-	 * A message parked by idem_try_apply_rows demands its rows again; the
+	 * A message parked with expect_rows demands its rows again; the
 	 * operator's session advisory locks are left as they were.
 	 */
 	edata = replay_locks_business_run(entry->place.consumer_id, consumer, entry->key,
@@ -531,16 +530,17 @@ idem_dlq_discard(PG_FUNCTION_ARGS)
 }
 
 /*
- * Locks and reads the entry of the key, consumer and route of a routed
- * call (its first three arguments) for function_name's action, or raises
- * an error if there is none.  Where keys are not routed, the route is not
- * needed, and the entry is the node's entry of the key, checked and locked
- * as by its id.  A routed entry is named by its consumer, so a consumer
+ * Locks and reads the entry of the key and consumer, the call's first
+ * two arguments, and of the route at route_argno, for function_name's
+ * action, or raises an error if there is none.  Where keys are not routed,
+ * or for a NULL route, the entry is the node's entry of the key in
+ * idem_dead_letters, checked and locked as by its id.  A routed entry is named by its consumer, so a consumer
  * the caller may not act on is refused as idem_apply refuses it.
  */
 static void
-lock_entry_of_key(FunctionCallInfo fcinfo, const char *function_name,
-				  const char *action, DeadLetterEntry *entry)
+lock_entry_of_key(FunctionCallInfo fcinfo, int route_argno,
+				  const char *function_name, const char *action,
+				  DeadLetterEntry *entry)
 {
 	text	   *key = get_key_arg(fcinfo, 0);
 	char	   *consumer = get_consumer_arg(fcinfo, 1);
@@ -548,7 +548,8 @@ lock_entry_of_key(FunctionCallInfo fcinfo, const char *function_name,
 	Datum		args[3];
 
 	place.consumer = consumer;
-	place.routed = routed_get_route_arg(fcinfo, 2, &place.route, &place.route_type);
+	place.routed = routed_get_route_arg(fcinfo, route_argno, &place.route,
+									   &place.route_type);
 	if (!place.routed)
 	{
 		place.consumer_id = keystore_consumer_id(consumer, false);
@@ -595,17 +596,17 @@ lock_entry_of_key(FunctionCallInfo fcinfo, const char *function_name,
 }
 
 /*
- * idem_dlq_replay_routed(key, consumer, route): idem_dlq_replay for the
- * entry of a routed message, named by its key and route.
+ * idem_dlq_replay(key, consumer, route): idem_dlq_replay for the entry of
+ * a key, named by its key, consumer and route.
  */
 Datum
-idem_dlq_replay_routed(PG_FUNCTION_ARGS)
+idem_dlq_replay_key(PG_FUNCTION_ARGS)
 {
 	DeadLetterEntry entry;
 	Outcome		outcome;
 
 	SPI_connect();
-	lock_entry_of_key(fcinfo, "idem_dlq_replay_routed", "replay", &entry);
+	lock_entry_of_key(fcinfo, 2, "idem_dlq_replay", "replay", &entry);
 	check_pending(&entry);
 	outcome = replay_entry(&entry);
 	SPI_finish();
@@ -614,17 +615,17 @@ idem_dlq_replay_routed(PG_FUNCTION_ARGS)
 }
 
 /*
- * idem_dlq_discard_routed(key, consumer, route, reason): idem_dlq_discard
- * for the entry of a routed message.
+ * idem_dlq_discard(key, consumer, reason, route): idem_dlq_discard for
+ * the entry of a key, named by its key, consumer and route.
  */
 Datum
-idem_dlq_discard_routed(PG_FUNCTION_ARGS)
+idem_dlq_discard_key(PG_FUNCTION_ARGS)
 {
-	text	   *reason = get_name_arg(fcinfo, 3, "reason", IDEM_MAX_REASON_BYTES);
+	text	   *reason = get_name_arg(fcinfo, 2, "reason", IDEM_MAX_REASON_BYTES);
 	DeadLetterEntry entry;
 
 	SPI_connect();
-	lock_entry_of_key(fcinfo, "idem_dlq_discard_routed", "discard", &entry);
+	lock_entry_of_key(fcinfo, 3, "idem_dlq_discard", "discard", &entry);
 	check_pending(&entry);
 	entry_discard(&entry, reason);
 	SPI_finish();

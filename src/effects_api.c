@@ -3,8 +3,8 @@
  * effects_api.c
  *	  The SQL functions of external effects: idem_effect_begin, _complete,
  *	  _fail, _heartbeat, the outbox's idem_effect_enqueue and
- *	  idem_effect_claim, their routed forms for the effects stored with a
- *	  route (Citus), and idem_set_effect_policy.
+ *	  idem_effect_claim, each with the route of an effect stored with one
+ *	  (Citus) last, and idem_set_effect_policy.
  *
  * Each checks its arguments, then moves an effect through the state
  * machine of effects.c; begin and claim refuse to run inside a
@@ -29,6 +29,7 @@
 #include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
+#include "utils/lsyscache.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 
@@ -48,12 +49,6 @@ PG_FUNCTION_INFO_V1(idem_effect_fail);
 PG_FUNCTION_INFO_V1(idem_effect_heartbeat);
 PG_FUNCTION_INFO_V1(idem_effect_enqueue);
 PG_FUNCTION_INFO_V1(idem_effect_claim);
-PG_FUNCTION_INFO_V1(idem_effect_begin_routed);
-PG_FUNCTION_INFO_V1(idem_effect_complete_routed);
-PG_FUNCTION_INFO_V1(idem_effect_fail_routed);
-PG_FUNCTION_INFO_V1(idem_effect_heartbeat_routed);
-PG_FUNCTION_INFO_V1(idem_effect_enqueue_routed);
-PG_FUNCTION_INFO_V1(idem_effect_claim_routed);
 PG_FUNCTION_INFO_V1(idem_set_effect_policy);
 
 /*
@@ -86,23 +81,27 @@ refuse_unrouted(const char *funcname)
 				 errmsg("%s cannot act on an effect without its route: the keys of this database are routed",
 						funcname),
 				 errdetail("idem_citus_distribute() made effects live beside the business rows of their route."),
-				 errhint("Use %s_routed(), which takes the route: the business row's distribution column value.",
-						 funcname)));
+				 errhint("Pass route => the business row's distribution column value.")));
 }
 
 /*
  * Reads the consumer and key, the first two arguments, and the route at
- * route_argno (-1: none) into place; where keys are not routed the route
- * is not needed, and the place is the effect's in idem_consumer.effects.
+ * route_argno, the last of the 1.2 function (the 1.1 one has none), into
+ * place; where keys are not routed the route is not needed, and the place
+ * is the effect's in idem_consumer.effects.  An effect without its route
+ * is refused where keys are routed.
  */
 static void
-effect_place_args(FunctionCallInfo fcinfo, int route_argno, EffectPlace *place)
+effect_place_args(FunctionCallInfo fcinfo, int route_argno, const char *funcname,
+				  EffectPlace *place)
 {
 	memset(place, 0, sizeof(*place));
 	place->consumer = get_consumer_arg(fcinfo, 0);
 	place->key = get_key_arg(fcinfo, 1);
-	place->routed = route_argno >= 0 &&
-		routed_get_route_arg(fcinfo, route_argno, &place->route, &place->route_type);
+	place->routed = routed_get_route_arg(fcinfo, route_argno, &place->route,
+										 &place->route_type);
+	if (!place->routed)
+		refuse_unrouted(funcname);
 }
 
 /*
@@ -203,13 +202,12 @@ begin_result(TupleDesc tupdesc, EffectAction action, const EffectRow *row)
 }
 
 /*
- * idem_effect_begin(consumer, key, request, lease) and its routed form,
- * with the route at route_argno and the arguments after it one further on.
+ * idem_effect_begin(consumer, key, request, lease, route): what the caller
+ * is to do about an effect, in its own transaction; see the file header.
  */
-static Datum
-effect_begin(FunctionCallInfo fcinfo, int route_argno, const char *funcname)
+Datum
+idem_effect_begin(PG_FUNCTION_ARGS)
 {
-	int			next = route_argno >= 0 ? 3 : 2;
 	EffectPlace place;
 	Jsonb	   *request;
 	int64		lease_us;
@@ -217,11 +215,12 @@ effect_begin(FunctionCallInfo fcinfo, int route_argno, const char *funcname)
 	EffectRow	row = {.cxt = CurrentMemoryContext};
 	EffectAction action;
 
-	require_own_transaction(funcname);
+	/* a call without its route is refused first, as the mistake it is */
+	effect_place_args(fcinfo, 4, "idem_effect_begin", &place);
+	require_own_transaction("idem_effect_begin");
 	inflight_check_call(fcinfo);
-	effect_place_args(fcinfo, route_argno, &place);
-	request = PG_ARGISNULL(next) ? NULL : PG_GETARG_JSONB_P(next);
-	lease_us = get_duration_arg(fcinfo, next + 1, "lease", MAX_LEASE_US);
+	request = PG_ARGISNULL(2) ? NULL : PG_GETARG_JSONB_P(2);
+	lease_us = get_duration_arg(fcinfo, 3, "lease", MAX_LEASE_US);
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "return type must be a row type");
 
@@ -234,36 +233,15 @@ effect_begin(FunctionCallInfo fcinfo, int route_argno, const char *funcname)
 }
 
 /*
- * idem_effect_begin(consumer, key, request, lease): what the caller is to
- * do about an effect, in its own transaction; see the file header.
+ * idem_effect_complete(consumer, key, fence, result, sql, params, route):
+ * stores the result of the lease holder's call in the caller's (business)
+ * transaction, and runs the business SQL if given, as idem_apply() does,
+ * so that the business transaction can be one statement.
  */
 Datum
-idem_effect_begin(PG_FUNCTION_ARGS)
+idem_effect_complete(PG_FUNCTION_ARGS)
 {
-	refuse_unrouted("idem_effect_begin");
-	return effect_begin(fcinfo, -1, "idem_effect_begin");
-}
-
-/*
- * idem_effect_begin_routed(consumer, key, route, request, lease).
- */
-Datum
-idem_effect_begin_routed(PG_FUNCTION_ARGS)
-{
-	return effect_begin(fcinfo, 2, "idem_effect_begin_routed");
-}
-
-/*
- * idem_effect_complete(consumer, key, fence, result, sql, params) and its
- * routed form, with the route before sql: stores the result of the lease
- * holder's call in the caller's (business) transaction, and runs the
- * business SQL if given, as idem_apply() does, so that the business
- * transaction can be one statement.
- */
-static void
-effect_complete(FunctionCallInfo fcinfo, int route_argno, const char *funcname)
-{
-	int			sql_argno = route_argno >= 0 ? 5 : 4;
+	const int	sql_argno = 4;
 	EffectPlace place;
 	int64		fence = get_fence_arg(fcinfo, 2);
 	Jsonb	   *result = PG_ARGISNULL(3) ? NULL : PG_GETARG_JSONB_P(3);
@@ -275,7 +253,7 @@ effect_complete(FunctionCallInfo fcinfo, int route_argno, const char *funcname)
 	bool		completed;
 
 	inflight_check_call(fcinfo);
-	effect_place_args(fcinfo, route_argno, &place);
+	effect_place_args(fcinfo, 6, "idem_effect_complete", &place);
 	SPI_connect();
 	/* like idem_apply, everything about the SQL is checked before any write */
 	if (!PG_ARGISNULL(sql_argno))
@@ -284,7 +262,7 @@ effect_complete(FunctionCallInfo fcinfo, int route_argno, const char *funcname)
 		bound_params = business_plan_bind(bplan, PG_ARGISNULL(sql_argno + 1) ? NULL :
 										  PG_GETARG_ARRAYTYPE_P(sql_argno + 1));
 		if (place.routed)
-			routed_refuse_two_roles(funcname, place.consumer, GetUserId());
+			routed_refuse_two_roles("idem_effect_complete", place.consumer, GetUserId());
 	}
 	else if (!PG_ARGISNULL(sql_argno + 1))
 		ereport(ERROR,
@@ -307,46 +285,28 @@ effect_complete(FunctionCallInfo fcinfo, int route_argno, const char *funcname)
 	if (bplan != NULL)
 		inflight_execute(place.consumer_id, place.consumer, place.key, bplan, bound_params);
 	SPI_finish();
-}
 
-Datum
-idem_effect_complete(PG_FUNCTION_ARGS)
-{
-	refuse_unrouted("idem_effect_complete");
-	effect_complete(fcinfo, -1, "idem_effect_complete");
 	PG_RETURN_VOID();
 }
 
 /*
- * idem_effect_complete_routed(consumer, key, fence, result, route, sql,
- * params).
+ * idem_effect_fail(consumer, key, fence, error, retryable, route): records
+ * a failed attempt of the lease holder; returns wait (retried later) or
+ * dead (parked in the dead-letter queue).
  */
 Datum
-idem_effect_complete_routed(PG_FUNCTION_ARGS)
-{
-	effect_complete(fcinfo, 4, "idem_effect_complete_routed");
-	PG_RETURN_VOID();
-}
-
-/*
- * idem_effect_fail(consumer, key, fence, error, retryable) and its routed
- * form, with the route before retryable: records a failed attempt of the
- * lease holder; returns wait (retried later) or dead (parked in the
- * dead-letter queue).
- */
-static Datum
-effect_fail(FunctionCallInfo fcinfo, int route_argno)
+idem_effect_fail(PG_FUNCTION_ARGS)
 {
 	EffectPlace place;
 	int64		fence = get_fence_arg(fcinfo, 2);
 	char	   *error = text_to_cstring(get_name_arg(fcinfo, 3, "error", MAX_ERROR_BYTES));
-	bool		retryable = get_bool_arg(fcinfo, route_argno >= 0 ? 5 : 4, "retryable");
+	bool		retryable = get_bool_arg(fcinfo, 4, "retryable");
 	EffectRow	row = {.cxt = CurrentMemoryContext};
 	EffectPolicy policy;
 	EffectAction action;
 
 	inflight_check_call(fcinfo);
-	effect_place_args(fcinfo, route_argno, &place);
+	effect_place_args(fcinfo, 5, "idem_effect_fail", &place);
 	SPI_connect();
 	effect_consumer_id(&place);
 	effect_lock(&place, &row);
@@ -378,29 +338,13 @@ effect_fail(FunctionCallInfo fcinfo, int route_argno)
 	PG_RETURN_DATUM(effect_action_datum(action, get_fn_expr_rettype(fcinfo->flinfo)));
 }
 
-Datum
-idem_effect_fail(PG_FUNCTION_ARGS)
-{
-	refuse_unrouted("idem_effect_fail");
-	return effect_fail(fcinfo, -1);
-}
-
 /*
- * idem_effect_fail_routed(consumer, key, fence, error, route, retryable).
+ * idem_effect_heartbeat(consumer, key, fence, extend, route): extends the
+ * lease of its holder to now() + extend; false if fence is no longer
+ * current.
  */
 Datum
-idem_effect_fail_routed(PG_FUNCTION_ARGS)
-{
-	return effect_fail(fcinfo, 4);
-}
-
-/*
- * idem_effect_heartbeat(consumer, key, fence, extend) and its routed
- * form, with the route last: extends the lease of its holder to now() +
- * extend; false if fence is no longer current.
- */
-static bool
-effect_heartbeat(FunctionCallInfo fcinfo, int route_argno)
+idem_effect_heartbeat(PG_FUNCTION_ARGS)
 {
 	EffectPlace place;
 	int64		fence = get_fence_arg(fcinfo, 2);
@@ -409,7 +353,7 @@ effect_heartbeat(FunctionCallInfo fcinfo, int route_argno)
 	bool		extended = false;
 
 	inflight_check_call(fcinfo);
-	effect_place_args(fcinfo, route_argno, &place);
+	effect_place_args(fcinfo, 4, "idem_effect_heartbeat", &place);
 	SPI_connect();
 	effect_consumer_id(&place);
 	effect_lock(&place, &row);
@@ -423,32 +367,15 @@ effect_heartbeat(FunctionCallInfo fcinfo, int route_argno)
 		extended = true;
 	}
 	SPI_finish();
-	return extended;
-}
-
-Datum
-idem_effect_heartbeat(PG_FUNCTION_ARGS)
-{
-	refuse_unrouted("idem_effect_heartbeat");
-	PG_RETURN_BOOL(effect_heartbeat(fcinfo, -1));
+	PG_RETURN_BOOL(extended);
 }
 
 /*
- * idem_effect_heartbeat_routed(consumer, key, fence, extend, route).
+ * idem_effect_enqueue(consumer, key, request, route): adds an effect to
+ * the outbox in the caller's transaction; false if the key exists already.
  */
 Datum
-idem_effect_heartbeat_routed(PG_FUNCTION_ARGS)
-{
-	PG_RETURN_BOOL(effect_heartbeat(fcinfo, 4));
-}
-
-/*
- * idem_effect_enqueue(consumer, key, request) and its routed form, with
- * the route last: adds an effect to the outbox in the caller's
- * transaction; false if the key exists already.
- */
-static bool
-effect_enqueue(FunctionCallInfo fcinfo, int route_argno)
+idem_effect_enqueue(PG_FUNCTION_ARGS)
 {
 	EffectPlace place;
 	Jsonb	   *request;
@@ -464,7 +391,7 @@ effect_enqueue(FunctionCallInfo fcinfo, int route_argno)
 	request = PG_GETARG_JSONB_P(2);
 	arg = JsonbPGetDatum(request);
 	inflight_check_call(fcinfo);
-	effect_place_args(fcinfo, route_argno, &place);
+	effect_place_args(fcinfo, 3, "idem_effect_enqueue", &place);
 
 	SPI_connect();
 	place.consumer_id = keystore_consumer_id(place.consumer, true);
@@ -473,51 +400,38 @@ effect_enqueue(FunctionCallInfo fcinfo, int route_argno)
 	if (!enqueued && effects_fetch(EF_READ, &place, NULL, NULL, 0, &row))
 		effect_check_request(place.consumer, place.key, &row, request);
 	SPI_finish();
-	return enqueued;
-}
-
-Datum
-idem_effect_enqueue(PG_FUNCTION_ARGS)
-{
-	refuse_unrouted("idem_effect_enqueue");
-	PG_RETURN_BOOL(effect_enqueue(fcinfo, -1));
-}
-
-/*
- * idem_effect_enqueue_routed(consumer, key, request, route).
- */
-Datum
-idem_effect_enqueue_routed(PG_FUNCTION_ARGS)
-{
-	PG_RETURN_BOOL(effect_enqueue(fcinfo, 3));
+	PG_RETURN_BOOL(enqueued);
 }
 
 /*
  * Leases a locked due effect to the claimer and adds it to the result,
- * with its route when the result has a column for it (route NULL: none).
+ * with its route, under place, as text where the result has a column for
+ * it (1.2 on): NULL where keys are not routed.
  */
 static void
 claim_one(ReturnSetInfo *rsinfo, const EffectPlace *place, EffectRow *row,
-		  int64 lease_us, const NullableDatum *route)
+		  int64 lease_us)
 {
 	Datum		out[7];
-	bool		outnulls[7] = {false, false, false, false, false, false, false};
-	int			c = 0;
+	bool		outnulls[7] = {false, false, false, false, false, false, !place->routed};
 
 	if (effect_take_lease(place, row, lease_us) != ACTION_EXECUTE)
 		return;
-	out[c++] = PointerGetDatum(row->key);
-	if (route != NULL)
+	out[0] = PointerGetDatum(row->key);
+	outnulls[1] = row->request == NULL;
+	out[1] = PointerGetDatum(row->request);
+	out[2] = Int64GetDatum(row->fence);
+	out[3] = PointerGetDatum(row->provider_key);
+	out[4] = Int32GetDatum(row->attempts);
+	out[5] = BoolGetDatum(row->outcome_unknown);
+	if (place->routed && rsinfo->setDesc->natts > 6)
 	{
-		outnulls[c] = route->isnull;
-		out[c++] = route->value;
+		Oid			output;
+		bool		isvarlena;
+
+		getTypeOutputInfo(place->route_type, &output, &isvarlena);
+		out[6] = CStringGetTextDatum(OidOutputFunctionCall(output, place->route));
 	}
-	outnulls[c] = row->request == NULL;
-	out[c++] = PointerGetDatum(row->request);
-	out[c++] = Int64GetDatum(row->fence);
-	out[c++] = PointerGetDatum(row->provider_key);
-	out[c++] = Int32GetDatum(row->attempts);
-	out[c++] = BoolGetDatum(row->outcome_unknown);
 	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, out, outnulls);
 }
 
@@ -527,8 +441,7 @@ claim_one(ReturnSetInfo *rsinfo, const EffectPlace *place, EffectRow *row,
  * SPI's result.
  */
 static void
-claim_locked(ReturnSetInfo *rsinfo, EffectPlace *place, int64 lease_us,
-			 const NullableDatum *route)
+claim_locked(ReturnSetInfo *rsinfo, EffectPlace *place, int64 lease_us)
 {
 	uint64		nrows = SPI_processed;
 	EffectRow  *rows = palloc0(Max(nrows, 1) * sizeof(EffectRow));
@@ -541,14 +454,57 @@ claim_locked(ReturnSetInfo *rsinfo, EffectPlace *place, int64 lease_us,
 	for (uint64 i = 0; i < nrows; i++)
 	{
 		place->key = rows[i].key;
-		claim_one(rsinfo, place, &rows[i], lease_us, route);
+		claim_one(rsinfo, place, &rows[i], lease_us);
 	}
 }
 
 /*
- * idem_effect_claim(consumer, max_count, lease): leases up to max_count
- * due outbox effects of a consumer, oldest first, skipping the rows other
- * dispatchers hold, each with a new fence.
+ * Reads the route of a claim, at argno (the 1.1 function has none): a
+ * claim of one route, where keys are routed, sets place->routed and the
+ * route; a NULL of the routes' type (route => NULL::bigint) is a claim of
+ * every route, which sets place->routed and returns true.  A claim
+ * without a route (NULL, untyped: the default) is refused where keys are
+ * routed.
+ */
+static bool
+claim_route_arg(FunctionCallInfo fcinfo, int argno, EffectPlace *place)
+{
+	if (argno < PG_NARGS() && PG_ARGISNULL(argno) &&
+		get_fn_expr_argtype(fcinfo->flinfo, argno) != UNKNOWNOID)
+	{
+		Oid			argtype = get_fn_expr_argtype(fcinfo->flinfo, argno);
+
+		/* every route: the routes read are returned as they are stored */
+		place->route_type = routed_route_type();
+		place->routed = OidIsValid(place->route_type);
+		if (place->routed && argtype != place->route_type)
+			ereport(ERROR,
+					(errcode(ERRCODE_DATATYPE_MISMATCH),
+					 errmsg("a claim of every route takes a NULL route of the routes' type, %s",
+							format_type_be(place->route_type)),
+					 errhint("Pass route => NULL::%s.", format_type_be(place->route_type))));
+		return place->routed;
+	}
+	place->routed = routed_get_route_arg(fcinfo, argno, &place->route, &place->route_type);
+	if (!place->routed)
+		refuse_unrouted("idem_effect_claim");
+	return false;
+}
+
+/*
+ * idem_effect_claim(consumer, max_count, lease, route): leases up to
+ * max_count due outbox effects of a consumer, oldest first, skipping the
+ * rows other dispatchers hold, each with a new fence; where keys are
+ * routed, those under route, or under every route for a NULL of the
+ * routes' type, and returns each with its route.
+ *
+ * A claim of one route locks and skips in one statement on the route's
+ * shard.  Citus locks rows only in a statement on one shard, so a claim
+ * of every route first reads the due effects of all shards, unlocked, then
+ * locks each, skipping one another dispatcher holds, and checks again that
+ * it is due: two claims lease an effect once, since its lease is handed
+ * out only under its row lock.  Its leases on several nodes commit
+ * together, with Citus's two-phase commit.
  */
 Datum
 idem_effect_claim(PG_FUNCTION_ARGS)
@@ -557,70 +513,15 @@ idem_effect_claim(PG_FUNCTION_ARGS)
 	EffectPlace place = {0};
 	int32		max_count;
 	int64		lease_us;
+	bool		every_route;
 
-	refuse_unrouted("idem_effect_claim");
-	require_own_transaction("idem_effect_claim");
-	inflight_check_call(fcinfo);
 	place.consumer = get_consumer_arg(fcinfo, 0);
 	max_count = get_count_arg(fcinfo, 1, "max_count");
 	lease_us = get_duration_arg(fcinfo, 2, "lease", MAX_LEASE_US);
-	InitMaterializedSRF(fcinfo, 0);
-
-	SPI_connect();
-	place.consumer_id = keystore_consumer_id(place.consumer, false);
-	if (place.consumer_id != 0)
-	{
-		effects_lock_due(&place, max_count);
-		claim_locked(rsinfo, &place, lease_us, NULL);
-	}
-	SPI_finish();
-
-	return (Datum) 0;
-}
-
-/*
- * idem_effect_claim_routed(consumer, from_route, max_count, lease): leases
- * up to max_count due outbox effects of a consumer under from_route, or
- * under any route for a NULL one, and returns each with its route.
- *
- * A claim of one route locks and skips as idem_effect_claim does, in one
- * statement on the route's shard.  Citus locks rows only in a statement on
- * one shard, so a claim of every route first reads the due effects of all
- * shards, unlocked, then locks each, skipping one another dispatcher
- * holds, and checks again that it is due: two claims lease an effect once,
- * since its lease is handed out only under its row lock.  Its leases on
- * several nodes commit together, with Citus's two-phase commit.  Where
- * keys are not routed, it is idem_effect_claim, each row returned with
- * the route given.
- */
-Datum
-idem_effect_claim_routed(PG_FUNCTION_ARGS)
-{
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	EffectPlace place = {0};
-	NullableDatum route = {.value = PG_GETARG_DATUM(1), .isnull = PG_ARGISNULL(1)};
-	int32		max_count;
-	int64		lease_us;
-
-	require_own_transaction("idem_effect_claim_routed");
+	/* a call without its route is refused first, as the mistake it is */
+	every_route = claim_route_arg(fcinfo, 3, &place);
+	require_own_transaction("idem_effect_claim");
 	inflight_check_call(fcinfo);
-	place.consumer = get_consumer_arg(fcinfo, 0);
-	max_count = get_count_arg(fcinfo, 2, "max_count");
-	lease_us = get_duration_arg(fcinfo, 3, "lease", MAX_LEASE_US);
-	if (!route.isnull)
-		place.routed = routed_get_route_arg(fcinfo, 1, &place.route, &place.route_type);
-	else
-	{
-		/* every route: the routes read are returned as they are stored */
-		place.route_type = routed_route_type();
-		place.routed = OidIsValid(place.route_type);
-		if (place.routed && get_fn_expr_argtype(fcinfo->flinfo, 1) != place.route_type)
-			ereport(ERROR,
-					(errcode(ERRCODE_DATATYPE_MISMATCH),
-					 errmsg("a claim of every route takes a NULL from_route of the routes' type, %s",
-							format_type_be(place.route_type)),
-					 errhint("Pass from_route => NULL::%s.", format_type_be(place.route_type))));
-	}
 	InitMaterializedSRF(fcinfo, 0);
 
 	SPI_connect();
@@ -631,11 +532,11 @@ idem_effect_claim_routed(PG_FUNCTION_ARGS)
 	 * registers it, as a begin does, instead of finding nothing.
 	 */
 	place.consumer_id = keystore_consumer_id(place.consumer, place.routed);
-	if (place.consumer_id != 0 && (!place.routed || !route.isnull))
+	if (place.consumer_id != 0 && !every_route)
 	{
 		/* the unrouted outbox, or one route's */
 		effects_lock_due(&place, max_count);
-		claim_locked(rsinfo, &place, lease_us, &route);
+		claim_locked(rsinfo, &place, lease_us);
 	}
 	else if (place.consumer_id != 0)
 	{
@@ -651,9 +552,7 @@ idem_effect_claim_routed(PG_FUNCTION_ARGS)
 			place.key = keys[i];
 			if (!effects_fetch(EF_LOCK_DUE_ONE, &place, NULL, NULL, 0, &row))
 				continue;
-			route.value = routes[i];
-			route.isnull = false;
-			claim_one(rsinfo, &place, &row, lease_us, &route);
+			claim_one(rsinfo, &place, &row, lease_us);
 		}
 	}
 	SPI_finish();

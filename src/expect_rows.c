@@ -2,7 +2,7 @@
  *
  * expect_rows.c
  *	  The rows a message's business SQL must affect: the expect_rows
- *	  argument of idem_apply_rows() and idem_try_apply_rows(), the error
+ *	  argument of idem_apply() and idem_try_apply(), the error
  *	  of a statement that affected fewer (SQLSTATE IK002), and whether the
  *	  dead-letter queue can keep the demand for a replay.
  *
@@ -11,9 +11,9 @@
  * applied, and its redeliveries skipped as duplicates, with nothing paid.
  * A caller that knows how many rows its message must change says so, and
  * a statement that changes fewer raises an error instead: the error
- * aborts the transaction (or, for idem_try_apply_rows, the subtransaction
+ * aborts the transaction (or, for idem_try_apply, the subtransaction
  * of the business SQL), so the key is not recorded and a redelivery runs
- * the message again.  Whether idem_try_apply_rows re-raises the error or
+ * the message again.  Whether idem_try_apply re-raises the error or
  * parks the message follows the transient SQLSTATEs of dead_letter.c,
  * whose default setting lists IK002: the usual cause is a row that comes
  * later.

@@ -20,8 +20,8 @@
  * are bound to, through each type's own equality (its extended hash
  * support function, else its binary send form), so that a redelivery
  * that writes a value another way (10.0 and 10.00, a timestamptz with
- * another offset, jsonb with keys in another order) is still the same
- * message.  Keys recorded by 1.1 hold the hash of the parameters' text;
+ * another offset, json or jsonb with keys in another order) is still the
+ * same message.  Keys recorded by 1.1 hold the hash of the parameters' text;
  * fingerprint_admits() also accepts that one.  What the typed hash looks
  * up (the SQL text's hash, each parameter type's hash function) is kept
  * with the business plan and looked up again after an invalidation that
@@ -105,7 +105,8 @@ typedef enum ParamHashMethod
 {
 	PARAM_HASH_EXTENDED,		/* the type's extended hash support function */
 	PARAM_HASH_SEND,			/* hash of its binary send form */
-	PARAM_HASH_OUTPUT			/* hash of its output text */
+	PARAM_HASH_OUTPUT,			/* hash of its output text */
+	PARAM_HASH_JSON				/* json (or a domain over it) hashed as jsonb */
 } ParamHashMethod;
 
 typedef struct ParamHasher
@@ -194,7 +195,17 @@ param_hasher_prepare(ParamHashers *hashers, ParamHasher *h)
 	Oid			collation = InvalidOid;
 	bool		isvarlena;
 
-	if (OidIsValid(typentry->hash_extended_proc))
+	if (getBaseType(h->typid) == JSONOID)
+	{
+		/*
+		 * json keeps its text as written, so two drivers writing one object
+		 * (spacing, key order) would be two messages: it is compared as the
+		 * jsonb it means, the type the documentation speaks of.
+		 */
+		method = PARAM_HASH_JSON;
+		func = lookup_type_cache(JSONBOID, TYPECACHE_HASH_EXTENDED_PROC)->hash_extended_proc;
+	}
+	else if (OidIsValid(typentry->hash_extended_proc))
 	{
 		method = PARAM_HASH_EXTENDED;
 		func = typentry->hash_extended_proc;
@@ -240,6 +251,21 @@ typed_value_hash(ParamHasher *h, Datum value)
 				char	   *str = OutputFunctionCall(&h->func, value);
 
 				return hash_bytes((const unsigned char *) str, strlen(str));
+			}
+		case PARAM_HASH_JSON:
+			{
+				char	   *str = TextDatumGetCString(value);
+
+				/*
+				 * Some \u escapes json takes are refused by jsonb (\u0000,
+				 * lone surrogates, non-ASCII in another server encoding):
+				 * such a value is compared as written rather than fail.
+				 */
+				if (strstr(str, "\\u") != NULL)
+					return hash_bytes((const unsigned char *) str, strlen(str));
+				return (uint32) DatumGetUInt64(FunctionCall2(&h->func,
+															 DirectFunctionCall1(jsonb_in, CStringGetDatum(str)),
+															 Int64GetDatum(0)));
 			}
 	}
 	pg_unreachable();

@@ -149,10 +149,22 @@ extern void keygen_init(void);
 extern int	keygen_switch_if_due(int64 wait_ms);
 extern bool keygen_retention_by_generation(void);
 extern int	keygen_retire(void);
+extern void keygen_registered_activity(void (*note) (int32 consumer_id, int32 latest, void *arg),
+									   void *arg);
 extern int	keygen_build_filters(void);
 extern int	keygen_interval_seconds(void);
-extern bool keygen_ring_gauges(double *current_age, int *sealed,
-							   double *settling_age);
+
+/* keygen_holders.c: the ring's gauges of idem_metrics() */
+typedef struct KeyRingGauges
+{
+	double		current_age;	/* seconds; negative before the first switch */
+	int			sealed;			/* sealed generations not yet dropped */
+	double		key_bytes;		/* key tables and their indexes */
+	double		filter_bytes;	/* filters of the sealed generations */
+	double		settling_age;	/* seconds since the oldest settling one was sealed; 0: none */
+} KeyRingGauges;
+
+extern bool keygen_ring_gauges(KeyRingGauges *gauges);
 extern void keystore_table_blocks(BlockNumber *blocks);
 extern uint64 keystore_remove_rows(KeystoreTable table, ItemPointer tids,
 								   int ntids, Datum consumer_ids, Datum cutoffs);
@@ -209,6 +221,7 @@ typedef enum PurgeProgress
 
 extern void retention_init(void);
 extern int	retention_default_secs(void);
+extern int32 retention_longest_window_secs(void);
 
 typedef struct RetentionWindows RetentionWindows;
 
@@ -373,9 +386,6 @@ extern text *get_key_arg(FunctionCallInfo fcinfo, int argno);
 extern char *get_consumer_arg(FunctionCallInfo fcinfo, int argno);
 extern int32 get_count_arg(FunctionCallInfo fcinfo, int argno, const char *argname);
 extern char *get_sql_arg(FunctionCallInfo fcinfo, int argno);
-extern void check_event_time_arg(FunctionCallInfo fcinfo, int argno);
-extern text *get_fingerprint_arg(FunctionCallInfo fcinfo, int argno);
-extern int64 get_expect_rows_arg(FunctionCallInfo fcinfo, int argno);
 extern ArrayType *get_keys_arg(FunctionCallInfo fcinfo, int argno, Datum **elems,
 							   int *nkeys);
 extern void get_fingerprints_arg(FunctionCallInfo fcinfo, int argno, int nkeys,
@@ -387,6 +397,29 @@ extern int64 get_fence_arg(FunctionCallInfo fcinfo, int argno);
 extern bool get_bool_arg(FunctionCallInfo fcinfo, int argno, const char *argname);
 extern void check_retention_arg(Interval *retention);
 extern Oid	get_role_arg(FunctionCallInfo fcinfo, int argno, bool null_is_current);
+
+/* apply.c */
+
+/*
+ * The arguments of idem_apply and idem_try_apply, in their order:
+ * key, consumer, sql, params, event_time, then fingerprint (from 1.1 on),
+ * expect_rows and route (from 1.2 on).
+ */
+typedef struct MessageArgs
+{
+	text	   *key;
+	char	   *consumer;
+	char	   *sql;
+	ArrayType  *params;			/* NULL if none */
+	NullableDatum event_time;
+	text	   *fingerprint;	/* the caller's, NULL if none */
+	int64		expect_rows;	/* 0: no demand */
+	bool		routed;			/* a route given where keys are routed */
+	Datum		route;
+	Oid			route_type;
+} MessageArgs;
+
+extern void get_message_args(FunctionCallInfo fcinfo, MessageArgs *args);
 
 /* inflight.c */
 extern int	inflight_push(int32 consumer_id, const char *consumer, text *key);

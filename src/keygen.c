@@ -118,8 +118,12 @@
 /* how long the switch sleeps between two tries of its lock */
 #define SWITCH_LOCK_RETRY_MS 1
 
-/* idem_consumer.key_generation_interval, in seconds; 0: no switch */
-static int	key_generation_interval = 0;
+/*
+ * idem_consumer.key_generation_interval, in seconds; 0: no switch (keys
+ * purged one by one); KEYGEN_INTERVAL_DERIVED: from the retention windows
+ */
+#define KEYGEN_INTERVAL_DERIVED (-1)
+static int	key_generation_interval = KEYGEN_INTERVAL_DERIVED;
 
 /* a consumer registered in a generation by this session */
 typedef struct RegisteredKey
@@ -244,10 +248,11 @@ keygen_init(void)
 	DefineCustomIntVariable("idem_consumer.key_generation_interval",
 							"Sets how long a generation of keys takes new keys before the purge worker switches to the next one.",
 							"Keys then expire by whole generations, which the worker drops once every key in them has expired. "
+							"-1 derives it from the retention windows: a fourteenth of the longest, between a minute and a day. "
 							"0 switches never and purges expired keys one by one.",
 							&key_generation_interval,
-							0,
-							0,
+							KEYGEN_INTERVAL_DERIVED,
+							KEYGEN_INTERVAL_DERIVED,
 							365 * SECS_PER_DAY,
 							PGC_SUSET,
 							GUC_UNIT_S,
@@ -627,9 +632,11 @@ keygen_switch_if_due(int64 wait_ms)
 	Datum		due;
 	bool		isnull;
 
-	if (!si->has_ring || key_generation_interval <= 0)
+	if (!si->has_ring)
 		return 0;
-	arg = Int32GetDatum(key_generation_interval);
+	arg = Int32GetDatum(keygen_interval_seconds());
+	if (DatumGetInt32(arg) <= 0)
+		return 0;
 	storage_stmt_run(&keygen_stmts, KG_SWITCH_DUE, &arg, NULL, 1);
 	due = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 	if (!DatumGetBool(due))
@@ -638,12 +645,24 @@ keygen_switch_if_due(int64 wait_ms)
 }
 
 /*
- * key_generation_interval in seconds; 0 when no switch is scheduled.
+ * The interval between switches in seconds; 0 when none is scheduled.
+ * Derived, it is a fourteenth of the longest finite retention window, so
+ * that the ring's sixteen places hold a window and the two generations
+ * around its ends; at least a minute, so that switches stay cheap beside
+ * short windows, and at most a day, so that short windows are not held
+ * weeks by a long one.  Needs an SPI connection when derived.
  */
 int
 keygen_interval_seconds(void)
 {
-	return key_generation_interval;
+	int32		longest;
+
+	if (key_generation_interval != KEYGEN_INTERVAL_DERIVED)
+		return key_generation_interval;
+	longest = retention_longest_window_secs();
+	if (longest <= 0)
+		return 0;				/* every key is kept forever */
+	return Min(Max(longest / (KEYGEN_RING - 2), SECS_PER_MINUTE), SECS_PER_DAY);
 }
 
 /*
@@ -653,7 +672,7 @@ keygen_interval_seconds(void)
 bool
 keygen_retention_by_generation(void)
 {
-	return key_generation_interval > 0 && storage_locate()->has_ring;
+	return key_generation_interval != 0 && storage_locate()->has_ring;
 }
 
 /*

@@ -4,7 +4,8 @@
  *	  Whether and by whom switches of key generations are held back: the
  *	  transactions that hold key_generations against the switch's lock,
  *	  named in the switch's error or the purge worker's log, and the
- *	  current generation's age for the metrics.
+ *	  gauges of the ring for the metrics (the current generation's age,
+ *	  the sealed generations, the bytes of the keys and of the filters).
  *
  * A switch needs the gate (keygen.c, rule 2): key_generations in
  * EXCLUSIVE mode, which a delivery holds against it only while it
@@ -85,19 +86,36 @@ static const StorageStmt holders_stmt_defs[KH_NUM_STMTS] = {
 		1, {OIDOID}
 	},
 	/*
-	 * seconds since the current generation opened (NULL: the first), the
-	 * generations open, and seconds since the oldest generation still
-	 * settling was sealed, when the next one opened (NULL: none)
+	 * Seconds since the current generation opened (NULL: the first), the
+	 * generations open, and the bytes on disk of the key tables (every
+	 * generation's, the collisions' and 1.1's, with their indexes) and of
+	 * the filters (their pages of bits: each generation's and the two of
+	 * all of them): sizes from the files, no row read.  Each table is
+	 * opened under ACCESS SHARE for the moment of its size; the retire,
+	 * which never queues for its ACCESS EXCLUSIVE, leaves a generation so
+	 * held to its next run.  Last, seconds since the oldest generation
+	 * still settling was sealed, when the next one opened (NULL: none).
 	 */
 	[KH_GAUGES] = {
 		"SELECT pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-)"
 		"  (SELECT g.opened_at FROM " STORAGE_SCHEMA ".key_generations AS g"
 		"    ORDER BY g.epoch DESC LIMIT 1)),"
 		" (SELECT pg_catalog.count(*) FROM " STORAGE_SCHEMA ".key_generations),"
+		" (SELECT pg_catalog.sum(pg_catalog.pg_total_relation_size(c.oid))::pg_catalog.float8"
+		"    FROM pg_catalog.pg_class AS c"
+		"   WHERE c.relnamespace OPERATOR(pg_catalog.=) '" STORAGE_SCHEMA "'::pg_catalog.regnamespace"
+		"     AND c.relkind OPERATOR(pg_catalog.=) 'r'"
+		"     AND c.relname OPERATOR(pg_catalog.~) '^(processed_keys|key_collisions)(_[0-9]+)?$'),"
+		" (SELECT pg_catalog.sum(pg_catalog.pg_relation_size(c.oid))::pg_catalog.float8"
+		"    FROM pg_catalog.pg_class AS c"
+		"   WHERE c.relnamespace OPERATOR(pg_catalog.=) '" LOCAL_SCHEMA "'::pg_catalog.regnamespace"
+		"     AND c.relkind OPERATOR(pg_catalog.=) 'r'"
+		"     AND c.relname OPERATOR(pg_catalog.~) '^key_filter_(all_)?[0-9]+$'),"
 		" pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-)"
 		"  (SELECT pg_catalog.min(n.opened_at) FROM " STORAGE_SCHEMA ".key_generations AS n"
 		"    WHERE n.epoch OPERATOR(pg_catalog.>) (SELECT pg_catalog.min(s.epoch)"
 		"      FROM " STORAGE_SCHEMA ".key_generations AS s WHERE s.settled_at IS NULL)))",
+
 		0, {InvalidOid}
 	},
 };
@@ -194,31 +212,35 @@ keygen_switch_held_back(KeyGenSlot sealing, bool quiet)
 /*
  * Reads the gauges of the ring for idem_metrics(): how long ago the
  * current generation opened (negative before the first switch), how many
- * are sealed, and how long ago the oldest generation still settling was
- * sealed (0: none); returns false where the key store has no ring.  A
- * current generation older than the interval by much more than the purge
- * worker's period is a switch held back; a generation settling for as
- * long, a transaction that recorded keys there and stays open.  Needs an
- * SPI connection.
+ * are sealed, the bytes of the key tables and of the filters, and how
+ * long ago the oldest generation still settling was sealed (0: none);
+ * returns false where the key store has no ring.  A current generation
+ * older than the interval by much more than the purge worker's period is
+ * a switch held back; a generation settling for as long, a transaction
+ * that recorded keys there and stays open.  Needs an SPI connection.
  */
 bool
-keygen_ring_gauges(double *current_age, int *sealed, double *settling_age)
+keygen_ring_gauges(KeyRingGauges *gauges)
 {
+	HeapTuple	row;
+	TupleDesc	desc;
 	bool		isnull;
+	Datum		value;
 
 	if (!storage_locate()->has_ring)
 		return false;
 	storage_stmt_run(&holders_stmts, KH_GAUGES, NULL, NULL, 1);
-	*current_age = DatumGetFloat8(SPI_getbinval(SPI_tuptable->vals[0],
-												SPI_tuptable->tupdesc, 1, &isnull));
-	if (isnull)
-		*current_age = -1;
+	row = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	value = SPI_getbinval(row, desc, 1, &isnull);
+	gauges->current_age = isnull ? -1 : DatumGetFloat8(value);
 	/* before the first switch no row is there, and the first is current */
-	*sealed = (int) Max(DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-													SPI_tuptable->tupdesc, 2, &isnull)) - 1, 0);
-	*settling_age = DatumGetFloat8(SPI_getbinval(SPI_tuptable->vals[0],
-												 SPI_tuptable->tupdesc, 3, &isnull));
-	if (isnull)
-		*settling_age = 0;
+	gauges->sealed = (int) Max(DatumGetInt64(SPI_getbinval(row, desc, 2, &isnull)) - 1, 0);
+	value = SPI_getbinval(row, desc, 3, &isnull);
+	gauges->key_bytes = isnull ? 0 : DatumGetFloat8(value);
+	value = SPI_getbinval(row, desc, 4, &isnull);
+	gauges->filter_bytes = isnull ? 0 : DatumGetFloat8(value);
+	value = SPI_getbinval(row, desc, 5, &isnull);
+	gauges->settling_age = isnull ? 0 : DatumGetFloat8(value);
 	return true;
 }

@@ -92,6 +92,7 @@ typedef enum RetireStmt
 	KR_FORGET,
 	KR_OPEN,
 	KR_REGISTER,
+	KR_REGISTERED_LATEST,
 	KR_NUM_STMTS
 } RetireStmt;
 
@@ -138,6 +139,12 @@ static const StorageStmt retire_stmt_defs[KR_NUM_STMTS] = {
 		" SELECT $1, r.consumer_id, r.first_at"
 		" FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS r(consumer_id, first_at)",
 		3, {INT8OID, INT4ARRAYOID, INT4ARRAYOID}
+	},
+	/* each consumer registered in the ring, with its newest registration */
+	[KR_REGISTERED_LATEST] = {
+		"SELECT consumer_id, pg_catalog.max(first_at)"
+		" FROM " STORAGE_SCHEMA ".generation_consumers GROUP BY consumer_id",
+		0, {InvalidOid}
 	},
 };
 
@@ -517,6 +524,30 @@ keygen_retire(void)
 
 	(void) truncate_dropped(open_before);
 	return dropped;
+}
+
+/*
+ * Calls note(consumer_id, latest, arg) for each consumer registered in a
+ * generation of the ring, latest its newest registration: a lower bound of
+ * its latest activity (keygen.c, fact 3), for a purge of the legacy tables
+ * that does not read the ring's.
+ */
+void
+keygen_registered_activity(void (*note) (int32 consumer_id, int32 latest, void *arg),
+						   void *arg)
+{
+	if (!storage_locate()->has_ring)
+		return;
+	storage_stmt_run(&retire_stmts, KR_REGISTERED_LATEST, NULL, NULL, 0);
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+
+		note(DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull)),
+			 DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2, &isnull)),
+			 arg);
+	}
+	SPI_freetuptable(SPI_tuptable);
 }
 
 PG_FUNCTION_INFO_V1(idem_key_generation_retire);

@@ -359,34 +359,39 @@ append_database_gauge(StringInfo buf, const char *name, const char *help,
 /*
  * Appends the gauges of the ring of key generations, where the key store
  * has one: the interval of the switches, the age of the current
- * generation (once a switch has opened one) and the sealed generations.
- * A current generation much older than the interval is a switch held
- * back (the purge worker's log names who by); a generation settling for
- * as long, a transaction that recorded keys there and stays open.  Needs
- * an SPI connection.
+ * generation (once a switch has opened one), the sealed generations, the
+ * bytes on disk of the keys and of the filters, and how long the oldest
+ * generation still settling has been sealed.  A current generation much
+ * older than the interval is a switch held back (the purge worker's log
+ * names who by); a generation settling for as long, a transaction that
+ * recorded keys there and stays open.  Needs an SPI connection.
  */
 static void
 append_generation_gauges(StringInfo buf, const char *database)
 {
-	double		age;
-	int			sealed;
-	double		settling_age;
+	KeyRingGauges gauges;
 
-	if (!keygen_ring_gauges(&age, &sealed, &settling_age))
+	if (!keygen_ring_gauges(&gauges))
 		return;
 	append_database_gauge(buf, "idem_key_generation_interval_seconds",
 						  "idem_consumer.key_generation_interval: how often the purge worker switches generations of keys; 0 when it does not.",
 						  database, keygen_interval_seconds(), 3);
-	if (age >= 0)
+	if (gauges.current_age >= 0)
 		append_database_gauge(buf, "idem_key_generation_current_age_seconds",
 							  "Time since the current generation of keys was opened.",
-							  database, age, 3);
+							  database, gauges.current_age, 3);
 	append_database_gauge(buf, "idem_key_generations_sealed",
 						  "Sealed generations of keys not yet dropped; the ring has 16 places.",
-						  database, sealed, 3);
+						  database, gauges.sealed, 3);
+	append_database_gauge(buf, "idem_key_store_bytes",
+						  "Bytes on disk of the tables of processed keys and key collisions, every generation, with their indexes.",
+						  database, gauges.key_bytes, 0);
+	append_database_gauge(buf, "idem_key_filter_bytes",
+						  "Bytes on disk of the filters of the sealed generations of keys.",
+						  database, gauges.filter_bytes, 0);
 	append_database_gauge(buf, "idem_key_generation_settling_age_seconds",
 						  "Time since the oldest generation of keys still settling was sealed; 0 when none is.",
-						  database, settling_age, 3);
+						  database, gauges.settling_age, 3);
 }
 
 /*

@@ -368,8 +368,51 @@ retention_cutoff(RetentionWindows *windows, int32 consumer_id, int32 latest)
 }
 
 /*
+ * Returns the longest finite retention window of the database's consumers,
+ * their own and idem_consumer.retention, in seconds (a month counted as 30
+ * days); 0 when every window is forever.  Needs an SPI connection.
+ */
+int32
+retention_longest_window_secs(void)
+{
+	HTAB	   *windows = (HTAB *) retention_windows_load();
+	HASH_SEQ_STATUS seq;
+	OwnWindow  *w;
+	int64		longest = Max(default_retention, 0);
+
+	hash_seq_init(&seq, windows);
+	while ((w = hash_seq_search(&seq)) != NULL)
+		if (!w->forever)
+		{
+			int64		secs = w->retention.time / USECS_PER_SEC +
+				(int64) w->retention.day * SECS_PER_DAY +
+				(int64) w->retention.month * DAYS_PER_MONTH * SECS_PER_DAY;
+
+			longest = Max(longest, secs);
+		}
+	hash_destroy(windows);
+	return (int32) Min(longest, PG_INT32_MAX);
+}
+
+/*
+ * Raises a consumer's latest activity, if the run saw its keys, to a newer
+ * lower bound of it.
+ */
+static void
+raise_latest(int32 consumer_id, int32 latest, void *arg)
+{
+	ConsumerWindow *w = hash_search((HTAB *) arg, &consumer_id, HASH_FIND, NULL);
+
+	if (w != NULL && latest > w->latest)
+		w->latest = latest;
+}
+
+/*
  * Sets every consumer's cutoff for this call from its latest activity and
  * the current settings; returns how many consumers have keys to purge.
+ * Where the ring's generations expire whole, the run reads only the
+ * legacy tables, whose keys alone would put a consumer's latest activity
+ * in the past: its registrations in the ring say how recent it is.
  */
 static int
 set_windows(void)
@@ -378,6 +421,9 @@ set_windows(void)
 	HASH_SEQ_STATUS seq;
 	ConsumerWindow *w;
 	int			npurgeable = 0;
+
+	if (keygen_retention_by_generation())
+		keygen_registered_activity(raise_latest, run.windows);
 
 	hash_seq_init(&seq, run.windows);
 	while ((w = hash_seq_search(&seq)) != NULL)

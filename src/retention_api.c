@@ -88,7 +88,9 @@ idem_reset_retention(PG_FUNCTION_ARGS)
  * idem_purge(consumer, batch_size): removes expired keys of one consumer,
  * or of all when consumer is NULL, at most batch_size per consumer, and
  * returns how many it removed; 0 means the run is complete.  Routed keys
- * (routed.c) go all at once, whatever batch_size.
+ * (routed.c) go all at once, whatever batch_size.  Where keys expire by
+ * whole generations, it removes only the legacy tables' keys one by one,
+ * and the purge of every consumer drops the expired generations.
  */
 Datum
 idem_purge(PG_FUNCTION_ARGS)
@@ -123,6 +125,15 @@ idem_purge(PG_FUNCTION_ARGS)
 		CHECK_FOR_INTERRUPTS();
 	}
 	total += routed_purge(consumer);
+
+	/*
+	 * Where keys expire by whole generations, the purge of every consumer
+	 * drops the expired ones too, as the worker does, so that a schedule
+	 * of idem_purge() alone keeps the key store bounded; it deletes no key
+	 * of the ring one by one.
+	 */
+	if (consumer == NULL && keygen_retention_by_generation())
+		(void) keygen_retire();
 	SPI_finish();
 
 	PG_RETURN_INT64((int64) total);

@@ -63,6 +63,7 @@
 #include "miscadmin.h"
 #include "parser/parse_coerce.h"
 #include "utils/builtins.h"
+#include "utils/fmgroids.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/syscache.h"
@@ -316,68 +317,92 @@ routed_refuse_unrouted(void)
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("a key cannot be recorded, looked up or forgotten without its route: the keys of this database are routed"),
 				 errdetail("idem_citus_distribute() made the keys live beside the business rows they protect; a key without its route would be recorded or looked up apart from them."),
-				 errhint("Use idem_apply_routed(), idem_is_processed_routed() or idem_forget_routed() with route => the business row's distribution column value.")));
+				 errhint("Pass route => the business row's distribution column value.")));
 }
 
 /*
- * Raises an error unless a route of type argtype can be stored in the
- * route column of the routed keys' table relid.
+ * Returns the route value of argument argno, of type argtype, as a value
+ * of the type of the route column of the routed keys' table relid, whose
+ * type is set in *route_type.  An untyped literal ('42') is read by the
+ * input function of that type; a value of another type must be one the
+ * column takes by assignment, and is passed as it is, converted by the
+ * statements that store it.
  */
-static void
-check_route_type(Oid relid, Oid argtype)
+static Datum
+route_value(Oid relid, Datum value, Oid argtype, bool is_array, Oid *route_type)
 {
 	Oid			column_type = route_column_type(relid);
+	Oid			wanted = is_array ? get_array_type(column_type) : column_type;
+	Oid			input;
+	Oid			ioparam;
 
+	if (argtype == UNKNOWNOID)
+	{
+		getTypeInputInfo(wanted, &input, &ioparam);
+		*route_type = wanted;
+		return OidInputFunctionCall(input, DatumGetCString(value), ioparam, -1);
+	}
+	if (is_array)
+		argtype = OidIsValid(argtype) ? get_element_type(argtype) : InvalidOid;
 	if (!OidIsValid(argtype) ||
 		!can_coerce_type(1, &argtype, &column_type, COERCION_ASSIGNMENT))
 		ereport(ERROR,
 				(errcode(ERRCODE_DATATYPE_MISMATCH),
-				 errmsg("route of type %s cannot be stored as the keys' route, of type %s",
+				 errmsg("%s of type %s cannot be stored as the keys' route, of type %s",
+						is_array ? "routes" : "route",
 						OidIsValid(argtype) ? format_type_be(argtype) : "unknown",
 						format_type_be(column_type)),
+				 is_array ?
+				 errhint("Pass an array of the business rows' distribution column values with their type, for example routes => ARRAY[42]::%s[].",
+						 format_type_be(column_type)) :
 				 errhint("Pass the business row's distribution column value with its type, for example route => 42::%s.",
 						 format_type_be(column_type))));
+	*route_type = is_array ? get_array_type(argtype) : argtype;
+	return value;
 }
 
 /*
- * Reads the route argument at argno: fills *route and *route_type and
- * returns true when keys are routed in this database, returns false when
- * they are not (the route is then not needed, and ignored, so that the
- * same consumer runs on one server and on Citus).  A NULL route, or one of
- * a type that cannot be stored in the route column, is refused.
+ * Reads the route argument at argno, the last of the function's: fills
+ * *route and *route_type and returns true when the call gives a route and
+ * keys are routed in this database.  Returns false for a call without one
+ * (NULL, or a database whose function has no route yet), which the
+ * caller's key store refuses where keys are routed, and for a route given
+ * where keys are not routed: it is not needed then, and ignored, so that
+ * the same consumer runs on one server and on Citus.  A route of a type
+ * that cannot be stored in the route column is refused.
  */
 bool
 routed_get_route_arg(FunctionCallInfo fcinfo, int argno, Datum *route, Oid *route_type)
 {
-	Oid			relid = routed_keys_relid();
-	Oid			argtype = get_fn_expr_argtype(fcinfo->flinfo, argno);
+	Oid			relid;
 
-	if (PG_ARGISNULL(argno))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("route must not be null"),
-				 errhint("Pass the value of the business row's distribution column.")));
+	if (argno >= PG_NARGS() || PG_ARGISNULL(argno))
+		return false;
+	relid = routed_keys_relid();
 	if (!OidIsValid(relid))
 		return false;
-
-	check_route_type(relid, argtype);
-	*route = PG_GETARG_DATUM(argno);
-	*route_type = argtype;
+	*route = route_value(relid, PG_GETARG_DATUM(argno),
+						 get_fn_expr_argtype(fcinfo->flinfo, argno), false,
+						 route_type);
 	return true;
 }
 
 /*
  * Reads the routes argument of a batch at argno, one route per key of the
- * nkeys: fills *routes and *route_type and returns true when keys are
- * routed in this database, returns false when they are not (the routes
- * are then not needed, and ignored).  Routes that are not one per key,
- * a NULL route, or routes of a type that cannot be stored in the route
- * column are refused either way, but for the type.
+ * nkeys: fills *routes and *route_type and returns true when the call
+ * gives routes and keys are routed in this database, returns false when
+ * it gives none (NULL) or they are not routed (the routes are then not
+ * needed, and ignored).  Routes that are not an array of one per key, or
+ * a NULL route, are refused either way; routes of a type that cannot be
+ * stored in the route column where keys are routed.
  */
 bool
 routed_get_routes_arg(FunctionCallInfo fcinfo, int argno, int nkeys, Datum **routes,
 					  Oid *route_type)
 {
+	Oid			relid = routed_keys_relid();
+	Oid			argtype;
+	Datum		value;
 	ArrayType  *array;
 	Oid			elemtype;
 	int16		typlen;
@@ -385,14 +410,25 @@ routed_get_routes_arg(FunctionCallInfo fcinfo, int argno, int nkeys, Datum **rou
 	char		typalign;
 	bool	   *nulls;
 	int			nroutes = 0;
-	Oid			relid;
 
-	if (PG_ARGISNULL(argno))
+	if (argno >= PG_NARGS() || PG_ARGISNULL(argno))
+		return false;
+	argtype = get_fn_expr_argtype(fcinfo->flinfo, argno);
+	value = PG_GETARG_DATUM(argno);
+	if (argtype != UNKNOWNOID &&
+		(!OidIsValid(argtype) || !OidIsValid(get_element_type(argtype))))
 		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("routes must not be null"),
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("routes must be an array"),
+				 errdetail("The routes given are of type %s.",
+						   OidIsValid(argtype) ? format_type_be(argtype) : "unknown"),
 				 errhint("Pass the distribution column value of each key's business row, in the order of the keys.")));
-	array = PG_GETARG_ARRAYTYPE_P(argno);
+	if (OidIsValid(relid))
+		value = route_value(relid, value, argtype, true, &argtype);
+	else if (argtype == UNKNOWNOID)
+		/* read as text only to count and check them */
+		value = OidInputFunctionCall(F_ARRAY_IN, DatumGetCString(value), TEXTOID, -1);
+	array = DatumGetArrayTypeP(value);
 	elemtype = ARR_ELEMTYPE(array);
 	if (ARR_NDIM(array) > 1)
 		ereport(ERROR,
@@ -418,10 +454,8 @@ routed_get_routes_arg(FunctionCallInfo fcinfo, int argno, int nkeys, Datum **rou
 					 errmsg("route must not be null"),
 					 errdetail("Element %d of routes is null.", ARR_LBOUND(array)[0] + i)));
 
-	relid = routed_keys_relid();
 	if (!OidIsValid(relid))
 		return false;
-	check_route_type(relid, elemtype);
 	*route_type = elemtype;
 	return true;
 }
@@ -565,7 +599,7 @@ routed_forget_key(Datum route, Oid route_type, const char *consumer, text *key)
 					 errmsg("cannot forget a key whose message is dead-lettered"),
 					 errdetail("The dead-letter entry of key \"%s\" of consumer \"%s\" is pending.",
 							   text_to_cstring(key), consumer),
-					 errhint("Replay the entry with idem_dlq_replay_routed or discard it with idem_dlq_discard_routed first.")));
+					 errhint("Replay the entry with idem_dlq_replay(key, consumer, route) or discard it with idem_dlq_discard(key, consumer, reason, route) first.")));
 	}
 	routed_execute(RK_FORGET, route_type, args, NULL);
 	return SPI_processed > 0;

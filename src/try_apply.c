@@ -1,9 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * try_apply.c
- *	  idem_try_apply(), idem_try_apply_rows() and their routed forms:
- *	  idem_apply(), except that a message whose business SQL fails
- *	  permanently is parked in the dead-letter queue instead of raising.
+ *	  idem_try_apply(): idem_apply(), except that a message whose business
+ *	  SQL fails permanently is parked in the dead-letter queue instead of
+ *	  raising.
  *
  * A message is dead-lettered inside the caller's transaction.  Its key is
  * recorded in processed_keys as idem_apply() records it, but outside the
@@ -35,20 +35,15 @@
  */
 #include "postgres.h"
 
-#include "access/htup_details.h"
 #include "access/xact.h"
 #include "executor/spi.h"
 #include "fmgr.h"
-#include "funcapi.h"
 #include "miscadmin.h"
 #include "utils/resowner.h"
 
 #include "dead_letter.h"
 
 PG_FUNCTION_INFO_V1(idem_try_apply);
-PG_FUNCTION_INFO_V1(idem_try_apply_rows);
-PG_FUNCTION_INFO_V1(idem_try_apply_routed);
-PG_FUNCTION_INFO_V1(idem_try_apply_rows_routed);
 
 /*
  * Returns the outcome of a redelivery of a recorded key whose dead-letter
@@ -142,27 +137,19 @@ park_key_reuse(const DeadLetterPlace *place, text *key,
 }
 
 /*
- * Like idem_apply, but a permanent failure of the business SQL parks the
- * message in the dead-letter queue instead of raising; returns applied,
- * duplicate or dead_lettered.  key, consumer, sql and params are the
- * first four arguments of the call, event_time, the fingerprint and the
- * route those at the positions given (a fingerprint position past the last
- * argument: none; a route position of -1: none).  Where keys are routed
- * (routed.c), the key and the entry are stored under the route.  The SQL
- * must affect at least expect_rows rows (0: any number); *rows is set to
- * the rows it affected when applied.
+ * idem_try_apply(key, consumer, sql, params, event_time, fingerprint,
+ * expect_rows, route): like idem_apply, but a permanent failure of the
+ * business SQL parks the message in the dead-letter queue instead of
+ * raising; returns applied, duplicate or dead_lettered.  Where keys are
+ * routed (routed.c), the key and the entry are stored under the route.
+ * Affecting fewer than expect_rows rows is an error of the SQL (IK002,
+ * transient unless idem_consumer.transient_sqlstates leaves it out).  The
+ * 1.0 function has the first five arguments, the 1.1 one six.
  */
-static Outcome
-try_apply_message(FunctionCallInfo fcinfo, int event_time_argno,
-				  int fingerprint_argno, int route_argno, int64 expect_rows,
-				  uint64 *rows)
+Datum
+idem_try_apply(PG_FUNCTION_ARGS)
 {
-	text	   *key = get_key_arg(fcinfo, 0);
-	char	   *consumer = get_consumer_arg(fcinfo, 1);
-	char	   *sql = get_sql_arg(fcinfo, 2);
-	ArrayType  *params = PG_ARGISNULL(3) ? NULL : PG_GETARG_ARRAYTYPE_P(3);
-	NullableDatum event_time;
-	text	   *explicit_fingerprint = get_fingerprint_arg(fcinfo, fingerprint_argno);
+	MessageArgs args;
 	DeadLetterPlace place = {0};
 	bool		check_fingerprint;
 	int32		fingerprint;
@@ -171,61 +158,61 @@ try_apply_message(FunctionCallInfo fcinfo, int event_time_argno,
 	bool		redelivered;
 	int			call;
 
-	check_event_time_arg(fcinfo, event_time_argno);
-	place.consumer = consumer;
-	place.routed = route_argno >= 0 &&
-		routed_get_route_arg(fcinfo, route_argno, &place.route, &place.route_type);
-	event_time.isnull = PG_ARGISNULL(event_time_argno);
-	event_time.value = event_time.isnull ? (Datum) 0 : PG_GETARG_DATUM(event_time_argno);
-	if (params != NULL)
-		business_params_check(params);
-	business_sql_check(sql);
-	expect_rows_check_sql(expect_rows, sql);
+	get_message_args(fcinfo, &args);
+	place.consumer = args.consumer;
+	place.routed = args.routed;
+	place.route = args.route;
+	place.route_type = args.route_type;
+	if (args.params != NULL)
+		business_params_check(args.params);
+	business_sql_check(args.sql);
+	expect_rows_check_sql(args.expect_rows, args.sql);
 
 	SPI_connect();
-	place.consumer_id = keystore_consumer_id_and_fp_check(consumer, true,
+	place.consumer_id = keystore_consumer_id_and_fp_check(args.consumer, true,
 														  &check_fingerprint);
-	call = stats_call_begin(consumer);
+	call = stats_call_begin(args.consumer);
 
 	if (check_fingerprint)
-		fingerprint = fingerprint_of_try_call(explicit_fingerprint, sql, params);
-	inflight_check_key(place.consumer_id, consumer, key, "record");
+		fingerprint = fingerprint_of_try_call(args.fingerprint, args.sql, args.params);
+	inflight_check_key(place.consumer_id, args.consumer, args.key, "record");
 	inflight_check_call(fcinfo);
 	if (place.routed)
 	{
-		routed_refuse_two_roles("idem_try_apply_routed", consumer, GetUserId());
-		redelivered = !routed_record_key(place.route, place.route_type, consumer,
-										 key, check_fingerprint ? &fingerprint : NULL,
+		routed_refuse_two_roles("idem_try_apply", args.consumer, GetUserId());
+		redelivered = !routed_record_key(place.route, place.route_type, args.consumer,
+										 args.key, check_fingerprint ? &fingerprint : NULL,
 										 &recorded);
 	}
 	else
-		redelivered = !keystore_record_key_fp(place.consumer_id, key,
+		redelivered = !keystore_record_key_fp(place.consumer_id, args.key,
 											  check_fingerprint ? &fingerprint : NULL,
 											  &recorded);
 	if (redelivered && check_fingerprint &&
-		!fingerprint_admits(explicit_fingerprint, fingerprint, &recorded,
-							sql, params))
+		!fingerprint_admits(args.fingerprint, fingerprint, &recorded,
+							args.sql, args.params))
 	{
 		/* another message under the key: a permanent failure of its own */
 		stats_call_key_reuse(call);
-		outcome = park_key_reuse(&place, key, sql, params, event_time,
-								 expect_rows, fingerprint, &recorded,
-								 &redelivered);
+		outcome = park_key_reuse(&place, args.key, args.sql, args.params,
+								 args.event_time, args.expect_rows, fingerprint,
+								 &recorded, &redelivered);
 	}
 	else if (redelivered)
-		outcome = redelivery_outcome(dead_letter_status(&place, key));
+		outcome = redelivery_outcome(dead_letter_status(&place, args.key));
 	else
 	{
-		ErrorData  *edata = business_run(place.consumer_id, consumer, key, sql,
-										 params, NULL, InvalidOid,
-										 expect_rows, rows);
+		uint64		rows;
+		ErrorData  *edata = business_run(place.consumer_id, args.consumer, args.key,
+										 args.sql, args.params, NULL, InvalidOid,
+										 args.expect_rows, &rows);
 
 		if (edata == NULL)
 			outcome = OUTCOME_APPLIED;
 		else
 		{
-			dead_letter_insert(&place, key, sql, params, event_time, edata,
-							   expect_rows);
+			dead_letter_insert(&place, args.key, args.sql, args.params,
+							   args.event_time, edata, args.expect_rows);
 			outcome = OUTCOME_DEAD_LETTERED;
 		}
 	}
@@ -237,89 +224,8 @@ try_apply_message(FunctionCallInfo fcinfo, int event_time_argno,
 				   outcome == OUTCOME_APPLIED ? 1 : 0,
 				   redelivered ? 1 : 0,
 				   outcome == OUTCOME_DEAD_LETTERED && !redelivered ? 1 : 0,
-				   event_time.isnull ? DT_NOBEGIN : DatumGetTimestampTz(event_time.value));
-
-	return outcome;
-}
-
-/*
- * idem_try_apply(key, consumer, sql, params, event_time, fingerprint):
- * returns applied, duplicate or dead_lettered.  The fingerprint argument
- * exists from version 1.1 of the SQL on.
- */
-Datum
-idem_try_apply(PG_FUNCTION_ARGS)
-{
-	uint64		rows;
-	Outcome		outcome = try_apply_message(fcinfo, 4, 5, -1, 0, &rows);
-
-	PG_RETURN_DATUM(dead_letter_outcome_result(fcinfo, outcome));
-}
-
-/*
- * The outcome and rows of idem_try_apply_rows and its routed form, whose
- * expect_rows is at argument expect_rows_argno, followed by event_time
- * and the fingerprint; the route at route_argno (-1: none).
- */
-static Datum
-try_apply_rows(FunctionCallInfo fcinfo, int expect_rows_argno, int route_argno)
-{
-	int64		expect_rows = get_expect_rows_arg(fcinfo, expect_rows_argno);
-	TupleDesc	tupdesc;
-	Datum		values[2];
-	bool		nulls[2] = {false, false};
-	uint64		rows = 0;
-	Outcome		outcome;
-
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "return type must be a row type");
-	outcome = try_apply_message(fcinfo, expect_rows_argno + 1, expect_rows_argno + 2,
-								route_argno, expect_rows, &rows);
-
-	values[0] = ObjectIdGetDatum(dead_letter_outcome_oids(fcinfo->flinfo,
-													TupleDescAttr(tupdesc, 0)->atttypid)[outcome]);
-	values[1] = Int64GetDatum((int64) rows);
-	nulls[1] = outcome != OUTCOME_APPLIED;
-	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(tupdesc),
-													  values, nulls)));
-}
-
-/*
- * idem_try_apply_rows(key, consumer, sql, params, expect_rows, event_time,
- * fingerprint): idem_try_apply, where affecting fewer than expect_rows
- * rows is an error of the SQL (IK002, transient unless
- * idem_consumer.transient_sqlstates leaves it out); returns the outcome and
- * the rows the SQL affected, NULL unless applied.
- */
-Datum
-idem_try_apply_rows(PG_FUNCTION_ARGS)
-{
-	return try_apply_rows(fcinfo, 4, -1);
-}
-
-/*
- * idem_try_apply_rows_routed(key, consumer, sql, params, route,
- * expect_rows, event_time, fingerprint): idem_try_apply_rows with the key
- * and any dead-letter entry stored under the route, where keys are routed;
- * a replay of the entry demands the rows again.
- */
-Datum
-idem_try_apply_rows_routed(PG_FUNCTION_ARGS)
-{
-	return try_apply_rows(fcinfo, 5, 4);
-}
-
-/*
- * idem_try_apply_routed(key, consumer, sql, params, route, event_time,
- * fingerprint): idem_try_apply with the key and any dead-letter entry
- * stored under the route, where keys are routed (Citus); elsewhere the
- * route is not needed, and idem_try_apply_routed is idem_try_apply.
- */
-Datum
-idem_try_apply_routed(PG_FUNCTION_ARGS)
-{
-	uint64		rows;
-	Outcome		outcome = try_apply_message(fcinfo, 5, 6, 4, 0, &rows);
+				   args.event_time.isnull ? DT_NOBEGIN :
+				   DatumGetTimestampTz(args.event_time.value));
 
 	PG_RETURN_DATUM(dead_letter_outcome_result(fcinfo, outcome));
 }

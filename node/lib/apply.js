@@ -1,5 +1,4 @@
-// Owns: the calls of one message (idem_apply, idem_try_apply, and their
-// rows forms idem_apply_rows, idem_try_apply_rows) and of a batch
+// Owns: the calls of one message (idem_apply, idem_try_apply) and of a batch
 // (idem_record_batch and the caller's batch statement), with their
 // arguments checked and converted before anything reaches the server.
 'use strict';
@@ -46,77 +45,37 @@ function fingerprintArg(msg) {
   return fingerprint;
 }
 
-// The function call of one message and its values: the five-argument
-// function of 1.0 unless the message has a fingerprint (the six-argument
-// overload of 1.1) or a demand for rows (the rows form of 1.2), so that
-// a role granted only the 1.0 function keeps working.
-function messageCall(name, msg, rowsForm) {
+// The function call of one message and its values: the arguments of 1.0
+// (key, consumer, sql, params, event_time), then the fingerprint (1.1) and
+// expect_rows (1.2) only when the message has them, so that a message
+// without them runs against a database at 1.0 or 1.1 too.
+function messageCall(name, msg) {
   const args = messageArgs(msg);
   const expectRows = expectRowsArg(msg);
   const fingerprint = fingerprintArg(msg);
-  if (rowsForm || expectRows !== undefined)
+  if (expectRows !== undefined)
     return {
-      call: `${name}_rows($1, $2, $3, $4::text[], $5::bigint, $6::timestamptz, $7::text)`,
-      values: [...args.slice(0, 3), args[3], expectRows === undefined ? '0' : expectRows, args[4],
-        fingerprint === undefined ? null : fingerprint],
-      rows: true,
+      call: `${name}($1, $2, $3, $4::text[], $5::timestamptz, $6::text, $7::bigint)`,
+      values: [...args, fingerprint === undefined ? null : fingerprint, expectRows],
     };
   if (fingerprint !== undefined)
-    return { call: `${name}($1, $2, $3, $4::text[], $5::timestamptz, $6::text)`, values: [...args, fingerprint], rows: false };
-  return { call: `${name}($1, $2, $3, $4::text[], $5::timestamptz)`, values: args, rows: false };
-}
-
-// The rows a call affected, from the bigint's text (NULL: none ran).
-function rowsCount(text) {
-  if (text === null) return null;
-  const n = Number(text);
-  if (!Number.isSafeInteger(n)) throw new RangeError(`the business SQL affected ${text} rows, more than a number holds exactly`);
-  return n;
-}
-
-// Send one message's call of idem_apply or idem_apply_rows; resolves to
-// the rows affected (text, NULL for a duplicate) or the boolean.
-async function applyCall(db, msg, opts, rowsForm) {
-  const { call, values, rows } = messageCall('idem_apply', msg, rowsForm);
-  const res = await statement(db, { text: `SELECT ${call}${rows ? '::text' : ''} AS result`, values }, opts);
-  return { rows, result: res.rows[0].result };
-}
-
-// Send one message's call of idem_try_apply or idem_try_apply_rows;
-// resolves to the outcome and the rows affected (text, NULL unless applied).
-async function tryApplyCall(db, msg, opts, rowsForm) {
-  const { call, values, rows } = messageCall('idem_try_apply', msg, rowsForm);
-  const text = rows ?
-    `SELECT r.outcome::text AS outcome, r.rows::text AS rows FROM ${call} AS r` :
-    `SELECT ${call}::text AS outcome, NULL::text AS rows`;
-  const res = await statement(db, { text, values }, opts);
-  return res.rows[0];
+    return { call: `${name}($1, $2, $3, $4::text[], $5::timestamptz, $6::text)`, values: [...args, fingerprint] };
+  return { call: `${name}($1, $2, $3, $4::text[], $5::timestamptz)`, values: args };
 }
 
 // Record the message's key and run its SQL, or skip it as a duplicate:
 // true if applied.  With expectRows, an SQL that affects fewer rows raises
 // IK002 and records nothing.
 async function apply(db, msg, opts) {
-  const { rows, result } = await applyCall(db, msg, opts, false);
-  return rows ? result !== null : result;
-}
-
-// apply, resolving to the rows the SQL affected, or null for a duplicate.
-async function applyRows(db, msg, opts) {
-  return rowsCount((await applyCall(db, msg, opts, true)).result);
+  const { call, values } = messageCall('idem_apply', msg);
+  return (await statement(db, { text: `SELECT ${call} AS result`, values }, opts)).rows[0].result;
 }
 
 // Like apply, but a permanent error of the SQL parks the message in the
 // dead-letter queue: 'applied', 'duplicate' or 'dead_lettered'.
 async function tryApply(db, msg, opts) {
-  return (await tryApplyCall(db, msg, opts, false)).outcome;
-}
-
-// tryApply, resolving to { outcome, rows }: rows the SQL affected when
-// applied, null otherwise.
-async function tryApplyRows(db, msg, opts) {
-  const { outcome, rows } = await tryApplyCall(db, msg, opts, true);
-  return { outcome, rows: rowsCount(rows) };
+  const { call, values } = messageCall('idem_try_apply', msg);
+  return (await statement(db, { text: `SELECT ${call}::text AS outcome`, values }, opts)).rows[0].outcome;
 }
 
 // Build the batch statement's arrays: the keys, then one array per column,
@@ -159,4 +118,4 @@ async function recordBatch(db, batch, opts) {
   return statement(db, { text: sql === undefined ? RECORD_ONLY : sql, values }, opts);
 }
 
-module.exports = { apply, applyRows, tryApply, tryApplyRows, recordBatch, batchParams };
+module.exports = { apply, tryApply, recordBatch, batchParams };

@@ -3,6 +3,8 @@
 // failures and deadlocks with a bounded, jittered exponential backoff.
 'use strict';
 
+const { withTraceComment } = require('./trace');
+
 // SQLSTATEs after which the same work, in a fresh transaction, may succeed.
 const RETRYABLE = new Set(['40001', '40P01']);
 
@@ -82,11 +84,13 @@ function autocommit(client, checkedOut) {
   return checkedOut;
 }
 
-// Send one statement, retried as its own transaction when it is one.
+// Send one statement, retried as its own transaction when it is one; its
+// text carries the active trace context (lib/trace.js).
 function statement(db, query, opts) {
   const o = options(opts);
+  const traced = withTraceComment(query);
   return withClient(db, (client, checkedOut) =>
-    autocommit(client, checkedOut) ? retrying(() => client.query(query), o) : client.query(query));
+    autocommit(client, checkedOut) ? retrying(() => client.query(traced), o) : client.query(traced));
 }
 
 const ISOLATION = new Set(['read committed', 'repeatable read', 'serializable']);

@@ -36,7 +36,9 @@ test('the package loads from its entry point and declares every export', () => {
   const pkg = require(path.join(root, 'package.json'));
   // nothing at run time: the dependencies are the types index.d.ts imports
   assert.deepStrictEqual(Object.keys(pkg.dependencies || {}).sort(), ['@types/node', '@types/pg']);
-  assert.deepStrictEqual(Object.keys(pkg.peerDependencies), ['pg']);
+  assert.deepStrictEqual(Object.keys(pkg.peerDependencies), ['pg', '@opentelemetry/api']);
+  // tracing is optional: the package works without the OpenTelemetry API
+  assert.deepStrictEqual(pkg.peerDependenciesMeta, { '@opentelemetry/api': { optional: true } });
   // the project's license (META.json, debian/copyright)
   assert.strictEqual(pkg.license, 'PostgreSQL');
 });

@@ -1,7 +1,6 @@
-// The rows form (expectRows, applyRows, tryApplyRows) and the caller's
-// fingerprint from node-postgres: a payment delivered before its order
-// raises IK002 and records nothing, applies once the order exists; the
-// rows affected are reported; a fingerprint of one's own is compared on
+// expectRows and the caller's fingerprint from node-postgres: a payment
+// delivered before its order raises IK002 and records nothing, applies
+// once the order exists; a fingerprint of one's own is compared on
 // redeliveries instead of the SQL and parameters.
 'use strict';
 
@@ -45,17 +44,13 @@ test('apply with expectRows: IK002 before the order exists, applied once it does
   assert.strictEqual(await paid(1), '10');
 });
 
-test('applyRows reports the rows affected, null for a duplicate; no demand by default', async () => {
+test('no demand by default; a bigint demand; a demand above the rows affected is IK002', async () => {
   await db.query('INSERT INTO rows_orders (id) VALUES (2), (3), (4)');
-  const all = { key: 'rows:2', consumer: ROWS, sql: "UPDATE rows_orders SET status = 'SEEN' WHERE id >= $1", params: [2] };
-  assert.strictEqual(await idem.applyRows(db, all), 3);
-  assert.strictEqual(await idem.applyRows(db, all), null);
-  // no demand: an update of no row is applied, and says so
-  assert.strictEqual(await idem.applyRows(db, { key: 'rows:3', consumer: ROWS, sql: PAY, params: [1, 404] }), 0);
-  // a bigint demand; a demand above the count raises IK002
-  assert.strictEqual(await idem.applyRows(db,
-    { key: 'rows:4', consumer: ROWS, sql: 'SELECT id FROM rows_orders WHERE id IN (2, 3)', expectRows: 2n }), 2);
-  await assert.rejects(idem.applyRows(db,
+  // no demand: an update of no row is applied
+  assert.strictEqual(await idem.apply(db, { key: 'rows:3', consumer: ROWS, sql: PAY, params: [1, 404] }), true);
+  assert.strictEqual(await idem.apply(db,
+    { key: 'rows:4', consumer: ROWS, sql: 'SELECT id FROM rows_orders WHERE id IN (2, 3)', expectRows: 2n }), true);
+  await assert.rejects(idem.apply(db,
     { key: 'rows:5', consumer: ROWS, sql: 'SELECT id FROM rows_orders WHERE id IN (2, 3)', expectRows: 3 }),
   (err) => err.code === 'IK002');
   assert.strictEqual(await processed('rows:5', ROWS), false);
@@ -73,22 +68,20 @@ test('a bad expectRows is refused: by the package before sending, or by the serv
 test('tryApply with expectRows: IK002 is transient by default, raised with nothing recorded', async () => {
   const msg = { key: 'rows:t1', consumer: ROWS_TRY, sql: PAY, params: [5, 20], expectRows: 1 };
   await assert.rejects(idem.tryApply(db, msg), (err) => err.code === 'IK002');
-  await assert.rejects(idem.tryApplyRows(db, msg), (err) => err.code === 'IK002');
   assert.strictEqual(await processed('rows:t1', ROWS_TRY), false);
   const { rows } = await db.query('SELECT count(*)::int AS n FROM idem_dead_letters WHERE consumer = $1', [ROWS_TRY]);
   assert.strictEqual(rows[0].n, 0);
   await db.query('INSERT INTO rows_orders (id) VALUES (20)');
-  assert.deepStrictEqual(await idem.tryApplyRows(db, msg), { outcome: 'applied', rows: 1 });
-  assert.deepStrictEqual(await idem.tryApplyRows(db, msg), { outcome: 'duplicate', rows: null });
+  assert.strictEqual(await idem.tryApply(db, msg), 'applied');
   assert.strictEqual(await idem.tryApply(db, msg), 'duplicate');
   assert.strictEqual(await paid(20), '5');
 });
 
-test('tryApplyRows with IK002 made permanent: parked with its demand, replayed once the row exists', async () => {
+test('tryApply with IK002 made permanent: parked with its demand, replayed once the row exists', async () => {
   const msg = { key: 'rows:t2', consumer: ROWS_TRY, sql: PAY, params: [3, 21], expectRows: 1 };
   await db.query("SET idem_consumer.transient_sqlstates = ''");
   try {
-    assert.deepStrictEqual(await idem.tryApplyRows(db, msg), { outcome: 'dead_lettered', rows: null });
+    assert.strictEqual(await idem.tryApply(db, msg), 'dead_lettered');
     assert.strictEqual(await idem.tryApply(db, msg), 'dead_lettered');
   } finally {
     await db.query('RESET idem_consumer.transient_sqlstates');
@@ -114,33 +107,34 @@ test('fingerprint: parameters that vary between deliveries of one message are a 
   assert.strictEqual(await idem.apply(db, delivery('order-paid e-1 v1')), true);
   assert.strictEqual(await idem.apply(db, delivery('order-paid e-1 v1')), false);
   assert.strictEqual(await idem.tryApply(db, delivery('order-paid e-1 v1')), 'duplicate');
-  assert.strictEqual(await idem.applyRows(db, { ...delivery('order-paid e-1 v1'), expectRows: 1 }), null);
+  assert.strictEqual(await idem.apply(db, { ...delivery('order-paid e-1 v1'), expectRows: 1 }), false);
   // another message under the key: another fingerprint, refused (IK001)
   await assert.rejects(idem.apply(db, delivery('order-paid e-2 v1')), (err) => err.code === 'IK001');
   // without a fingerprint the varying params look like another message
   await assert.rejects(idem.apply(db, delivery(undefined)), (err) => err.code === 'IK001');
   assert.strictEqual(await paid(30), '4');
-  // the rows form takes the fingerprint too
-  assert.deepStrictEqual(await idem.tryApplyRows(db, { ...delivery('order-paid e-3'), key: 'fp:2', expectRows: 1 }),
-    { outcome: 'applied', rows: 1 });
+  // with a demand for rows too
+  assert.strictEqual(await idem.tryApply(db, { ...delivery('order-paid e-3'), key: 'fp:2', expectRows: 1 }),
+    'applied');
   assert.strictEqual(await idem.apply(db, { ...delivery('order-paid e-3'), key: 'fp:2' }), false);
   await assert.rejects(idem.apply(db, { key: 'fp:3', consumer: FP, sql: 'SELECT 1', fingerprint: 7 }),
     (err) => err instanceof TypeError && /fingerprint must be a string/.test(err.message));
 });
 
-test('each call reaches the function its fields ask for', async () => {
-  // a role granted only the five-argument idem_apply of 1.0 keeps working
-  // as long as the message has neither a fingerprint nor a demand
+test('a role granted idem_apply calls it with every field', async () => {
+  // 1.2 has one idem_apply: a fingerprint and a demand are its arguments
   const role = `rows_app_${process.pid}`;
   await db.query(`CREATE ROLE ${role}`);
   try {
-    await db.query(`GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz),
+    await db.query(`GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
                     idem_consumer_create(text, regrole) TO ${role}`);
     await db.query(`SET ROLE ${role}`);
     const msg = { key: 'grant:1', consumer: consumerName('grant'), sql: 'SELECT 1' };
     assert.strictEqual(await idem.apply(db, msg), true);
-    await assert.rejects(idem.apply(db, { ...msg, key: 'grant:2', fingerprint: 'f' }), (err) => err.code === '42501');
-    await assert.rejects(idem.apply(db, { ...msg, key: 'grant:3', expectRows: 0 }), (err) => err.code === '42501');
+    assert.strictEqual(await idem.apply(db, { ...msg, key: 'grant:2', fingerprint: 'f' }), true);
+    assert.strictEqual(await idem.apply(db, { ...msg, key: 'grant:3', expectRows: 1 }), true);
+    assert.strictEqual(await idem.apply(db, { ...msg, key: 'grant:4', expectRows: 1, fingerprint: 'f' }), true);
+    await assert.rejects(idem.tryApply(db, { ...msg, key: 'grant:5' }), (err) => err.code === '42501');
   } finally {
     await db.query('RESET ROLE');
     await db.query(`DROP OWNED BY ${role}; DROP ROLE ${role}`);

@@ -81,3 +81,21 @@ size_mb() {
         *) echo 0 ;;
     esac
 }
+
+# bench_report NAME LINE...: prints each "name=value" LINE as "BENCH
+# name=value", and, when BENCH_RESULTS_DIR is set, saves them to
+# $BENCH_RESULTS_DIR/NAME-YYYY-MM-DD-HHMM.bench (UTC) after a comment line
+# saying what ran where, for test/bench/plot and other scripts.
+bench_report() {
+    local name=$1 m file
+    shift
+    for m in "$@"; do echo "BENCH $m"; done
+    [ -n "${BENCH_RESULTS_DIR:-}" ] || return 0
+    mkdir -p "$BENCH_RESULTS_DIR" || die "cannot create $BENCH_RESULTS_DIR"
+    file="$BENCH_RESULTS_DIR/$name-$(date -u +%Y-%m-%d-%H%M).bench"
+    {
+        echo "# test/bench/$name, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, $("$PG_BINDIR/postgres" --version 2>/dev/null)"
+        printf '%s\n' "$@"
+    } >"$file" || die "cannot write $file"
+    echo "saved to $file"
+}

@@ -61,6 +61,26 @@ as_pg() { "${AS_PG[@]}" "$@"; }
 # seconds since the script started, so that a newcomer sees it move.
 progress() { printf '[%4ds] %s\n' "$SECONDS" "$*"; }
 
+# with_heartbeat LOG CMD...: runs CMD with its output in LOG and, while it
+# runs, prints every 15 s how long it has taken and LOG's last line, so
+# that a long install is never silent; returns CMD's status.
+with_heartbeat() {
+    local log=$1 pid rc=0 waited=0 last
+    shift
+    "$@" >"$log" 2>&1 &
+    pid=$!
+    while kill -0 "$pid" 2>/dev/null; do
+        sleep 1
+        waited=$((waited + 1))
+        if [ $((waited % 15)) -eq 0 ]; then
+            last=$(tail -n 1 "$log" 2>/dev/null | tr -d '\r' | cut -c1-90)
+            progress "  ... ${waited}s${last:+: $last}"
+        fi
+    done
+    wait "$pid" || rc=$?
+    return "$rc"
+}
+
 # Install whatever is missing; apt-get update only when something is.
 # ensure_packages [PROFILE]: "build" is what compiling and running the
 # extension needs; "demo" adds Node.js for test/demo's external-call phase;
@@ -103,8 +123,9 @@ ensure_packages() {
     if [ "$profile" != build ] && [ "$profile" != demo ]; then
         pkgs="$pkgs libipc-run-perl prometheus"
         # the prometheus suite runs Debian's postgres_exporter with the
-        # queries file of docs/prometheus and scrapes it with curl
-        pkgs="$pkgs prometheus-postgres-exporter curl"
+        # queries file of docs/prometheus and scrapes it with curl, and
+        # plots the dashboard's preview with gnuplot
+        pkgs="$pkgs prometheus-postgres-exporter curl gnuplot-nox"
         # PL/Proxy: test/t/021_plproxy.pl and test/bench/plproxy (docs/plproxy)
         [ -n "$debian_server" ] && pkgs="$pkgs postgresql-$PG_MAJOR-plproxy"
         # test/t/080_pgbouncer.pl: Debian's PgBouncer in transaction mode,
@@ -163,8 +184,8 @@ apt_install_missing() {
         || { cat "$log"; rm -f "$log"; die "apt-get update failed (output above)"; }
     progress "  apt-get install (this takes minutes on a new machine)"
     # shellcheck disable=SC2086
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-        --no-install-recommends $missing >"$log" 2>&1 \
+    with_heartbeat "$log" as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y \
+        -o Dpkg::Use-Pty=0 --no-install-recommends $missing \
         || { tail -n 40 "$log"; rm -f "$log"; die "apt-get install$missing failed (last lines above)"; }
     rm -f "$log"
     progress "  packages installed"
@@ -185,12 +206,24 @@ npm_registry_check() {
 # tests, test/effects): npm ci in test/client/node unless it is there.
 ensure_node_modules() {
     [ -d "$REPO_ROOT/test/client/node/node_modules/pg" ] && return 0
-    local log
-    npm_registry_check
-    progress "npm ci in test/client/node (node-postgres)"
+    npm_ci "$REPO_ROOT/test/client/node" "node-postgres"
+}
+
+# npm_ci DIR WHAT: npm ci in DIR, from npm's cache alone when it holds every
+# package of the lock file (no registry needed), else from the registry,
+# checked first, with a line every 15 s while it works.
+npm_ci() {
+    local dir=$1 what=$2 log
     log=$(mktemp)
-    (cd "$REPO_ROOT/test/client/node" && npm ci --no-audit --no-fund) >"$log" 2>&1 \
-        || { tail -n 30 "$log"; rm -f "$log"; die "npm ci in test/client/node failed (last lines above)"; }
+    if (cd "$dir" && npm ci --offline --no-audit --no-fund) >"$log" 2>&1; then
+        progress "npm ci in ${dir#"$REPO_ROOT"/} ($what): from npm's cache"
+        rm -f "$log"
+        return 0
+    fi
+    npm_registry_check
+    progress "npm ci in ${dir#"$REPO_ROOT"/} ($what) from $(npm config get registry 2>/dev/null)"
+    with_heartbeat "$log" bash -c 'cd "$1" && exec npm ci --prefer-offline --fetch-retries=1 --no-audit --no-fund' npm-ci "$dir" \
+        || { tail -n 30 "$log"; rm -f "$log"; die "npm ci in $dir failed (last lines above)"; }
     rm -f "$log"
 }
 

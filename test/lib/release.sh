@@ -86,6 +86,15 @@ run_prometheus_suite() {
     cat "$log"
     [ "$status" -eq 124 ] && echo "--- exporter.t: killed after 300 s"
     count_tap "$log" "$status"
+    # the Grafana dashboard and the rules on Debian's Prometheus, scraping
+    # a database under load both ways; plots docs/dashboard.png
+    log="$WORK/dashboard.log"
+    (cd "$REPO_ROOT" && timeout -k 30 180 env PG_BINDIR="$PG_BINDIR" EXPORTER_WORK="$xdir" \
+        prove -v test/prometheus/dashboard.t) >"$log" 2>&1
+    status=$?
+    cat "$log"
+    [ "$status" -eq 124 ] && echo "--- dashboard.t: killed after 180 s"
+    count_tap "$log" "$status"
     echo "-- prometheus took $((SECONDS - t0)) s"
 }
 

@@ -1,5 +1,6 @@
 # The purge worker: off by default; with idem_consumer.purge_databases it
-# purges expired keys on its schedule and nothing else, waits (logging
+# purges expired keys on its schedule (one by one here, with
+# key_generation_interval = 0; by generations: t/006) and nothing else, waits (logging
 # once) in a database without the extension, follows a reload of its
 # interval, and is back after a restart.
 use strict;
@@ -67,6 +68,7 @@ $node->safe_psql('postgres', 'CREATE DATABASE "Shop"');
 $node->append_conf(
 	'postgresql.conf', qq{
 idem_consumer.purge_databases = 'postgres, "Shop"'
+idem_consumer.key_generation_interval = 0
 idem_consumer.purge_interval = 1
 idem_consumer.purge_delay = 1
 idem_consumer.purge_batch_size = 500

@@ -1,6 +1,6 @@
-# The purge worker never waits for a lock a consumer holds: an open
-# transaction holding an expired key (here an idem_forget that has not
-# committed) costs that key a run, not the worker.  The worker purges the
+# The purge worker, purging keys one by one, never waits for a lock a
+# consumer holds: an open transaction holding an expired key (here an
+# idem_forget that has not committed) costs that key a run, not the worker.  The worker purges the
 # other consumers' expired keys and the rest of that consumer's, and the
 # held key goes on the run after the lock is released.
 use strict;
@@ -17,6 +17,7 @@ $node->append_conf(
 	'postgresql.conf', qq{
 shared_preload_libraries = 'idem_consumer'
 idem_consumer.purge_databases = 'postgres'
+idem_consumer.key_generation_interval = 0
 idem_consumer.purge_interval = '1h'
 idem_consumer.purge_delay = 1
 idem_consumer.purge_batch_size = 500
@@ -25,7 +26,7 @@ $node->start;
 $node->safe_psql('postgres', q{
 	CREATE EXTENSION idem_consumer;
 	CREATE ROLE team_a LOGIN;
-	GRANT EXECUTE ON FUNCTION idem_forget(text, text), idem_apply(text, text, text, text[], timestamptz)
+	GRANT EXECUTE ON FUNCTION idem_forget(text, text, "any"), idem_apply(text, text, text, text[], timestamptz, text, bigint, "any")
 	   TO team_a;
 	SELECT idem_consumer_create('a', 'team_a');
 	SELECT idem_consumer_create('b');

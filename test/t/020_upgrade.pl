@@ -11,6 +11,7 @@ use strict;
 use warnings;
 
 use Digest::SHA;
+use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -214,6 +215,7 @@ $node->safe_psql('postgres', q{
 	CREATE DATABASE tampered;
 	CREATE DATABASE busy_1_1;
 	CREATE DATABASE restored_1_1;
+	CREATE DATABASE refused_1_1;
 });
 
 #
@@ -253,6 +255,8 @@ $node->safe_psql('upgraded', q{
 	CREATE ROLE legacy_app;
 	CREATE ROLE other_app;
 	GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz) TO legacy_app, other_app;
+	GRANT EXECUTE ON FUNCTION idem_is_processed(text, text) TO legacy_app WITH GRANT OPTION;
+	GRANT EXECUTE ON FUNCTION idem_forget(text, text) TO other_app;
 	GRANT SELECT, UPDATE ON ledger TO legacy_app, other_app;
 	SET ROLE legacy_app;
 	SELECT idem_apply('legacy:1', 'legacy', 'update ledger set n = n + 0 where id = 1');
@@ -323,9 +327,41 @@ is($node->safe_psql('upgraded', q{
 	SET ROLE legacy_app;
 	SELECT idem_apply('legacy:4', 'legacy', 'update ledger set n = n + 0 where id = 1')}),
 	't', 'and its owner goes on');
+# 1.2 replaces idem_apply, idem_is_processed and idem_forget of 1.0 with
+# functions that take more arguments: the grants on the old ones are on the
+# new ones, the grant option kept, and PUBLIC still has none
+is($node->safe_psql('upgraded', q{
+	SELECT string_agg(f || ':' || r || ':' || has_function_privilege(r, f, 'EXECUTE')
+	                  || '/' || has_function_privilege(r, f, 'EXECUTE WITH GRANT OPTION'), ',' ORDER BY f, r)
+	  FROM unnest(ARRAY['idem_apply(text, text, text, text[], timestamptz, text, bigint, "any")',
+	                    'idem_is_processed(text, text, "any")', 'idem_forget(text, text, "any")']) AS f,
+	       unnest(ARRAY['legacy_app', 'other_app']) AS r}),
+	join(',', 'idem_apply(text, text, text, text[], timestamptz, text, bigint, "any"):legacy_app:true/false',
+		'idem_apply(text, text, text, text[], timestamptz, text, bigint, "any"):other_app:true/false',
+		'idem_forget(text, text, "any"):legacy_app:false/false',
+		'idem_forget(text, text, "any"):other_app:true/false',
+		'idem_is_processed(text, text, "any"):legacy_app:true/true',
+		'idem_is_processed(text, text, "any"):other_app:false/false'),
+	'the grants on the replaced functions of 1.0 are on the new ones, with their grant option');
+is($node->safe_psql('upgraded', q{
+	SELECT count(*) FROM pg_proc p, aclexplode(p.proacl) a
+	 WHERE p.pronamespace = 'public'::regnamespace AND a.grantee = 0}),
+	'0', 'and no function of the API is open to PUBLIC');
+is($node->safe_psql('upgraded', q{
+	SET ROLE legacy_app;
+	SELECT idem_is_processed('legacy:1', 'legacy') || ' ' || idem_apply('legacy:1b', 'legacy', 'select 1', NULL, NULL)}),
+	'true true', 'the role calls them as under 1.0');
+# pg_dump dumps them: they are the DBA's, not the extension's initial privileges
+my ($dump_out, $dump_err);
+IPC::Run::run([ 'pg_dump', '-s', '-d', $node->connstr('upgraded') ], '>', \$dump_out, '2>', \$dump_err)
+  or die "pg_dump failed: $dump_err";
+like($dump_out, qr/^GRANT ALL ON FUNCTION public\.idem_is_processed\(key text, consumer text, route "any"\) TO legacy_app WITH GRANT OPTION;$/m,
+	'pg_dump keeps a carried grant');
 # the grants are the test's, not the extension's: out of the catalog comparison
 $node->safe_psql('upgraded', q{
-	REVOKE EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz) FROM legacy_app, other_app});
+	REVOKE ALL ON FUNCTION idem_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
+	                       idem_is_processed(text, text, "any"), idem_forget(text, text, "any")
+	  FROM legacy_app, other_app CASCADE});
 is($node->safe_psql('upgraded', q{
 	SELECT count(*) FROM idem_record_batch('audit',
 	    ARRAY(SELECT 'audit:' || g FROM generate_series(1, 51) g))}),
@@ -366,9 +402,9 @@ is(scalar(@$drift), 0, 'an upgraded 1.0 database and a new install have the same
 # The comparison sees what an incomplete update script would leave out.
 $node->safe_psql('tampered', q{
 	CREATE EXTENSION idem_consumer;
-	COMMENT ON FUNCTION idem_forget(text, text) IS 'tampered';
+	COMMENT ON FUNCTION idem_set_retention(text, interval) IS 'tampered';
 	COMMENT ON COLUMN idem_consumer.dead_letters.key IS 'tampered';
-	GRANT EXECUTE ON FUNCTION idem_forget(text, text) TO pg_monitor;
+	GRANT EXECUTE ON FUNCTION idem_set_retention(text, interval) TO pg_monitor;
 	ALTER TABLE idem_consumer.dead_letters ALTER COLUMN attempts SET DEFAULT 2;
 	ALTER TABLE idem_consumer.retention_settings ADD CONSTRAINT short CHECK (retention < '1 year');
 	DROP INDEX idem_consumer.dead_letters_pending;
@@ -379,9 +415,9 @@ $node->safe_psql('tampered', q{
 });
 my $tampered = difference(catalog_lines($node, 'tampered'), $fresh);
 for my $change (
-	[ qr/^- function idem_forget\(text,text\) \| comment : tampered/, 'a new comment' ],
+	[ qr/^- function idem_set_retention\(text,interval\) \| comment : tampered/, 'a new comment' ],
 	[ qr/^- table idem_consumer\.dead_letters \| comment key: tampered/, 'a new column comment' ],
-	[ qr/^- function idem_forget\(text,text\) \| owner \S+ acl .*pg_monitor=X/, 'a new grant' ],
+	[ qr/^- function idem_set_retention\(text,interval\) \| owner \S+ acl .*pg_monitor=X/, 'a new grant' ],
 	[ qr/^- table idem_consumer\.dead_letters \| column \d+ attempts .* default 2 /, 'another column default' ],
 	[ qr/^- table idem_consumer\.retention_settings \| constraint short:/, 'a new constraint' ],
 	[ qr/^\+ table idem_consumer\.dead_letters \| index: .*dead_letters_pending/, 'a dropped index' ],
@@ -448,6 +484,9 @@ my $setup_1_1 = q{
 	                          idem_try_apply(text, text, text, text[], timestamptz),
 	                          idem_is_processed(text, text)
 	   TO team_a;
+	GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz, text),
+	                          idem_record_batch(text, text[], text[])
+	   TO team_a WITH GRANT OPTION;
 	SELECT idem_consumer_create('payments', 'team_a');
 	SELECT idem_consumer_create('shipping', 'team_a');
 	SET ROLE team_a;
@@ -674,15 +713,67 @@ isnt($node->safe_psql('restored_1_1', q{SELECT k0 || ':' || k1 FROM idem_consume
 	$node->safe_psql('busy_1_1', q{SELECT k0 || ':' || k1 FROM idem_consumer_local.key_seed}),
 	'the restored database has a seed of its own');
 
+# the grants of team_a on the functions 1.2 replaced are on the new ones,
+# with the grant option of the 1.1 forms; its calls of 1.0 and 1.1 shapes
+# work as they did
+is($node->safe_psql('upgraded_1_1', q{
+	SELECT string_agg(f || ':' || has_function_privilege('team_a', f, 'EXECUTE')
+	                  || '/' || has_function_privilege('team_a', f, 'EXECUTE WITH GRANT OPTION'), ',' ORDER BY f)
+	  FROM unnest(ARRAY['idem_apply(text, text, text, text[], timestamptz, text, bigint, "any")',
+	                    'idem_try_apply(text, text, text, text[], timestamptz, text, bigint, "any")',
+	                    'idem_is_processed(text, text, "any")',
+	                    'idem_record_batch(text, text[], text[], "any")']) AS f}),
+	join(',', 'idem_apply(text, text, text, text[], timestamptz, text, bigint, "any"):true/true',
+		'idem_is_processed(text, text, "any"):true/false',
+		'idem_record_batch(text, text[], text[], "any"):true/true',
+		'idem_try_apply(text, text, text, text[], timestamptz, text, bigint, "any"):true/false'),
+	'1.1: the grants on the replaced functions are on the new ones');
+is($node->safe_psql('upgraded_1_1', q{
+	SET ROLE team_a;
+	SELECT idem_apply('granted:1', 'payments', 'select 1'),
+	       idem_apply('granted:2', 'payments', 'select 1', NULL, NULL, 'fp-2'),
+	       idem_try_apply('granted:3', 'shipping', 'select 1', NULL, NULL),
+	       idem_is_processed('granted:2', 'payments'),
+	       (SELECT string_agg(key || '/' || reused, ',') FROM idem_record_batch('payments', ARRAY['granted:2', 'granted:4'], ARRAY['fp-2', NULL]))}),
+	't|t|applied|t|granted:4/false', '1.1: the role calls them as under 1.1');
 # the grants are the test's, not the extension's: out of the catalog comparison
 $node->safe_psql('upgraded_1_1', q{
-	REVOKE EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz),
-	                           idem_try_apply(text, text, text, text[], timestamptz),
-	                           idem_is_processed(text, text)
-	  FROM team_a});
+	REVOKE ALL ON FUNCTION idem_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
+	                       idem_try_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
+	                       idem_is_processed(text, text, "any"),
+	                       idem_record_batch(text, text[], text[], "any")
+	  FROM team_a CASCADE});
 my $drift_1_1 = difference(catalog_lines($node, 'upgraded_1_1'), $fresh);
 is(scalar(@$drift_1_1), 0, 'an upgraded 1.1 database and a new install have the same objects')
   or diag("only in the upgraded database (-) or the new install (+):\n" . join("\n", @$drift_1_1));
+
+#
+# An update that would drop a function an object of the database depends
+# on is refused before it changes anything, naming the objects; once they
+# are gone it runs.
+#
+$node->safe_psql('refused_1_1', q{
+	CREATE EXTENSION idem_consumer VERSION '1.1';
+	CREATE VIEW seen AS SELECT idem_is_processed('k', 'c') AS processed;
+	CREATE VIEW also_seen AS SELECT idem_apply('k', 'c', 'select 1', NULL, NULL, 'fp') AS applied WHERE false;
+});
+my ($refused_rc, $refused_out, $refused_err) = $node->psql('refused_1_1',
+	'ALTER EXTENSION idem_consumer UPDATE', extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+isnt($refused_rc, 0, 'the update of a database whose views call functions 1.2 replaces fails');
+like($refused_err, qr/ERROR:  2BP01: idem_consumer cannot be updated to 1\.2 while objects depend on functions it replaces/,
+	'with SQLSTATE 2BP01 and a message that says why');
+like($refused_err, qr/DETAIL: .*view also_seen \(on idem_apply\(text,text,text,text\[\],timestamp with time zone,text\)\).*view seen \(on idem_is_processed\(text,text\)\)/,
+	'naming each object and the function it depends on');
+like($refused_err, qr/HINT:  Drop the dependent objects, run ALTER EXTENSION idem_consumer UPDATE again/,
+	'and saying what to do');
+is($node->safe_psql('refused_1_1', q{
+	SELECT extversion, to_regprocedure('idem_is_processed(text, text)') IS NOT NULL,
+	       to_regclass('idem_consumer.key_generations') IS NULL
+	  FROM pg_extension WHERE extname = 'idem_consumer'}),
+	'1.1|t|t', 'and changes nothing');
+$node->safe_psql('refused_1_1', 'DROP VIEW seen, also_seen; ALTER EXTENSION idem_consumer UPDATE');
+is($node->safe_psql('refused_1_1', q{SELECT extversion FROM pg_extension WHERE extname = 'idem_consumer'}),
+	$current_version, 'without them the update runs');
 
 #
 # The library serves a database still at 1.1.

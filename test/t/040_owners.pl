@@ -24,17 +24,12 @@ $node->safe_psql('postgres', q{
 	CREATE ROLE team_pay;   CREATE ROLE pay_app LOGIN IN ROLE team_pay;   CREATE ROLE pay_oncall LOGIN IN ROLE team_pay;
 	CREATE ROLE team_ship;  CREATE ROLE ship_app LOGIN IN ROLE team_ship;
 	CREATE ROLE monitoring LOGIN IN ROLE pg_monitor;
-	GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz),
-	                          idem_apply_v(text, text, text, "any"),
-	                          idem_apply_rows(text, text, text, text[], bigint, timestamptz, text),
-	                          idem_try_apply(text, text, text, text[], timestamptz),
-	                          idem_try_apply_v(text, text, text, "any"),
-	                          idem_try_apply_rows(text, text, text, text[], bigint, timestamptz, text),
-	                          idem_apply_rows_v(text, text, text, bigint, "any"),
-	                          idem_try_apply_rows_v(text, text, text, bigint, "any"),
-	                          idem_is_processed(text, text) TO team_pay, team_ship;
+	GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
+	                          idem_try_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
+	                          idem_record_batch(text, text[], text[], "any"),
+	                          idem_is_processed(text, text, "any") TO team_pay, team_ship;
 	GRANT EXECUTE ON FUNCTION idem_dlq_replay(bigint), idem_dlq_replay(text, integer),
-	                          idem_dlq_discard(bigint, text), idem_forget(text, text)
+	                          idem_dlq_discard(bigint, text), idem_forget(text, text, "any")
 	                          TO pay_oncall, ship_app;
 	GRANT SELECT ON idem_dead_letters, idem_processed_keys TO pay_oncall, ship_app;
 	GRANT SELECT, UPDATE ON orders TO team_pay, team_ship;
@@ -78,37 +73,35 @@ is($out, '0', 'nor its dead letters');
 ($out, $err) = as_role('ship_app', q{SELECT idem_apply('ship:1', 'shipping', 'insert into shipments values (1)')});
 is($out, 't', 'its own consumer works');
 
-# the typed and rows forms check the consumer's owner as idem_apply does
+# every argument of 1.2 checks the consumer's owner as idem_apply does
 my %other_forms = (
-	idem_apply_v =>
-	  q{SELECT idem_apply_v('paid:4', 'payments', 'update orders set paid = paid + $1 where id = $2', 1000, 1)},
-	idem_try_apply_v =>
-	  q{SELECT idem_try_apply_v('paid:4', 'payments', 'update orders set paid = paid + $1 where id = $2', 1000, 1)},
-	idem_apply_rows =>
-	  q{SELECT idem_apply_rows('paid:4', 'payments', 'update orders set paid = paid + 1000 where id = 1', expect_rows => 1)},
-	idem_apply_rows_v =>
-	  q{SELECT idem_apply_rows_v('paid:4', 'payments', 'update orders set paid = paid + $1 where id = $2', 1, 1000, 1)},
-	idem_try_apply_rows_v =>
-	  q{SELECT outcome FROM idem_try_apply_rows_v('paid:4', 'payments', 'update orders set paid = paid + $1 where id = $2', 1, 1000, 1)},
-	idem_try_apply_rows =>
-	  q{SELECT outcome FROM idem_try_apply_rows('paid:4', 'payments', 'update orders set paid = paid + 1000 where id = 1', expect_rows => 1)},
+	typed_params =>
+	  q{SELECT idem_apply('paid:4', 'payments', 'update orders set paid = paid + $1 where id = $2', ARRAY[1000::text, 1::text])},
+	expect_rows =>
+	  q{SELECT idem_apply('paid:4', 'payments', 'update orders set paid = paid + 1000 where id = 1', expect_rows => 1)},
+	try_expect_rows =>
+	  q{SELECT idem_try_apply('paid:4', 'payments', 'update orders set paid = paid + 1000 where id = 1', expect_rows => 1)},
+	route =>
+	  q{SELECT idem_apply('paid:4', 'payments', 'update orders set paid = paid + 1000 where id = 1', route => 1)},
+	batch_with_routes =>
+	  q{SELECT * FROM idem_record_batch('payments', ARRAY['paid:4'], NULL, ARRAY[1])},
 );
 for my $form (sort keys %other_forms)
 {
 	($out, $err) = as_role('ship_app', $other_forms{$form});
 	like($err, qr/ERROR:  permission denied for consumer "payments"/,
-		"$form refuses the shipping role the payments consumer");
+		"idem_apply with $form refuses the shipping role the payments consumer");
 }
-($out, $err) = as_role('monitoring', $other_forms{idem_apply_v});
-like($err, qr/ERROR:  permission denied for function idem_apply_v/,
-	'a role without EXECUTE cannot call idem_apply_v');
+($out, $err) = as_role('monitoring', $other_forms{typed_params});
+like($err, qr/ERROR:  permission denied for function idem_apply/,
+	'a role without EXECUTE cannot call idem_apply');
 is($node->safe_psql('postgres', 'SELECT paid FROM orders WHERE id = 1'), '10',
 	'nothing the shipping role tried changed a balance');
 is($node->safe_psql('postgres', q{SELECT idem_is_processed('paid:4', 'payments')}), 'f',
 	'nor recorded a key of payments');
 ($out, $err) = as_role('pay_app',
-	q{SELECT idem_apply_rows('paid:4', 'payments', 'update orders set paid = paid + $1 where id = $2', ARRAY['5', '1'], expect_rows => 1)});
-is($out, '1', 'the payments role applies it through the rows form');
+	q{SELECT idem_apply('paid:4', 'payments', 'update orders set paid = paid + $1 where id = $2', ARRAY['5', '1'], expect_rows => 1)});
+is($out, 't', 'the payments role applies it with expect_rows');
 
 ($out, $err) = as_role('pay_oncall',
 	q{SELECT consumer || ':' || key || ':' || status FROM idem_dead_letters});

@@ -29,8 +29,8 @@ $node->safe_psql('postgres', q{
 	CREATE TABLE divisor (n int);
 	INSERT INTO divisor VALUES (0);
 	GRANT SELECT ON divisor TO team;
-	GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz),
-	                          idem_try_apply(text, text, text, text[], timestamptz),
+	GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
+	                          idem_try_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
 	                          idem_consumer_create(text, regrole),
 	                          idem_consumer_set_owner(text, regrole),
 	                          idem_dlq_replay(bigint)
@@ -40,7 +40,7 @@ $node->safe_psql('postgres', q{
 });
 $node->safe_psql('postgres', q{
 	CREATE ROLE privileges_only;
-	GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz),
+	GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
 	                          idem_consumer_create(text, regrole),
 	                          idem_consumer_set_owner(text, regrole),
 	                          idem_dlq_replay(bigint)

@@ -25,7 +25,7 @@ $node->safe_psql('postgres', q{
 	CREATE EXTENSION idem_consumer;
 	CREATE ROLE team_pay;
 	CREATE ROLE pay_app LOGIN IN ROLE team_pay;
-	GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz) TO team_pay;
+	GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz, text, bigint, "any") TO team_pay;
 	ALTER ROLE pay_app SET idem_consumer.create_consumers = off;
 	GRANT SELECT ON pg_backend_memory_contexts TO pay_app;
 	GRANT EXECUTE ON FUNCTION pg_get_backend_memory_contexts() TO pay_app;

@@ -34,7 +34,7 @@ for my $db ('greedy', 'quiet')
 	$node->safe_psql('postgres', "CREATE DATABASE $db");
 	$node->safe_psql($db, qq{
 		CREATE EXTENSION idem_consumer;
-		GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz),
+		GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
 		                          idem_consumer_create(text, regrole), idem_metrics()
 		    TO team_$db;
 	});

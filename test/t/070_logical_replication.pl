@@ -25,8 +25,8 @@ my $setup = q{
 	CREATE ROLE pay_app LOGIN IN ROLE team_pay;
 	CREATE EXTENSION idem_consumer;
 	CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL DEFAULT 0);
-	GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz),
-	                          idem_try_apply(text, text, text, text[], timestamptz),
+	GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
+	                          idem_try_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
 	                          idem_consumer_create(text, regrole)
 	                          TO team_pay;
 	GRANT SELECT, UPDATE ON accounts TO team_pay;
@@ -37,7 +37,9 @@ my $sub = PostgreSQL::Test::Cluster->new('subscriber');
 for my $node ($pub, $sub)
 {
 	$node->init(allows_streaming => 'logical');
-	$node->append_conf('postgresql.conf', "shared_preload_libraries = 'idem_consumer'\n");
+	# keys purged one by one, whose deletes replicate row by row
+	$node->append_conf('postgresql.conf',
+		"shared_preload_libraries = 'idem_consumer'\nidem_consumer.key_generation_interval = 0\n");
 	$node->start;
 	# the roles get other OIDs on the subscriber: owners replicate by name
 	$node->safe_psql('postgres', 'CREATE ROLE only_here') if $node == $sub;
@@ -181,7 +183,7 @@ $sub->safe_psql('postgres', q{
 		RETURN 'refused';
 	END
 	$$;
-	GRANT EXECUTE ON FUNCTION may_read(text), idem_is_processed(text, text) TO pay_app;
+	GRANT EXECUTE ON FUNCTION may_read(text), idem_is_processed(text, text, "any") TO pay_app;
 });
 my $member = $sub->background_psql('postgres', on_error_stop => 1);
 $member->query_safe('SET ROLE pay_app');

@@ -59,11 +59,11 @@ $node->safe_psql('postgres', q{
 	-- the README's "Two teams"
 	CREATE ROLE team_pay;   CREATE ROLE pay_app LOGIN IN ROLE team_pay;   CREATE ROLE pay_oncall LOGIN IN ROLE team_pay;
 	CREATE ROLE team_ship;  CREATE ROLE ship_app LOGIN IN ROLE team_ship;
-	GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz),
-	                          idem_try_apply(text, text, text, text[], timestamptz),
-	                          idem_is_processed(text, text) TO team_pay, team_ship;
+	GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
+	                          idem_try_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
+	                          idem_is_processed(text, text, "any") TO team_pay, team_ship;
 	GRANT EXECUTE ON FUNCTION idem_dlq_replay(bigint), idem_dlq_replay(text, integer),
-	                          idem_dlq_discard(bigint, text), idem_forget(text, text)
+	                          idem_dlq_discard(bigint, text), idem_forget(text, text, "any")
 	                          TO pay_oncall;
 	GRANT SELECT ON idem_dead_letters, idem_processed_keys TO pay_oncall;
 	-- a replay runs as the role that parked the message (docs/dead-letters.md)
@@ -412,7 +412,7 @@ like($err, qr/ERROR:  42501: permission denied for consumer "payments"/,
 	'is refused once the consumer belongs to another team');
 $node->safe_psql('postgres', q{
 	SELECT idem_consumer_set_owner('payments', 'team_pay');
-	REVOKE EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz) FROM team_pay;
+	REVOKE EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz, text, bigint, "any") FROM team_pay;
 });
 ($out, $err) = bpsql('pay_app', 'app1',
 	q{SELECT pg_backend_pid(); SELECT idem_apply('pay:r:3', 'payments', 'update orders set paid = paid + 1 where id = 2');});
@@ -420,16 +420,16 @@ is($out, $pid, 'on the same server connection again,');
 like($err, qr/ERROR:  42501: permission denied for function idem_apply/,
 	'a REVOKE EXECUTE takes effect at the next call');
 $node->safe_psql('postgres', q{
-	GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz) TO team_pay;
+	GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz, text, bigint, "any") TO team_pay;
 	REVOKE team_pay FROM pay_app;
-	GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz) TO pay_app;
+	GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz, text, bigint, "any") TO pay_app;
 });
 ($out, $err) = bpsql('pay_app', 'app1',
 	q{SELECT idem_apply('pay:r:4', 'payments', 'update orders set paid = paid + 1 where id = 2');});
 like($err, qr/ERROR:  42501: permission denied for consumer "payments"/,
 	'and so does revoking the membership in the owner');
 $node->safe_psql('postgres', q{
-	REVOKE EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz) FROM pay_app;
+	REVOKE EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz, text, bigint, "any") FROM pay_app;
 	GRANT team_pay TO pay_app;
 });
 ($out, $err) = bpsql('pay_app', 'app1',

@@ -12,9 +12,8 @@ export async function consume(pool: Pool, client: PoolClient): Promise<void> {
     params: [12.5, 2n, Buffer.from('x')], eventTime: new Date(), expectRows: 1, fingerprint: 'order-paid 1',
   };
   const applied: boolean = await idem.apply(pool, msg);
-  const rows: number | null = await idem.applyRows(pool, { ...msg, expectRows: 1n });
+  const bigDemand: boolean = await idem.apply(pool, { ...msg, expectRows: 1n });
   const outcome: idem.Outcome = await idem.tryApply(client, msg, { retries: 2 });
-  const tried: idem.TryApplyResult = await idem.tryApplyRows(client, msg);
   const batch = await idem.recordBatch(pool, { consumer: 'payments', messages: [{ id: 1 }], key: (m) => `k:${m.id}` });
   const [keys] = idem.batchParams([{ id: 1 }], (m) => String(m.id));
   const n: number = await idem.transaction(pool, async (tx) => (await idem.apply(tx, msg)) ? 1 : 0);
@@ -25,7 +24,7 @@ export async function consume(pool: Pool, client: PoolClient): Promise<void> {
   const one: idem.ConsumerStats | null = await idem.stats(client, 'payments');
   const applies: number | undefined = one?.applied;
   const last: Date | null | undefined = one?.lastAppliedAt;
-  console.log(applied, rows, outcome, tried.outcome, tried.rows, batch.rowCount, keys, n, text, params, retry,
+  console.log(applied, bigDemand, outcome, batch.rowCount, keys, n, text, params, retry,
     all.length, applies, last);
 
   const e = await idem.beginEffect<{ id: string }>(pool, { consumer: 'payments', key: 'charge:1', request: { a: 1 } });
@@ -45,7 +44,7 @@ export async function consume(pool: Pool, client: PoolClient): Promise<void> {
 
   // @ts-expect-error: expectRows is a number or a bigint
   await idem.apply(pool, { ...msg, expectRows: '1' });
-  // @ts-expect-error: applyRows resolves to a count, not a boolean
-  const wrong: boolean = await idem.applyRows(pool, msg);
+  // @ts-expect-error: tryApply resolves to an outcome, not a boolean
+  const wrong: boolean = await idem.tryApply(pool, msg);
   console.log(wrong);
 }

@@ -8,6 +8,7 @@ export async function usage(pool: Pool, client: Client): Promise<void> {
     key: 'order-paid:1', consumer: 'payments', sql: 'UPDATE orders SET paid_amount = paid_amount + $1 WHERE id = $2',
     params: [12.5, 2n, null, undefined, true, new Date(), Buffer.from('x'), new Uint8Array(1), [1, [2]], { a: 1 }],
     eventTime: new Date(),
+    system: 'kafka', destination: 'orders', partition: 3, messageId: 'orders-3-1200',
   });
   const outcome: idem.Outcome = await idem.tryApply(client, { key: 'k', consumer: 'c', sql: 'SELECT 1' },
     { retries: 2, minDelayMs: 1, maxDelayMs: 10, onRetry: (err, attempt) => console.log(err.code, attempt) });
@@ -33,6 +34,8 @@ export async function usage(pool: Pool, client: Client): Promise<void> {
   const wrong: 'applied' | 'duplicate' = await idem.tryApply(pool, { key: 'k', consumer: 'c', sql: 'SELECT 1' });
   // @ts-expect-error: unknown isolation level
   await idem.transaction(pool, async () => 1, { isolationLevel: 'chaos' });
+  // @ts-expect-error: a partition is a string or a number
+  await idem.apply(pool, { key: 'k', consumer: 'c', sql: 'SELECT 1', partition: [3] });
   // @ts-expect-error: a function cannot be sent
   await idem.apply(pool, { key: 'k', consumer: 'c', sql: 'SELECT $1', params: [() => 1] });
   console.log(wrong);

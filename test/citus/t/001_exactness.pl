@@ -17,10 +17,10 @@
 #
 # Two consumer shapes receive every fault's messages at once, and both
 # must apply every message exactly once:
-#  (i)  idem_apply_routed on the coordinator, its business SQL on the
+#  (i)  idem_apply with a route on the coordinator, its business SQL on the
 #       distributed table: Citus sends the key and the payment to the
 #       worker of the order's shard, in one transaction there;
-#  (ii) idem_try_apply_routed in a function delegated to the shard's
+#  (ii) idem_try_apply with a route in a function delegated to the shard's
 #       worker (create_distributed_function, force_delegation): the key and
 #       the payment are local writes of one transaction.  One message in 50
 #       fails permanently (its amount breaks a constraint of the table) and
@@ -78,7 +78,7 @@ query("SET citus.shard_count = 8;
        INSERT INTO orders SELECT g FROM generate_series(1, 100) AS g;
        $readme_block");
 is(query(q{SELECT paid FROM orders WHERE order_id = 42}), 't', "the README's block applied its message");
-is(query(q{SELECT idem_apply_routed('order-paid:e-7', 'payments',
+is(query(q{SELECT idem_apply('order-paid:e-7', 'payments',
        'UPDATE orders SET paid = true WHERE order_id = $1::bigint', ARRAY['42'], route => 42::bigint)}),
 	'f', "the README's message delivered again is a duplicate");
 
@@ -99,7 +99,7 @@ SELECT idem_citus_distribute('payments_i');
 CREATE FUNCTION pay_ii(p_order_id bigint, p_key text, p_msg_id bigint, p_amount bigint)
 RETURNS idem_outcome LANGUAGE plpgsql AS $f$
 BEGIN
-    RETURN public.idem_try_apply_routed(p_key, 'citus_ii',
+    RETURN public.idem_try_apply(p_key, 'citus_ii',
         'INSERT INTO public.payments_ii AS p (order_id, msg_id, amount) '
         'VALUES ($1::bigint, $2::bigint, $3::bigint) '
         'ON CONFLICT (order_id, msg_id) DO UPDATE SET applications = p.applications + 1',
@@ -153,11 +153,11 @@ is(query(q{SELECT string_agg(result, ' ' ORDER BY nodeid) FROM run_command_on_al
                 || ',' || public.sqlstate_of('SELECT idem_forget(''k'', ''citus_i'')')$c$)}),
 	'0A000,0A000,0A000 0A000,0A000,0A000 0A000,0A000,0A000',
 	'idem_apply, idem_is_processed and idem_forget without a route: 0A000 on the coordinator and both workers');
-is(query(q{SELECT public.sqlstate_of($$SELECT idem_apply_routed('k', 'citus_i', 'SELECT 1', NULL, route => 'x'::text)$$)
-              || ',' || public.sqlstate_of($$SELECT idem_apply_routed('k', 'citus_i', 'SELECT 1', NULL, route => NULL::bigint)$$)
+is(query(q{SELECT public.sqlstate_of($$SELECT idem_apply('k', 'citus_i', 'SELECT 1', NULL, route => 'x'::text)$$)
+              || ',' || public.sqlstate_of($$SELECT idem_apply('k', 'citus_i', 'SELECT 1', NULL, route => NULL::bigint)$$)
               || ',' || public.sqlstate_of($$SELECT idem_citus_distribute('pg_class')$$)}),
-	'42804,22004,22023',
-	'a route of another type, a null route, and distributing by a table Citus does not distribute are refused');
+	'42804,0A000,22023',
+	'a route of another type, no route (NULL), and distributing by a table Citus does not distribute are refused');
 query(q{CREATE TABLE other_colocation (id bigint PRIMARY KEY);
         SELECT create_distributed_table('other_colocation', 'id', colocate_with => 'none');});
 is(query(q{SELECT public.sqlstate_of($$SELECT idem_citus_distribute('other_colocation')$$)
@@ -167,7 +167,7 @@ is(query(q{SELECT public.sqlstate_of($$SELECT idem_citus_distribute('other_coloc
 is(query(q{SELECT count(*) FROM idem_consumer.routed_keys WHERE key = 'k'}), '0',
 	'nothing was recorded by the refused calls');
 # a key lands in the shard of its route, with the payment
-query(q{SELECT idem_apply_routed('probe:1', 'citus_probe', 'SELECT 1', NULL, route => 42::bigint)});
+query(q{SELECT idem_apply('probe:1', 'citus_probe', 'SELECT 1', NULL, route => 42::bigint)});
 is(query(q{SELECT (SELECT get_shard_id_for_distribution_column('idem_consumer.routed_keys', 42)
                    IN (SELECT shardid FROM pg_dist_shard_placement WHERE nodeport = p.nodeport
                          AND shardid IN (SELECT shardid FROM pg_dist_shard
@@ -175,20 +175,20 @@ is(query(q{SELECT (SELECT get_shard_id_for_distribution_column('idem_consumer.ro
              FROM pg_dist_shard_placement AS p
             WHERE p.shardid = get_shard_id_for_distribution_column('payments_i', 42)}),
 	't', 'the key of route 42 is on the node of the payments of order 42');
-is(query(q{SELECT idem_is_processed_routed('probe:1', 'citus_probe', 42::bigint)::text || ','
-              || idem_is_processed_routed('probe:1', 'citus_probe', 43::bigint)::text || ','
-              || idem_forget_routed('probe:1', 'citus_probe', 42::bigint)::text || ','
-              || idem_is_processed_routed('probe:1', 'citus_probe', 42::bigint)::text}),
+is(query(q{SELECT idem_is_processed('probe:1', 'citus_probe', 42::bigint)::text || ','
+              || idem_is_processed('probe:1', 'citus_probe', 43::bigint)::text || ','
+              || idem_forget('probe:1', 'citus_probe', 42::bigint)::text || ','
+              || idem_is_processed('probe:1', 'citus_probe', 42::bigint)::text}),
 	'true,false,true,false', 'a routed key is found by its route only, and forgotten');
 # a row demand under a route: the UPDATE's rows counted on the shard
-is(query(q{SELECT idem_apply_rows_routed('rows:42', 'citus_rows',
+is(query(q{SELECT idem_apply('rows:42', 'citus_rows',
                'UPDATE orders SET paid = paid WHERE order_id = $1::bigint', ARRAY['42'],
                route => 42::bigint, expect_rows => 1)})
-	  . ',' . query(q{SELECT public.sqlstate_of($s$SELECT idem_apply_rows_routed('rows:1000', 'citus_rows',
+	  . ',' . query(q{SELECT public.sqlstate_of($s$SELECT idem_apply('rows:1000', 'citus_rows',
                'UPDATE orders SET paid = paid WHERE order_id = $1::bigint', ARRAY['1000'],
                route => 1000::bigint, expect_rows => 1)$s$)})
-	  . ',' . query(q{SELECT idem_is_processed_routed('rows:1000', 'citus_rows', 1000::bigint)}),
-	'1,IK002,f', 'idem_apply_rows_routed: one row on the shard applied; a missing row raises IK002 and records nothing');
+	  . ',' . query(q{SELECT idem_is_processed('rows:1000', 'citus_rows', 1000::bigint)}),
+	't,IK002,f', 'expect_rows with a route: one row on the shard applied; a missing row raises IK002 and records nothing');
 
 # a role other than the owner of the key store: refused with a clear error
 # on the coordinator, where Citus would refuse its transaction (the key
@@ -198,11 +198,11 @@ query(<<'SQL');
 CREATE ROLE team_pay LOGIN;
 GRANT SELECT, UPDATE ON orders TO team_pay;
 SELECT run_command_on_all_nodes($c$GRANT EXECUTE ON FUNCTION
-    idem_apply_routed(text, text, text, text[], anyelement, timestamptz, text) TO team_pay$c$);
+    idem_apply(text, text, text, text[], timestamptz, text, bigint, "any") TO team_pay$c$);
 SELECT run_command_on_all_nodes($c$SELECT idem_consumer_create('citus_team', 'team_pay')$c$);
 CREATE FUNCTION team_pay(p_order bigint, p_key text) RETURNS boolean LANGUAGE plpgsql AS $f$
 BEGIN
-    RETURN public.idem_apply_routed(p_key, 'citus_team',
+    RETURN public.idem_apply(p_key, 'citus_team',
         'UPDATE public.orders SET paid = true WHERE order_id = $1::bigint',
         ARRAY[p_order::text], route => p_order);
 END
@@ -211,9 +211,9 @@ SELECT create_distributed_function('team_pay(bigint,text)', 'p_order',
     colocate_with => 'orders', force_delegation => true);
 SQL
 is(query(q{SET ROLE team_pay;
-           SELECT public.sqlstate_of($s$SELECT idem_apply_routed('team:5', 'citus_team',
+           SELECT public.sqlstate_of($s$SELECT idem_apply('team:5', 'citus_team',
                'UPDATE public.orders SET paid = true WHERE order_id = $1::bigint', ARRAY['5'], route => 5::bigint)$s$)}),
-	'0A000', 'a role other than the owner of the key store: idem_apply_routed on the coordinator refused');
+	'0A000', 'a role other than the owner of the key store: idem_apply with a route on the coordinator refused');
 is(query(q{SELECT paid FROM orders WHERE order_id = 5}), 'f', 'and nothing applied');
 is(query(q{SET ROLE team_pay; SELECT team_pay(5, 'team:5')}) . ','
 	  . query(q{SET ROLE team_pay; SELECT team_pay(5, 'team:5')}),
@@ -224,8 +224,8 @@ is(query(q{SELECT paid FROM orders WHERE order_id = 5}) . ','
 
 # retention: the coordinator purges the expired routed keys from their
 # shards; the workers leave them to it
-query(q{SELECT idem_apply_routed('probe:2', 'citus_probe', 'SELECT 1', NULL, route => 42::bigint),
-               idem_apply_routed('probe:3', 'citus_probe', 'SELECT 1', NULL, route => 43::bigint)});
+query(q{SELECT idem_apply('probe:2', 'citus_probe', 'SELECT 1', NULL, route => 42::bigint),
+               idem_apply('probe:3', 'citus_probe', 'SELECT 1', NULL, route => 43::bigint)});
 query(q{UPDATE idem_consumer.routed_keys SET processed_at = processed_at - 30 * 86400
          WHERE consumer = 'citus_probe' AND key = 'probe:2'});
 is(query(q{SELECT string_agg(result, ' ' ORDER BY nodeport) FROM run_command_on_workers('SELECT idem_purge()')}),
@@ -250,7 +250,7 @@ sub statement
 	my ($shape, $m) = @_;
 	my ($o, $a) = (order_of($m), amount_of($m));
 	return "SELECT public.pay_ii($o, 'pay:$o:$m', $m, $a);" if $shape eq 'ii';
-	return "SELECT idem_apply_routed('pay:$o:$m', 'citus_i', \$q\$$sql_i\$q\$, "
+	return "SELECT idem_apply('pay:$o:$m', 'citus_i', \$q\$$sql_i\$q\$, "
 	  . "ARRAY['$o', '$m', '$a'], route => ${o}::bigint);";
 }
 
@@ -476,7 +476,7 @@ is(query(q{WITH pending AS MATERIALIZED (
                SELECT key, consumer, route FROM idem_routed_dead_letters
                 WHERE consumer = 'citus_ii' AND status = 'pending')
            SELECT string_agg(outcome || ' ' || n, ',') FROM (
-               SELECT idem_dlq_replay_routed(key, consumer, route) AS outcome, count(*) AS n
+               SELECT idem_dlq_replay(key, consumer, route) AS outcome, count(*) AS n
                  FROM pending GROUP BY 1) AS r}),
 	'applied ' . scalar(@all_parked), 'every parked message replayed in one statement: applied');
 my @parked_again = shuffle(map { [ 'ii', $_ ] } @all_parked);
@@ -495,15 +495,15 @@ is(query(q{SELECT count(*) FILTER (WHERE status = 'replayed') || ' ' || count(*)
 query(<<'SQL');
 CREATE FUNCTION count_me(p_order bigint, p_key text) RETURNS boolean LANGUAGE plpgsql AS $f$
 BEGIN
-    RETURN public.idem_apply_routed(p_key, 'citus_stats', 'SELECT 1', NULL, route => p_order);
+    RETURN public.idem_apply(p_key, 'citus_stats', 'SELECT 1', NULL, route => p_order);
 END
 $f$;
 SELECT create_distributed_function('count_me(bigint,text)', 'p_order',
     colocate_with => 'payments_i', force_delegation => true);
 SQL
 query("SELECT count_me($_, 'stats:$_')") for (1 .. 20, 1 .. 20);
-query(q{SELECT idem_apply_routed('stats:21', 'citus_stats', 'SELECT 1', NULL, route => 21::bigint)});
-query(q{SELECT idem_apply_routed('stats:21', 'citus_stats', 'SELECT 1', NULL, route => 21::bigint)});
+query(q{SELECT idem_apply('stats:21', 'citus_stats', 'SELECT 1', NULL, route => 21::bigint)});
+query(q{SELECT idem_apply('stats:21', 'citus_stats', 'SELECT 1', NULL, route => 21::bigint)});
 is(query(q{SELECT applied || ' ' || duplicates || ' ' || (nodes = 3)
              FROM idem_citus_stats() WHERE consumer = 'citus_stats'}),
 	'21 21 true', 'idem_citus_stats sums the counters of the coordinator and both workers');
@@ -511,14 +511,14 @@ is(query(q{SELECT applied || ' ' || duplicates || ' ' || (nodes = 3)
 query(<<'SQL');
 CREATE FUNCTION park_me(p_order bigint, p_key text) RETURNS idem_outcome LANGUAGE plpgsql AS $f$
 BEGIN
-    RETURN public.idem_try_apply_routed(p_key, 'citus_parked', 'SELECT 1 / 0', NULL, route => p_order);
+    RETURN public.idem_try_apply(p_key, 'citus_parked', 'SELECT 1 / 0', NULL, route => p_order);
 END
 $f$;
 SELECT create_distributed_function('park_me(bigint,text)', 'p_order',
     colocate_with => 'payments_i', force_delegation => true);
 SQL
 query("SELECT park_me($_, 'parked:$_')") for (1 .. 20, 1 .. 20);
-query(q{SELECT idem_try_apply_routed('parked:21', 'citus_parked', 'SELECT 1 / 0', NULL, route => 21::bigint)}) for 1 .. 2;
+query(q{SELECT idem_try_apply('parked:21', 'citus_parked', 'SELECT 1 / 0', NULL, route => 21::bigint)}) for 1 .. 2;
 is(query(q{SELECT dead_lettered || ' ' || duplicates || ' ' || (nodes = 3)
              FROM idem_citus_stats() WHERE consumer = 'citus_parked'}),
 	'21 21 true', 'idem_citus_stats sums the dead letters of the coordinator and both workers');
@@ -529,25 +529,25 @@ is(query(q{SELECT dead_letters_pending FROM idem_citus_stats() WHERE consumer = 
 	'21', 'idem_citus_stats counts the pending routed entries of every shard');
 
 # a tenant's parked message: its replay runs as the tenant, so on the
-# coordinator it is refused like the tenant's idem_apply_routed, and a
+# coordinator it is refused like the tenant's idem_apply with a route, and a
 # function delegated to the worker replays it.  It fails for want of a
 # grant, which is then given.
 query(<<'SQL');
 CREATE TABLE team_ledger (order_id bigint NOT NULL);
 SELECT create_distributed_table('team_ledger', 'order_id', colocate_with => 'orders');
 SELECT run_command_on_all_nodes($c$GRANT EXECUTE ON FUNCTION
-    idem_try_apply_routed(text, text, text, text[], anyelement, timestamptz, text),
-    idem_dlq_replay_routed(text, text, anyelement) TO team_pay$c$);
+    idem_try_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
+    idem_dlq_replay(text, text, "any") TO team_pay$c$);
 CREATE FUNCTION team_park(p_order bigint, p_key text, p_sql text) RETURNS idem_outcome LANGUAGE plpgsql AS $f$
 BEGIN
-    RETURN public.idem_try_apply_routed(p_key, 'citus_team', p_sql, ARRAY[p_order::text], route => p_order);
+    RETURN public.idem_try_apply(p_key, 'citus_team', p_sql, ARRAY[p_order::text], route => p_order);
 END
 $f$;
 SELECT create_distributed_function('team_park(bigint,text,text)', 'p_order',
     colocate_with => 'orders', force_delegation => true);
 CREATE FUNCTION team_replay(p_order bigint, p_key text) RETURNS idem_outcome LANGUAGE plpgsql AS $f$
 BEGIN
-    RETURN public.idem_dlq_replay_routed(p_key, 'citus_team', p_order);
+    RETURN public.idem_dlq_replay(p_key, 'citus_team', p_order);
 END
 $f$;
 SELECT create_distributed_function('team_replay(bigint,text)', 'p_order',
@@ -559,7 +559,7 @@ is(query(q{SET ROLE team_pay;
 is(query(q{SELECT sqlstate || ' ' || dead_lettered_by FROM idem_routed_dead_letters WHERE key = 'team:6'}),
 	'42501 team_pay', 'its entry names the tenant');
 query('GRANT INSERT ON team_ledger TO team_pay');
-is(query(q{SELECT public.sqlstate_of($$SELECT idem_dlq_replay_routed('team:6', 'citus_team', 6::bigint)$$)}),
+is(query(q{SELECT public.sqlstate_of($$SELECT idem_dlq_replay('team:6', 'citus_team', 6::bigint)$$)}),
 	'0A000', "its replay on the coordinator refused: it would write the tenant's rows and the entry as two roles");
 is(query(q{SET ROLE team_pay; SELECT team_replay(6, 'team:6')}) . ','
 	  . query(q{SET ROLE team_pay; SELECT public.sqlstate_of($$SELECT team_replay(6, 'team:6')$$)}) . ','
@@ -592,8 +592,8 @@ for my $c (0 .. $n_clients - 1)
 		my $keys = join(',', map { "'batch:" . (1 + $_ % 40) . ":$_'" } @msgs);
 		my $routes = join(',', map { 1 + $_ % 40 } @msgs);
 		print $fh "INSERT INTO public.payments_b AS p (order_id, msg_id, amount) "
-		  . "SELECT k.route, split_part(k.key, ':', 3)::bigint, 1 "
-		  . "FROM idem_record_batch_routed('citus_batch', ARRAY[$keys], ARRAY[$routes]::bigint[]) AS k "
+		  . "SELECT k.route::bigint, split_part(k.key, ':', 3)::bigint, 1 "
+		  . "FROM idem_record_batch('citus_batch', ARRAY[$keys], NULL, ARRAY[$routes]::bigint[]) AS k "
 		  . "ON CONFLICT (order_id, msg_id) DO UPDATE SET applications = p.applications + 1;\n";
 	}
 	close $fh;
@@ -624,7 +624,7 @@ is(query(q{SELECT count(*) FROM idem_consumer.routed_keys WHERE consumer = 'citu
 # node, before anything is written: the fast paths would write its shell
 query(q{SELECT create_reference_table('idem_consumer.key_collisions_16')});
 is(query(q{SELECT string_agg(result, ' ' ORDER BY nodeid) FROM run_command_on_all_nodes(
-             $c$SELECT public.sqlstate_of('SELECT idem_apply_routed(''refused'', ''citus_i'', ''SELECT 1'', NULL, route => 1::bigint)')$c$)}),
+             $c$SELECT public.sqlstate_of('SELECT idem_apply(''refused'', ''citus_i'', ''SELECT 1'', NULL, route => 1::bigint)')$c$)}),
 	'55000 55000 55000',
 	'a storage table distributed by hand: every call refused on the coordinator and both workers');
 is(query(q{SELECT count(*) FROM idem_consumer.routed_keys WHERE key = 'refused'}), '0',

@@ -7,7 +7,7 @@
 #
 # For each fault, effects are enqueued into the outbox in one business
 # transaction on the coordinator, across all shards, and three dispatchers
-# drain it with idem_effect_claim_routed of every route.  A dispatcher
+# drain it with idem_effect_claim of every route.  A dispatcher
 # records each call it makes in a table of the coordinator (the provider:
 # committed at once, as an external call is), then completes the effect
 # with business SQL that counts its application on the effect's order.
@@ -108,10 +108,10 @@ sub round_file
 	print $fh <<"SQL";
 SELECT format('INSERT INTO public.provider_calls SELECT %L, %L, %s, %L, %L FROM pg_sleep(0.03)',
               '$consumer', c.key, c.fence, c.provider_key, c.outcome_unknown),
-       format('SELECT idem_effect_complete_routed(%L, %L, %s, %L, route => %s::bigint, sql => %L, params => ARRAY[%L, %L])',
+       format('SELECT idem_effect_complete(%L, %L, %s, %L, route => %s::bigint, sql => %L, params => ARRAY[%L, %L])',
               '$consumer', c.key, c.fence, '{"sent": true}', c.route, \$q\$$business_sql\$q\$,
               c.route, c.key)
-  FROM idem_effect_claim_routed('$consumer', NULL::bigint, 10, '2 seconds') AS c
+  FROM idem_effect_claim('$consumer', 10, '2 seconds', route => NULL::bigint) AS c
 \\gexec
 SQL
 	close $fh;
@@ -165,7 +165,7 @@ for my $f (@faults)
 	my $t0 = time;
 
 	# the outbox, filled by one business transaction across the shards
-	is(query("SELECT count(*) FILTER (WHERE idem_effect_enqueue_routed('$consumer', 'mail:$consumer:' || g,
+	is(query("SELECT count(*) FILTER (WHERE idem_effect_enqueue('$consumer', 'mail:$consumer:' || g,
 	                                       jsonb_build_object('n', g), route => (1 + g % $n_orders)::bigint))
 	            FROM generate_series(1, $n_effects) AS g"),
 		$n_effects, "$name: $n_effects effects enqueued in one transaction");
@@ -237,15 +237,15 @@ query(<<'SQL');
 CREATE ROLE team_fx LOGIN;
 GRANT SELECT, INSERT, UPDATE ON effect_pays TO team_fx;
 SELECT run_command_on_all_nodes($c$GRANT EXECUTE ON FUNCTION
-    idem_effect_begin_routed(text, text, anyelement, jsonb, interval),
-    idem_effect_complete_routed(text, text, bigint, jsonb, anyelement, text, text[]),
-    idem_effect_fail_routed(text, text, bigint, text, anyelement, boolean),
-    idem_dlq_replay_routed(text, text, anyelement) TO team_fx$c$);
+    idem_effect_begin(text, text, jsonb, interval, "any"),
+    idem_effect_complete(text, text, bigint, jsonb, text, text[], "any"),
+    idem_effect_fail(text, text, bigint, text, boolean, "any"),
+    idem_dlq_replay(text, text, "any") TO team_fx$c$);
 SELECT run_command_on_all_nodes($c$GRANT SELECT ON idem_routed_effects, idem_routed_dead_letters TO team_fx$c$);
 SELECT run_command_on_all_nodes($c$SELECT idem_consumer_create('fx_team', 'team_fx')$c$);
 CREATE FUNCTION team_complete(p_order bigint, p_key text, p_fence bigint) RETURNS void LANGUAGE plpgsql AS $f$
 BEGIN
-    PERFORM public.idem_effect_complete_routed('fx_team', p_key, p_fence, '{"charge": "ch_1"}',
+    PERFORM public.idem_effect_complete('fx_team', p_key, p_fence, '{"charge": "ch_1"}',
         route => p_order,
         sql => 'INSERT INTO public.effect_pays (order_id, key) VALUES ($1::bigint, $2)',
         params => ARRAY[p_order::text, p_key]);
@@ -255,17 +255,17 @@ SELECT create_distributed_function('team_complete(bigint,text,bigint)', 'p_order
     colocate_with => 'orders', force_delegation => true);
 SQL
 is(query(q{SET ROLE team_fx;
-           SELECT action || ' ' || fence FROM idem_effect_begin_routed('fx_team', 'charge:7', route => 7::bigint,
+           SELECT action || ' ' || fence FROM idem_effect_begin('fx_team', 'charge:7', route => 7::bigint,
                                                              request => '{"amount": 5}')}),
 	'execute 1', "a tenant's begin on the coordinator leases the effect");
 is(query(q{SET ROLE team_fx;
-           SELECT public.sqlstate_of($s$SELECT idem_effect_complete_routed('fx_team', 'charge:7', 1, '{}',
+           SELECT public.sqlstate_of($s$SELECT idem_effect_complete('fx_team', 'charge:7', 1, '{}',
                route => 7::bigint, sql => 'INSERT INTO public.effect_pays (order_id, key) VALUES (7, ''charge:7'')')$s$)}),
 	'0A000', "its completion with business SQL on the coordinator is refused: two roles");
 query(q{SET ROLE team_fx; SELECT team_complete(7, 'charge:7', 1)});
 is(query(q{SET ROLE team_fx;
            SELECT action || ' ' || (result ->> 'charge')
-             FROM idem_effect_begin_routed('fx_team', 'charge:7', route => 7::bigint,
+             FROM idem_effect_begin('fx_team', 'charge:7', route => 7::bigint,
                                            request => '{"amount": 5}')}) . ' '
 	  . query(q{SELECT count(*) FROM effect_pays WHERE order_id = 7 AND key = 'charge:7'}),
 	'replay ch_1 1', 'completed through the delegated function: a new begin replays the stored result, the business row once');
@@ -284,7 +284,7 @@ is(query(q{SELECT string_agg(n.nodeport::text, ',')
 query(<<'SQL');
 CREATE FUNCTION enqueue_on_worker(p_order bigint, p_key text) RETURNS boolean LANGUAGE plpgsql AS $f$
 BEGIN
-    RETURN public.idem_effect_enqueue_routed('fx_worker_only', p_key, '{"n": 1}', route => p_order);
+    RETURN public.idem_effect_enqueue('fx_worker_only', p_key, '{"n": 1}', route => p_order);
 END
 $f$;
 SELECT create_distributed_function('enqueue_on_worker(bigint,text)', 'p_order',
@@ -293,17 +293,17 @@ SQL
 is(query(q{SELECT enqueue_on_worker(5, 'w:5')}) . ' '
 	  . query(q{SELECT count(*) FROM idem_consumer.consumers WHERE name = 'fx_worker_only'}),
 	't 0', 'an effect enqueued on the worker, its consumer unknown to the coordinator');
-is(query(q{SELECT key || ' ' || route || ' ' || fence FROM idem_effect_claim_routed('fx_worker_only', NULL::bigint)}),
+is(query(q{SELECT key || ' ' || route || ' ' || fence FROM idem_effect_claim('fx_worker_only', route => NULL::bigint)}),
 	'w:5 5 1', 'a claim of every route on the coordinator leases it');
-query(q{SELECT idem_effect_complete_routed('fx_worker_only', 'w:5', 1, '{"sent": true}', route => 5::bigint)});
+query(q{SELECT idem_effect_complete('fx_worker_only', 'w:5', 1, '{"sent": true}', route => 5::bigint)});
 is(query(q{SELECT state FROM idem_routed_effects WHERE consumer = 'fx_worker_only'}), 'completed',
 	'and completes it');
 
 # a dead effect: parked in the routed dead letters beside its route, and
 # replayed from there, which re-arms it
 query(q{SELECT idem_set_effect_policy('fx_dead', 1, '1 second', '1 second')});
-query(q{SELECT fence FROM idem_effect_begin_routed('fx_dead', 'charge:9', route => 9::bigint)});
-is(query(q{SELECT idem_effect_fail_routed('fx_dead', 'charge:9', 1, 'card declined', route => 9::bigint, retryable => false)}),
+query(q{SELECT fence FROM idem_effect_begin('fx_dead', 'charge:9', route => 9::bigint)});
+is(query(q{SELECT idem_effect_fail('fx_dead', 'charge:9', 1, 'card declined', route => 9::bigint, retryable => false)}),
 	'dead', 'an effect failed permanently is dead');
 is(query(q{SELECT kind || ' ' || status || ' ' || sqlstate || ' ' || message
              FROM idem_routed_dead_letters WHERE consumer = 'fx_dead'}),
@@ -311,9 +311,9 @@ is(query(q{SELECT kind || ' ' || status || ' ' || sqlstate || ' ' || message
 is(query(q{SELECT effects_executed || ' ' || effects_dead || ' ' || dead_letters_pending
              FROM idem_citus_stats() WHERE consumer = 'fx_dead'}),
 	'1 1 1', 'idem_citus_stats sums its counters and counts its pending entry');
-is(query(q{SELECT idem_dlq_replay_routed('charge:9', 'fx_dead', 9::bigint)}) . ' '
+is(query(q{SELECT idem_dlq_replay('charge:9', 'fx_dead', 9::bigint)}) . ' '
 	  . query(q{SELECT state || ' ' || attempts FROM idem_routed_effects WHERE consumer = 'fx_dead'}) . ' '
-	  . query(q{SELECT action FROM idem_effect_begin_routed('fx_dead', 'charge:9', route => 9::bigint)}),
+	  . query(q{SELECT action FROM idem_effect_begin('fx_dead', 'charge:9', route => 9::bigint)}),
 	'applied waiting 0 execute', 'its replay re-arms the effect, and the next begin executes it');
 
 # without their route, the effect functions are refused on every node
@@ -332,12 +332,12 @@ sub state_of
 	return $out =~ /ERROR:\s+([0-9A-Z]{5})/ ? $1 : 'ok';
 }
 is(join(',', map { state_of($_) }
-		q{SELECT * FROM idem_effect_claim_routed('fx_x', NULL::integer)},
-		q{SELECT idem_effect_begin_routed('fx_x', 'k', route => 'x'::text)},
-		q{SELECT idem_effect_begin_routed('fx_x', 'k', route => NULL::bigint)},
-		q{BEGIN; SELECT idem_effect_begin_routed('fx_x', 'k', route => 1::bigint)}),
-	'42804,42804,22004,25001',
-	'a claim of every route with a NULL of another type, a route of another type, a null route, a begin in a transaction block: refused');
+		q{SELECT * FROM idem_effect_claim('fx_x', route => NULL::integer)},
+		q{SELECT idem_effect_begin('fx_x', 'k', route => 'x'::text)},
+		q{SELECT idem_effect_begin('fx_x', 'k', route => NULL::bigint)},
+		q{BEGIN; SELECT idem_effect_begin('fx_x', 'k', route => 1::bigint)}),
+	'42804,42804,0A000,25001',
+	'a claim of every route with a NULL of another type, a route of another type, no route (NULL), a begin in a transaction block: refused');
 is(query(q{SELECT count(*) FROM idem_routed_effects WHERE consumer = 'fx_x'}), '0',
 	'and nothing stored');
 

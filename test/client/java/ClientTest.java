@@ -1,9 +1,10 @@
 // idem_consumer 1.2 from pgjdbc: BigDecimal, OffsetDateTime, long, String
 // and a jsonb PGobject bound with PreparedStatement.setObject, as a Java
-// consumer binds a message's values.  Checks typed parameters through
-// idem_apply_v (a redelivery writing a value another way is a duplicate,
-// another value under the key is IK001), the rows forms, text[] and typed
-// (an event before its order raises IK002 and records nothing), the
+// consumer binds a message's values.  Checks typed values in params as
+// ARRAY[?::text, ...] (a redelivery writing a value another way is a
+// duplicate, another value under the key is IK001, null stays NULL),
+// expect_rows with text[] and typed values (an event before its order
+// raises IK002 and records nothing), the
 // text[] form from createArrayOf("text"), routed keys, routed external
 // effects (the inline cycle, a fenced-off complete, a dead effect re-armed,
 // the outbox), routed row demands (IK002 recording nothing, an entry
@@ -123,7 +124,8 @@ public class ClientTest {
 
     static Boolean applyV(String key, BigDecimal amount, OffsetDateTime paidAt, String doc, String note, long orderId)
             throws SQLException {
-        try (PreparedStatement ps = conn.prepareStatement("select idem_apply_v(?, ?, ?, ?, ?, ?, ?, ?)")) {
+        try (PreparedStatement ps = conn.prepareStatement(
+                "select idem_apply(?, ?, ?, ARRAY[?::text, ?::text, ?::text, ?::text, ?::text])")) {
             ps.setObject(1, key);
             ps.setObject(2, CONSUMER);
             ps.setObject(3, PAY_SQL);
@@ -144,9 +146,10 @@ public class ClientTest {
         return (Boolean) one("select idem_is_processed(?, ?)", key, CONSUMER);
     }
 
-    // (a) idem_apply_v applies once; a redelivery writing the values another
-    // way (10.0 / 10.00, the instant at another offset, jsonb keys in
-    // another order) is a duplicate; the balance is exact
+    // (a) typed values in params apply once; a redelivery writing the values
+    // another way (10.0 / 10.00, the instant at another offset, jsonb keys
+    // in another order) is a duplicate; the balance is exact; a null value
+    // is NULL
     static void typedRedeliveryIsDuplicate() throws Exception {
         equal(applyV("a-1", new BigDecimal("10.0"), BERLIN_10H, "{\"card\": \"visa\", \"tags\": [\"x\"]}", "first", 1L),
               true, "first delivery");
@@ -154,6 +157,8 @@ public class ClientTest {
               false, "redelivery");
         equal(paid(1), new BigDecimal("10.0"), "paid");
         equal(one("select count(*) from payments_jdbc where order_id = 1"), 1L, "payments");
+        equal(applyV("a-2", new BigDecimal("1"), UTC_9H, "{}", null, 5L), true, "a null note");
+        equal(one("select note is null from payments_jdbc where order_id = 5"), true, "stored as NULL");
     }
 
     // (b) another value under the key is IK001 and runs nothing
@@ -175,36 +180,32 @@ public class ClientTest {
         }
     }
 
-    // (c) idem_apply_rows with expect_rows => 1: an event before its order
+    // (c) idem_apply with expect_rows => 1: an event before its order
     // raises IK002 and records nothing; after the order the redelivery applies
     static void eventBeforeItsOrder() throws Exception {
-        String call = "select idem_apply_rows(?, ?, ?, ?, expect_rows => 1)";
+        String call = "select idem_apply(?, ?, ?, ?, expect_rows => 1)";
         String[] params = {new BigDecimal("7.50").toString(), Long.toString(101L)};
         failsWith("IK002", () -> rowsCall(call, "c-1", params));
         equal(processed("c-1"), false, "processed after IK002");
         exec("insert into orders_jdbc (id) values (101)");
-        equal(rowsCall(call, "c-1", params)[0], 1L, "rows of the redelivery");
-        equal(rowsCall(call, "c-1", params)[0], null, "rows of a duplicate");
+        equal(rowsCall(call, "c-1", params)[0], true, "the redelivery applies");
+        equal(rowsCall(call, "c-1", params)[0], false, "a duplicate");
         equal(processed("c-1"), true, "processed");
         equal(paid(101), new BigDecimal("7.50"), "paid");
     }
 
-    // (c) idem_try_apply_rows: IK002 is transient by default (raised, nothing
-    // parked), then applied with its rows, then duplicate
+    // (c) idem_try_apply with expect_rows: IK002 is transient by default
+    // (raised, nothing parked), then applied, then duplicate
     static void tryApplyRows() throws Exception {
-        String call = "select outcome::text, rows from idem_try_apply_rows(?, ?, ?, ?, expect_rows => 1)";
+        String call = "select idem_try_apply(?, ?, ?, ?, expect_rows => 1)::text";
         String[] params = {new BigDecimal("2.25").toString(), Long.toString(102L)};
         failsWith("IK002", () -> rowsCall(call, "c-2", params));
         equal(processed("c-2"), false, "processed after IK002");
         equal(one("select count(*) from idem_dead_letters where consumer = ? and key = ?", CONSUMER, "c-2"), 0L,
               "parked");
         exec("insert into orders_jdbc (id) values (102)");
-        Object[] r = rowsCall(call, "c-2", params);
-        equal(r[0], "applied", "outcome");
-        equal(r[1], 1L, "rows");
-        r = rowsCall(call, "c-2", params);
-        equal(r[0], "duplicate", "outcome of the redelivery");
-        equal(r[1], null, "rows of the redelivery");
+        equal(rowsCall(call, "c-2", params)[0], "applied", "outcome");
+        equal(rowsCall(call, "c-2", params)[0], "duplicate", "outcome of the redelivery");
         equal(paid(102), new BigDecimal("2.25"), "paid");
     }
 
@@ -213,36 +214,32 @@ public class ClientTest {
             ps.setObject(1, key);
             ps.setObject(2, CONSUMER);
             ps.setObject(3, ROWS_SQL);
-            ps.setObject(4, 1L);
-            ps.setObject(5, amount);
-            ps.setObject(6, orderId);
+            ps.setObject(4, amount);
+            ps.setObject(5, orderId);
+            ps.setObject(6, 1L);
             return row(ps);
         }
     }
 
-    // (c) idem_apply_rows_v and idem_try_apply_rows_v with BigDecimal and
-    // long: IK002 before the order, nothing recorded; then applied with its
-    // rows; a redelivery writing the amount another way is a duplicate
+    // (c) typed values (BigDecimal and long) with expect_rows: IK002 before
+    // the order, nothing recorded; then applied; a redelivery writing the
+    // amount another way is a duplicate
     static void typedRowsForm() throws Exception {
-        String call = "select idem_apply_rows_v(?, ?, ?, ?, ?, ?)";
+        String call = "select idem_apply(?, ?, ?, ARRAY[?::text, ?::text], expect_rows => ?)";
         failsWith("IK002", () -> rowsV(call, "c-3", new BigDecimal("3.5"), 103L));
         equal(processed("c-3"), false, "processed after IK002");
         exec("insert into orders_jdbc (id) values (103)");
-        equal(rowsV(call, "c-3", new BigDecimal("3.5"), 103L)[0], 1L, "rows");
-        equal(rowsV(call, "c-3", new BigDecimal("3.50"), 103L)[0], null, "rows of a duplicate");
+        equal(rowsV(call, "c-3", new BigDecimal("3.5"), 103L)[0], true, "applied");
+        equal(rowsV(call, "c-3", new BigDecimal("3.50"), 103L)[0], false, "a duplicate");
         failsWith("IK001", () -> rowsV(call, "c-3", new BigDecimal("3.51"), 103L));
         equal(paid(103), new BigDecimal("3.5"), "paid");
 
-        String tryCall = "select outcome::text, rows from idem_try_apply_rows_v(?, ?, ?, ?, ?, ?)";
+        String tryCall = "select idem_try_apply(?, ?, ?, ARRAY[?::text, ?::text], expect_rows => ?)::text";
         failsWith("IK002", () -> rowsV(tryCall, "c-4", new BigDecimal("1.25"), 104L));
         equal(processed("c-4"), false, "processed after IK002");
         exec("insert into orders_jdbc (id) values (104)");
-        Object[] r = rowsV(tryCall, "c-4", new BigDecimal("1.25"), 104L);
-        equal(r[0], "applied", "outcome");
-        equal(r[1], 1L, "rows");
-        r = rowsV(tryCall, "c-4", new BigDecimal("1.250"), 104L);
-        equal(r[0], "duplicate", "outcome of the redelivery");
-        equal(r[1], null, "rows of the redelivery");
+        equal(rowsV(tryCall, "c-4", new BigDecimal("1.25"), 104L)[0], "applied", "outcome");
+        equal(rowsV(tryCall, "c-4", new BigDecimal("1.250"), 104L)[0], "duplicate", "outcome of the redelivery");
         equal(paid(104), new BigDecimal("1.25"), "paid");
     }
 
@@ -280,7 +277,7 @@ public class ClientTest {
         routedDatabase("client_routed_jdbc", c -> {
             try (Statement s = c.createStatement()) {
                 s.execute("create table payments (order_id bigint, msg text)");
-                String call = "select idem_apply_routed(?, ?, ?, ?, route => ?)";
+                String call = "select idem_apply(?, ?, ?, ?, route => ?)";
                 String sql = "insert into public.payments (order_id, msg) values ($1::bigint, $2)";
                 List<Object> applied = new ArrayList<>();
                 for (long route : new long[] {7, 7, 8}) {
@@ -305,13 +302,13 @@ public class ClientTest {
                 failsWith("0A000", () -> s.executeQuery("select idem_apply('r-2', 'routed', 'select 1')").close());
 
                 s.execute("alter table payments add constraint no_bad check (msg <> 'bad')");
-                String tryApply = "select idem_try_apply_routed(?, ?, ?, ?, route => ?)";
+                String tryApply = "select idem_try_apply(?, ?, ?, ?, route => ?)";
                 List<Object> outcomes = new ArrayList<>();
                 for (int i = 0; i < 3; i++) {
                     if (i == 2) {
                         s.execute("alter table payments drop constraint no_bad");
                         try (ResultSet rs = s.executeQuery(
-                                "select idem_dlq_replay_routed('d-1', 'routed', 9::bigint)")) {
+                                "select idem_dlq_replay('d-1', 'routed', 9::bigint)")) {
                             rs.next();
                             outcomes.add(rs.getString(1));
                         }
@@ -339,9 +336,9 @@ public class ClientTest {
     }
 
     // Routed row demands (docs/expect-rows.md with a route), the route and
-    // expect_rows bound by setLong: idem_apply_rows_routed applies with its
-    // rows, then a duplicate is NULL; an update of a missing row is IK002
-    // and records nothing.  idem_try_apply_rows_routed raises IK002 by
+    // expect_rows bound by setLong: idem_apply with both applies, then a
+    // duplicate is false; an update of a missing row is IK002 and records
+    // nothing.  idem_try_apply with both raises IK002 by
     // default; with IK002 not transient it parks the message with its
     // demand, and the replay demands the rows again: parked again while the
     // row is missing, applied once it exists.  In a database of its own.
@@ -356,12 +353,12 @@ public class ClientTest {
 
     static void routedRows() throws Exception {
         routedDatabase("client_routed_rows_jdbc", c -> {
-            String apply = "select idem_apply_rows_routed(?, ?, ?, ?, route => ?, expect_rows => ?)";
-            String tryApply = "select outcome::text, rows from idem_try_apply_rows_routed(?, ?, ?, ?,"
-                + " route => ?, expect_rows => ?)";
-            String replay = "select idem_dlq_replay_routed(?, ?, ?)";
+            String apply = "select idem_apply(?, ?, ?, ?, route => ?, expect_rows => ?)";
+            String tryApply = "select idem_try_apply(?, ?, ?, ?,"
+                + " route => ?, expect_rows => ?)::text";
+            String replay = "select idem_dlq_replay(?, ?, ?)";
             String due = "select due from orders_due where order_id = ?";
-            String processed = "select idem_is_processed_routed(?, ?, ?)";
+            String processed = "select idem_is_processed(?, ?, ?)";
             String stored = "select (select count(*) from idem_consumer.routed_keys where consumer = ? and key = ?),"
                 + " (select count(*) from idem_routed_dead_letters where consumer = ? and key = ?)";
             String parked = "select route, status, sqlstate, attempts, expect_rows from idem_routed_dead_letters"
@@ -372,9 +369,9 @@ public class ClientTest {
             }
 
             // applied with its rows, then a duplicate
-            equal(rows(c, apply, settle("rr-1", 21L, 4)), List.of(tuple(1L)), "rows applied");
+            equal(rows(c, apply, settle("rr-1", 21L, 4)), List.of(tuple(true)), "applied");
             equal(rows(c, due, 21L), List.of(tuple(6)), "due after the settlement");
-            equal(rows(c, apply, settle("rr-1", 21L, 4)), List.of(tuple((Object) null)), "rows of a duplicate");
+            equal(rows(c, apply, settle("rr-1", 21L, 4)), List.of(tuple(false)), "a duplicate");
             equal(rows(c, due, 21L), List.of(tuple(6)), "due after the duplicate");
             equal(rows(c, processed, "rr-1", "settle", 21L), List.of(tuple(true)), "processed under its route");
             equal(rows(c, processed, "rr-1", "settle", 22L), List.of(tuple(false)), "processed under another route");
@@ -391,7 +388,7 @@ public class ClientTest {
                   "keys and entries after a transient IK002");
             rows(c, "select set_config('idem_consumer.transient_sqlstates', '40001', false)");
             try {
-                equal(rows(c, tryApply, settle("rr-3", 24L, 3)), List.of(tuple("dead_lettered", null)), "parked");
+                equal(rows(c, tryApply, settle("rr-3", 24L, 3)), List.of(tuple("dead_lettered")), "parked");
                 equal(rows(c, parked, "settle", "rr-3"), List.of(tuple(24L, "pending", "IK002", 1, 1L)),
                       "entry with its demand");
                 // the key is recorded with its entry (docs/expect-rows.md), the row not written
@@ -413,9 +410,9 @@ public class ClientTest {
                       "replayed entry");
                 equal(rows(c, stored, "settle", "rr-3", "settle", "rr-3"), List.of(tuple(1L, 1L)),
                       "keys and entries after the replay");
-                equal(rows(c, tryApply, settle("rr-3", 24L, 3)), List.of(tuple("duplicate", null)),
+                equal(rows(c, tryApply, settle("rr-3", 24L, 3)), List.of(tuple("duplicate")),
                       "redelivery after the replay");
-                equal(rows(c, tryApply, settle("rr-4", 21L, 1)), List.of(tuple("applied", 1L)), "try form applied");
+                equal(rows(c, tryApply, settle("rr-4", 21L, 1)), List.of(tuple("applied")), "try form applied");
                 equal(rows(c, "select order_id, due from orders_due order by order_id"),
                       List.of(tuple(21L, 5), tuple(24L, 2)), "dues");
             } finally {
@@ -431,9 +428,9 @@ public class ClientTest {
         "update public.accounts set charged = charged + $1::numeric where id = $2::bigint";
     static final String BEGIN_ROUTED =
         "select action::text, fence, provider_key, attempt, outcome_unknown, result::text, last_error"
-        + " from idem_effect_begin_routed(?, ?, route => ?, request => ?, lease => ?::interval)";
+        + " from idem_effect_begin(?, ?, route => ?, request => ?, lease => ?::interval)";
     static final String COMPLETE_ROUTED =
-        "select idem_effect_complete_routed(?, ?, ?, ?, route => ?, sql => ?, params => ?)";
+        "select idem_effect_complete(?, ?, ?, ?, route => ?, sql => ?, params => ?)";
     // bound by setNull(Types.BIGINT): a NULL of the routes' type
     static final Object NULL_BIGINT = new Object();
 
@@ -489,14 +486,14 @@ public class ClientTest {
         return Arrays.asList(values);
     }
 
-    // idem_effect_begin_routed: action, fence, provider_key, attempt,
+    // idem_effect_begin with a route: action, fence, provider_key, attempt,
     // outcome_unknown, result, last_error
     static List<Object> beginRouted(Connection c, String key, long route, String request, String lease)
             throws SQLException {
         return rows(c, BEGIN_ROUTED, "charges", key, route, jsonb(request), lease).get(0);
     }
 
-    // idem_effect_complete_routed with the business SQL charging the
+    // idem_effect_complete with a route and the business SQL charging the
     // account of the route
     static void completeRouted(Connection c, String key, Object fence, String result, long route, String amount)
             throws SQLException {
@@ -551,7 +548,7 @@ public class ClientTest {
             equal(taker.get(2), late.get(2), "provider key of the takeover");
             failsWith("IE001", () -> completeRouted(c, "ch-2", late.get(1), "{\"charge\": \"late\"}", 8L, "3"));
             equal(charged(c, 8), BigDecimal.ZERO, "charged after IE001");
-            String heartbeat = "select idem_effect_heartbeat_routed(?, ?, ?, '1 minute', route => ?)";
+            String heartbeat = "select idem_effect_heartbeat(?, ?, ?, '1 minute', route => ?)";
             equal(rows(c, heartbeat, "charges", "ch-2", late.get(1), 8L).get(0).get(0), false, "late heartbeat");
             equal(rows(c, heartbeat, "charges", "ch-2", taker.get(1), 8L).get(0).get(0), true, "heartbeat");
             completeRouted(c, "ch-2", taker.get(1), "{\"charge\": \"ch_2\"}", 8L, "3");
@@ -563,20 +560,20 @@ public class ClientTest {
 
     // Routed effect: a permanent failure is dead, parked in
     // idem_routed_dead_letters under its route (kind effect, IE003); begin
-    // then says dead; idem_dlq_replay_routed re-arms it (waiting, the entry
+    // then says dead; idem_dlq_replay by key and route re-arms it (waiting, the entry
     // replayed) and the next begin executes it under a new fence
     static void routedEffectDeadLetter() throws Exception {
         routedDatabase("client_routed_effects_jdbc", c -> {
             List<Object> first = beginRouted(c, "ch-3", 9L, "{\"amount\": 4}", "30 seconds");
             equal(first.subList(0, 2), tuple("execute", 1L), "first lease");
-            equal(rows(c, "select idem_effect_fail_routed(?, ?, ?, ?, route => ?, retryable => false)::text",
+            equal(rows(c, "select idem_effect_fail(?, ?, ?, ?, route => ?, retryable => false)::text",
                        "charges", "ch-3", first.get(1), "card declined", 9L).get(0).get(0), "dead", "fail");
             String entries = "select route, kind, status, sqlstate, message from idem_routed_dead_letters";
             equal(rows(c, entries), List.of(tuple(9L, "effect", "pending", "IE003", "card declined")),
                   "dead-letter entry");
             List<Object> dead = beginRouted(c, "ch-3", 9L, "{\"amount\": 4}", "30 seconds");
             equal(tuple(dead.get(0), dead.get(6)), tuple("dead", "card declined"), "begin of a dead effect");
-            equal(rows(c, "select idem_dlq_replay_routed(?, ?, ?)", "ch-3", "charges", 9L).get(0).get(0),
+            equal(rows(c, "select idem_dlq_replay(?, ?, ?)", "ch-3", "charges", 9L).get(0).get(0),
                   "applied", "replay");
             equal(routedEffect(c, "ch-3").get(0).get(1), "waiting", "re-armed effect");
             equal(rows(c, entries), List.of(tuple(9L, "effect", "replayed", "IE003", "card declined")),
@@ -590,15 +587,15 @@ public class ClientTest {
         });
     }
 
-    // Routed outbox: enqueue_routed commits (or rolls back) with the
-    // business transaction; a duplicate enqueue is false; a claim of one
-    // route leases its effect, a claim of every route (setNull BIGINT; a
-    // NULL of no type is 42804) the others, each with its route; begin and
-    // claim are 25001 in a transaction block; the unrouted effect functions
-    // are 0A000 and store nothing
+    // Routed outbox: an enqueue with a route commits (or rolls back) with
+    // the business transaction; a duplicate enqueue is false; a claim of
+    // one route leases its effect, a claim of every route (setNull BIGINT;
+    // a NULL of no type is no route, 0A000) the others, each with its route
+    // as text; begin and claim are 25001 in a transaction block; the effect
+    // functions without a route are 0A000 and store nothing
     static void routedEffectOutbox() throws Exception {
         routedDatabase("client_routed_effects_jdbc", c -> {
-            String enqueue = "select idem_effect_enqueue_routed(?, ?, ?, route => ?)";
+            String enqueue = "select idem_effect_enqueue(?, ?, ?, route => ?)";
             List<Object> added = new ArrayList<>();
             c.setAutoCommit(false);
             rows(c, "update accounts set charged = charged + 1 where id = 10 returning id");
@@ -615,12 +612,12 @@ public class ClientTest {
             equal(charged(c, 10), new BigDecimal("1"), "the business write committed with the enqueue");
 
             String claim = "select key, route, request::text, fence, attempt"
-                + " from idem_effect_claim_routed(?, ?) order by key";
-            failsWith("42804", () -> rows(c, claim, "charges", null));
-            equal(rows(c, claim, "charges", 10L), List.of(tuple("o-1", 10L, "{\"n\": \"o-1\"}", 1L, 1)),
+                + " from idem_effect_claim(?, route => ?) order by key";
+            failsWith("0A000", () -> rows(c, "select key from idem_effect_claim(?, route => NULL)", "charges"));
+            equal(rows(c, claim, "charges", 10L), List.of(tuple("o-1", "10", "{\"n\": \"o-1\"}", 1L, 1)),
                   "claim of one route");
             equal(rows(c, claim, "charges", NULL_BIGINT),
-                  List.of(tuple("o-2", 11L, "{\"n\": \"o-2\"}", 1L, 1), tuple("o-3", 12L, "{\"n\": \"o-3\"}", 1L, 1)),
+                  List.of(tuple("o-2", "11", "{\"n\": \"o-2\"}", 1L, 1), tuple("o-3", "12", "{\"n\": \"o-3\"}", 1L, 1)),
                   "claim of every route");
             equal(rows(c, "select key, state from idem_routed_effects order by key"),
                   List.of(tuple("o-1", "in_flight"), tuple("o-2", "in_flight"), tuple("o-3", "in_flight")),

@@ -1,11 +1,10 @@
 // Routed external effects from node-postgres (docs/effects.md, with a route
-// as in docs/citus.md): idem_effect_begin_routed, complete, fail,
-// heartbeat, enqueue and claim_routed with the route bound as
-// route => $n::bigint.  The inline cycle (execute, complete with the
+// as in docs/citus.md): idem_effect_begin, complete, fail, heartbeat,
+// enqueue and claim with the route bound as route => $n::bigint.  The inline cycle (execute, complete with the
 // business SQL of the route's row, replay of the stored result); a complete
 // under a fence that a later lease superseded (IE001, its business SQL
 // rolled back); a permanent failure parked in idem_routed_dead_letters
-// (kind effect, IE003) and re-armed by idem_dlq_replay_routed; the outbox
+// (kind effect, IE003) and re-armed by idem_dlq_replay by key and route; the outbox
 // (enqueue in the business transaction, a claim of one route and of every
 // route); begin and claim refused inside a transaction block (25001); the
 // unrouted effect functions refused (0A000).  Every check reads back what
@@ -34,7 +33,7 @@ routedDatabase(DB, [
 
 async function begin(key, route, request, lease = '30 seconds') {
   const { rows } = await db.query(
-    'select * from idem_effect_begin_routed($1, $2, route => $3::bigint, request => $4::jsonb,'
+    'select * from idem_effect_begin($1, $2, route => $3::bigint, request => $4::jsonb,'
     + ' lease => $5::interval)',
     [CONSUMER, key, route, JSON.stringify(request), lease]);
   return rows[0];
@@ -42,7 +41,7 @@ async function begin(key, route, request, lease = '30 seconds') {
 
 function complete(key, fence, result, route, amount) {
   return db.query(
-    'select idem_effect_complete_routed($1, $2, $3, $4::jsonb, route => $5::bigint, sql => $6,'
+    'select idem_effect_complete($1, $2, $3, $4::jsonb, route => $5::bigint, sql => $6,'
     + ' params => $7::text[])',
     [CONSUMER, key, fence, JSON.stringify(result), route, CHARGE_SQL, [String(amount), String(route)]]);
 }
@@ -96,7 +95,7 @@ test('a complete under a superseded fence is IE001 and its business SQL rolls ba
   await assert.rejects(complete('ch-2', late.fence, { charge: 'late' }, 8, 3),
     (err) => err.code === 'IE001');
   assert.strictEqual(await charged(8), '0');
-  const heartbeat = 'select idem_effect_heartbeat_routed($1, $2, $3, $4::interval, route => $5::bigint) as ok';
+  const heartbeat = 'select idem_effect_heartbeat($1, $2, $3, $4::interval, route => $5::bigint) as ok';
   assert.strictEqual((await db.query(heartbeat, [CONSUMER, 'ch-2', late.fence, '1 minute', 8])).rows[0].ok, false);
   assert.strictEqual((await db.query(heartbeat, [CONSUMER, 'ch-2', taker.fence, '1 minute', 8])).rows[0].ok, true);
 
@@ -110,7 +109,7 @@ test('a permanent failure is parked under its route (kind effect) and its replay
   const first = await begin('ch-3', 9, { amount: 4 });
   assert.strictEqual(first.action, 'execute');
   const { rows: [failed] } = await db.query(
-    'select idem_effect_fail_routed($1, $2, $3, $4, route => $5::bigint, retryable => false) as action',
+    'select idem_effect_fail($1, $2, $3, $4, route => $5::bigint, retryable => false) as action',
     [CONSUMER, 'ch-3', first.fence, 'card declined', 9]);
   assert.strictEqual(failed.action, 'dead');
   const { rows: entries } = await db.query(
@@ -122,7 +121,7 @@ test('a permanent failure is parked under its route (kind effect) and its replay
   assert.strictEqual(dead.action, 'dead');
   assert.strictEqual(dead.last_error, 'card declined');
 
-  const replay = 'select idem_dlq_replay_routed($1, $2, $3::bigint) as outcome';
+  const replay = 'select idem_dlq_replay($1, $2, $3::bigint) as outcome';
   assert.strictEqual((await db.query(replay, ['ch-3', CONSUMER, 9])).rows[0].outcome, 'applied');
   const [rearmed] = await effect('ch-3');
   assert.strictEqual(rearmed.state, 'waiting');
@@ -140,7 +139,7 @@ test('a permanent failure is parked under its route (kind effect) and its replay
 });
 
 test('outbox: enqueued in the business transaction, claimed from one route, then from every route', BOUNDED, async () => {
-  const enqueue = 'select idem_effect_enqueue_routed($1, $2, $3::jsonb, route => $4::bigint) as added';
+  const enqueue = 'select idem_effect_enqueue($1, $2, $3::jsonb, route => $4::bigint) as added';
   await db.query('begin');
   await db.query('update accounts set charged = charged + 1 where id = 10');
   const added = [];
@@ -159,9 +158,10 @@ test('outbox: enqueued in the business transaction, claimed from one route, then
     { route: '11', key: 'o-2', state: 'pending' },
     { route: '12', key: 'o-3', state: 'pending' }]);
 
-  const claim = 'select key, route::text, request, fence::int, attempt from idem_effect_claim_routed($1, $2)';
+  const claim = 'select key, route::text, request, fence::int, attempt from idem_effect_claim($1, route => $2)';
   const claimOf = (from) => claim.replace('$2', from);
-  await assert.rejects(db.query(claimOf('$2'), [CONSUMER, null]), (err) => err.code === '42804');
+  await assert.rejects(db.query(claimOf('$2'), [CONSUMER, null]), (err) => err.code === '42P18');
+  await assert.rejects(db.query(claimOf('NULL'), [CONSUMER]), (err) => err.code === '0A000');
   const { rows: one } = await db.query(claimOf('$2::bigint'), [CONSUMER, 10]);
   assert.deepStrictEqual(one, [{ key: 'o-1', route: '10', request: { n: 'o-1' }, fence: 1, attempt: 1 }]);
   const { rows: every } = await db.query(claimOf('$2::bigint') + ' order by key', [CONSUMER, null]);
@@ -182,7 +182,7 @@ test('begin and claim refuse a transaction block (25001); the unrouted functions
   await assert.rejects(begin('tx-1', 7, { amount: 1 }), (err) => err.code === '25001');
   await db.query('rollback');
   await db.query('begin');
-  await assert.rejects(db.query('select * from idem_effect_claim_routed($1, $2::bigint)', [CONSUMER, null]),
+  await assert.rejects(db.query('select * from idem_effect_claim($1, route => $2::bigint)', [CONSUMER, null]),
     (err) => err.code === '25001');
   await db.query('rollback');
   assert.deepStrictEqual(await effect('tx-1'), []);

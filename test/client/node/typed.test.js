@@ -1,11 +1,12 @@
-// idem_consumer 1.2 from node-postgres: idem_apply_v with values cast to
-// their types, a Date written by consumers in two time zones (node-postgres
+// idem_consumer 1.2 from node-postgres: idem_apply with values of other
+// types than text in params as ARRAY[$4::text, ...], a Date written by
+// consumers in two time zones (node-postgres
 // writes a Date in the process's local zone: each delivery runs in a
 // process of its own, TZ=Europe/Berlin or TZ=UTC), decimal strings written
 // another way and a jsonb object with its keys in another order are one
-// message; another value is IK001; the rows forms (text[] and typed) raise
-// IK002 for an event before its order and record nothing; the examples of
-// docs/clients.md run.
+// message; another value is IK001; expect_rows raises IK002 for an event
+// before its order and records nothing; the examples of docs/clients.md
+// run.
 //
 // Connects with the usual PGHOST / PGPORT / PGUSER / PGDATABASE variables.
 'use strict';
@@ -24,7 +25,7 @@ const PAY_SQL =
   ' values ($1, $2, $3, $4, $5) returning order_id, amount)' +
   ' update public.orders_node o set paid = o.paid + p.amount from p where o.id = p.order_id';
 const APPLY_V =
-  'select idem_apply_v($1, $2, $3, $4::numeric, $5::timestamptz, $6::jsonb, $7::text, $8::bigint)';
+  'select idem_apply($1, $2, $3, ARRAY[$4::text, $5::text, $6::text, $7::text, $8::text])';
 const ROWS_SQL = 'update public.orders_node set paid = paid + $1 where id = $2';
 const PAID_AT = Date.UTC(2026, 0, 1, 9, 0, 0);
 const BOUNDED = { timeout: 60000 };
@@ -90,42 +91,42 @@ test('another value under the key is IK001 and runs nothing', BOUNDED, async () 
 });
 
 test('an event before its order: IK002, nothing recorded; after the order it applies', BOUNDED, async () => {
-  const call = 'select idem_apply_rows($1, $2, $3, $4::text[], expect_rows => 1) as rows';
-  const args = ['n-c', CONSUMER, ROWS_SQL, ['7.50', '101']];
+  const call = 'select idem_apply($1, $2, $3, $4::text[], expect_rows => $5::bigint) as applied';
+  const args = ['n-c', CONSUMER, ROWS_SQL, ['7.50', '101'], 1];
   await assert.rejects(admin.query(call, args), (err) => err.code === 'IK002');
   assert.strictEqual(await processed('n-c'), false);
   await admin.query('insert into orders_node (id) values (101)');
-  assert.strictEqual((await admin.query(call, args)).rows[0].rows, '1');
-  assert.strictEqual((await admin.query(call, args)).rows[0].rows, null);
+  assert.strictEqual((await admin.query(call, args)).rows[0].applied, true);
+  assert.strictEqual((await admin.query(call, args)).rows[0].applied, false);
   assert.strictEqual(await paid(101), '7.50');
 
-  const tryCall = 'select outcome, rows from idem_try_apply_rows($1, $2, $3, $4::text[], expect_rows => 1)';
-  const tryArgs = ['n-c2', CONSUMER, ROWS_SQL, ['2.25', '102']];
+  const tryCall = 'select idem_try_apply($1, $2, $3, $4::text[], expect_rows => $5::bigint) as outcome';
+  const tryArgs = ['n-c2', CONSUMER, ROWS_SQL, ['2.25', '102'], 1];
   await assert.rejects(admin.query(tryCall, tryArgs), (err) => err.code === 'IK002');
   assert.strictEqual(await processed('n-c2'), false);
   await admin.query('insert into orders_node (id) values (102)');
-  assert.deepStrictEqual((await admin.query(tryCall, tryArgs)).rows[0], { outcome: 'applied', rows: '1' });
-  assert.deepStrictEqual((await admin.query(tryCall, tryArgs)).rows[0], { outcome: 'duplicate', rows: null });
+  assert.deepStrictEqual((await admin.query(tryCall, tryArgs)).rows[0], { outcome: 'applied' });
+  assert.deepStrictEqual((await admin.query(tryCall, tryArgs)).rows[0], { outcome: 'duplicate' });
   assert.strictEqual(await paid(102), '2.25');
 });
 
-test('the typed rows form: IK002 before the order, then applied; 3.5 and 3.50 are one message', BOUNDED, async () => {
-  const call = 'select idem_apply_rows_v($1, $2, $3, $4, $5::numeric, $6::bigint)';
-  const args = (key, amount, id) => [key, CONSUMER, ROWS_SQL, 1, amount, id];
-  await assert.rejects(admin.query(call, args('n-c3', '3.5', 103)), (err) => err.code === 'IK002');
+test('typed values with expect_rows: IK002 before the order, then applied; 3.5 and 3.50 are one message', BOUNDED, async () => {
+  const call = 'select idem_apply($1, $2, $3, ARRAY[$4::text, $5::text], expect_rows => 1) as applied';
+  const args = (key, amount, id) => [key, CONSUMER, ROWS_SQL, amount, id];
+  await assert.rejects(admin.query(call, args('n-c3', 3.5, 103)), (err) => err.code === 'IK002');
   assert.strictEqual(await processed('n-c3'), false);
   await admin.query('insert into orders_node (id) values (103)');
-  assert.strictEqual((await admin.query(call, args('n-c3', '3.5', 103))).rows[0].idem_apply_rows_v, '1');
-  assert.strictEqual((await admin.query(call, args('n-c3', '3.50', 103))).rows[0].idem_apply_rows_v, null);
+  assert.strictEqual((await admin.query(call, args('n-c3', 3.5, 103))).rows[0].applied, true);
+  assert.strictEqual((await admin.query(call, args('n-c3', '3.50', 103))).rows[0].applied, false);
   await assert.rejects(admin.query(call, args('n-c3', '3.51', 103)), (err) => err.code === 'IK001');
   assert.strictEqual(await paid(103), '3.5');
 
-  const tryCall = 'select outcome, rows from idem_try_apply_rows_v($1, $2, $3, $4, $5::numeric, $6::bigint)';
+  const tryCall = 'select idem_try_apply($1, $2, $3, ARRAY[$4::text, $5::text], expect_rows => 1) as outcome';
   await assert.rejects(admin.query(tryCall, args('n-c4', '1.25', 104)), (err) => err.code === 'IK002');
   assert.strictEqual(await processed('n-c4'), false);
   await admin.query('insert into orders_node (id) values (104)');
-  assert.deepStrictEqual((await admin.query(tryCall, args('n-c4', '1.25', 104))).rows[0], { outcome: 'applied', rows: '1' });
-  assert.deepStrictEqual((await admin.query(tryCall, args('n-c4', '1.250', 104))).rows[0], { outcome: 'duplicate', rows: null });
+  assert.deepStrictEqual((await admin.query(tryCall, args('n-c4', '1.25', 104))).rows[0], { outcome: 'applied' });
+  assert.deepStrictEqual((await admin.query(tryCall, args('n-c4', '1.250', 104))).rows[0], { outcome: 'duplicate' });
   assert.strictEqual(await paid(104), '1.25');
 });
 

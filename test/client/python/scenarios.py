@@ -1,9 +1,10 @@
 """idem_consumer 1.2 from Python drivers: the scenarios every driver runs.
 
-Owns the driver-independent checks: typed parameters through idem_apply_v
-(a redelivery that writes a value another way is a duplicate, another value
-under the key is IK001), the rows forms, text[] and typed (an event
-before its row raises IK002 and records nothing), the text[] form of
+Owns the driver-independent checks: values of other types than text in
+params as ARRAY[%s::text, ...] (a redelivery that writes a value another
+way is a duplicate, another value under the key is IK001, None stays
+NULL), expect_rows, with text[] and typed values (an event before its row
+raises IK002 and records nothing), the text[] form of
 idem_apply, routed keys and routed external effects (the inline cycle, a
 fenced-off complete, a dead effect re-armed, the outbox) and routed row
 demands (IK002 recording nothing, an entry parked with its demand and
@@ -22,11 +23,9 @@ UTC = datetime.timezone.utc
 
 class Scenarios:
     """Checks of one driver.  A subclass sets NAME and implements connect(),
-    sqlstate(), jsonb() and TEXT (the placeholder of a str passed to
-    idem_apply_v)."""
+    sqlstate() and jsonb()."""
 
     NAME = None
-    TEXT = "%s"
 
     def __init__(self):
         self.conn = self.connect()
@@ -101,15 +100,18 @@ class Scenarios:
     def processed(self, key):
         return self.execute("select idem_is_processed(%s, %s)", (key, self.consumer))[0]
 
+    # each value written by its type's output function into params
+    TYPED = "select idem_apply(%s, %s, %s, ARRAY[%s::text, %s::text, %s::text, %s::text, %s::text])"
+
     def apply_v(self, key, amount, paid_at, doc, note, order_id):
         return self.execute(
-            f"select idem_apply_v(%s, %s, %s, %s, %s, %s, {self.TEXT}, %s)",
+            self.TYPED,
             (key, self.consumer, self.pay_sql, amount, paid_at, self.jsonb(doc), note, order_id))[0]
 
     # -- the scenarios -----------------------------------------------------
 
     def test_typed_redelivery_is_duplicate(self):
-        """(a) idem_apply_v applies once; a redelivery writing the values
+        """(a) typed values in params apply once; a redelivery writing the values
         another way (10.0 / 10.00, the instant in another zone, jsonb keys
         in another order, int of another width) is a duplicate."""
         first = self.apply_v("a-1", decimal.Decimal("10.0"),
@@ -126,71 +128,75 @@ class Scenarios:
         assert n == 1, n
         assert at == datetime.datetime(2026, 1, 1, 9, 0, tzinfo=UTC), at
         assert doc == '{"card": "visa", "tags": ["x", "y"]}', doc
+        # None is NULL, as its parameter's value
+        assert self.apply_v("a-2", decimal.Decimal("1"), datetime.datetime(2026, 1, 1, tzinfo=UTC),
+                            {}, None, 5) is True
+        assert self.execute(f"select note is null from {self.payments} where order_id = 5")[0] is True
 
     def test_other_value_is_key_reuse(self):
         """(b) another value under the same key raises IK001 and runs nothing."""
         assert self.apply_v("b-1", decimal.Decimal("5"),
                             datetime.datetime(2026, 1, 2, tzinfo=UTC), {}, "b", 2) is True
         self.fails_with("IK001",
-                        f"select idem_apply_v(%s, %s, %s, %s, %s, %s, {self.TEXT}, %s)",
+                        self.TYPED,
                         ("b-1", self.consumer, self.pay_sql, decimal.Decimal("5.01"),
                          datetime.datetime(2026, 1, 2, tzinfo=UTC), self.jsonb({}), "b", 2))
         self.fails_with("IK001",
-                        f"select idem_apply_v(%s, %s, %s, %s, %s, %s, {self.TEXT}, %s)",
+                        self.TYPED,
                         ("b-1", self.consumer, self.pay_sql, decimal.Decimal("5"),
                          datetime.datetime(2026, 1, 2, 0, 0, 1, tzinfo=UTC), self.jsonb({}), "b", 2))
         assert self.paid(2) == decimal.Decimal("5"), self.paid(2)
 
     def test_event_before_its_order(self):
-        """(c) idem_apply_rows with expect_rows => 1: the update of an order
+        """(c) idem_apply with expect_rows => 1: the update of an order
         that does not exist yet raises IK002 and records nothing; once the
         order exists the redelivery applies, then it is a duplicate."""
         params = [str(decimal.Decimal("7.50")), str(101)]
-        call = "select idem_apply_rows(%s, %s, %s, %s, expect_rows => 1)"
+        call = "select idem_apply(%s, %s, %s, %s, expect_rows => 1)"
         self.fails_with("IK002", call, ("c-1", self.consumer, self.rows_sql, params))
         assert self.processed("c-1") is False
         self.execute(f"insert into {self.orders} (id) values (101)")
-        assert self.execute(call, ("c-1", self.consumer, self.rows_sql, params))[0] == 1
-        assert self.execute(call, ("c-1", self.consumer, self.rows_sql, params))[0] is None
+        assert self.execute(call, ("c-1", self.consumer, self.rows_sql, params))[0] is True
+        assert self.execute(call, ("c-1", self.consumer, self.rows_sql, params))[0] is False
         assert self.processed("c-1") is True
         assert self.paid(101) == decimal.Decimal("7.50"), self.paid(101)
 
     def test_try_apply_rows(self):
-        """(c) idem_try_apply_rows: IK002 is transient by default (raised,
-        nothing parked); then applied with its rows, then duplicate."""
+        """(c) idem_try_apply with expect_rows: IK002 is transient by
+        default (raised, nothing parked); then applied, then duplicate."""
         params = [str(decimal.Decimal("2.25")), str(102)]
-        call = ("select outcome::text, rows from idem_try_apply_rows(%s, %s, %s, %s, expect_rows => 1)")
+        call = "select idem_try_apply(%s, %s, %s, %s, expect_rows => 1)::text"
         self.fails_with("IK002", call, ("c-2", self.consumer, self.rows_sql, params))
         assert self.processed("c-2") is False
         parked = self.execute("select count(*) from idem_dead_letters where consumer = %s and key = %s",
                               (self.consumer, "c-2"))[0]
         assert parked == 0, parked
         self.execute(f"insert into {self.orders} (id) values (102)")
-        assert self.execute(call, ("c-2", self.consumer, self.rows_sql, params)) == ("applied", 1)
-        assert self.execute(call, ("c-2", self.consumer, self.rows_sql, params)) == ("duplicate", None)
+        assert self.execute(call, ("c-2", self.consumer, self.rows_sql, params)) == ("applied",)
+        assert self.execute(call, ("c-2", self.consumer, self.rows_sql, params)) == ("duplicate",)
         assert self.paid(102) == decimal.Decimal("2.25"), self.paid(102)
 
     def test_typed_rows_form(self):
-        """(c) idem_apply_rows_v and idem_try_apply_rows_v with Decimal and
-        int: IK002 before the order, nothing recorded; then applied with its
-        rows; a redelivery writing the amount another way is a duplicate."""
-        call = "select idem_apply_rows_v(%s, %s, %s, %s, %s, %s)"
-        self.fails_with("IK002", call, ("c-3", self.consumer, self.rows_sql, 1, decimal.Decimal("3.5"), 103))
+        """(c) typed values (Decimal and int) with expect_rows: IK002 before
+        the order, nothing recorded; then applied; a redelivery writing the
+        amount another way is a duplicate."""
+        call = "select idem_apply(%s, %s, %s, ARRAY[%s::text, %s::text], expect_rows => %s)"
+        self.fails_with("IK002", call, ("c-3", self.consumer, self.rows_sql, decimal.Decimal("3.5"), 103, 1))
         assert self.processed("c-3") is False
         self.execute(f"insert into {self.orders} (id) values (103)")
-        assert self.execute(call, ("c-3", self.consumer, self.rows_sql, 1, decimal.Decimal("3.5"), 103))[0] == 1
-        assert self.execute(call, ("c-3", self.consumer, self.rows_sql, 1, decimal.Decimal("3.50"), 103))[0] is None
-        self.fails_with("IK001", call, ("c-3", self.consumer, self.rows_sql, 1, decimal.Decimal("3.51"), 103))
+        assert self.execute(call, ("c-3", self.consumer, self.rows_sql, decimal.Decimal("3.5"), 103, 1))[0] is True
+        assert self.execute(call, ("c-3", self.consumer, self.rows_sql, decimal.Decimal("3.50"), 103, 1))[0] is False
+        self.fails_with("IK001", call, ("c-3", self.consumer, self.rows_sql, decimal.Decimal("3.51"), 103, 1))
         assert self.paid(103) == decimal.Decimal("3.5"), self.paid(103)
 
-        try_call = "select outcome::text, rows from idem_try_apply_rows_v(%s, %s, %s, %s, %s, %s)"
-        self.fails_with("IK002", try_call, ("c-4", self.consumer, self.rows_sql, 1, decimal.Decimal("1.25"), 104))
+        try_call = "select idem_try_apply(%s, %s, %s, ARRAY[%s::text, %s::text], expect_rows => %s)::text"
+        self.fails_with("IK002", try_call, ("c-4", self.consumer, self.rows_sql, decimal.Decimal("1.25"), 104, 1))
         assert self.processed("c-4") is False
         self.execute(f"insert into {self.orders} (id) values (104)")
-        assert self.execute(try_call, ("c-4", self.consumer, self.rows_sql, 1,
-                                       decimal.Decimal("1.25"), 104)) == ("applied", 1)
-        assert self.execute(try_call, ("c-4", self.consumer, self.rows_sql, 1,
-                                       decimal.Decimal("1.250"), 104)) == ("duplicate", None)
+        assert self.execute(try_call, ("c-4", self.consumer, self.rows_sql,
+                                       decimal.Decimal("1.25"), 104, 1)) == ("applied",)
+        assert self.execute(try_call, ("c-4", self.consumer, self.rows_sql,
+                                       decimal.Decimal("1.250"), 104, 1)) == ("duplicate",)
         assert self.paid(104) == decimal.Decimal("1.25"), self.paid(104)
 
     def test_text_array_form(self):
@@ -222,7 +228,7 @@ class Scenarios:
             sql = "insert into public.payments (order_id, msg) values ($1::bigint, $2)"
             applied = []
             for route in (7, 7, 8):
-                cur.execute("select idem_apply_routed(%s, %s, %s, %s, route => %s)",
+                cur.execute("select idem_apply(%s, %s, %s, %s, route => %s)",
                             ("r-1", "routed", sql, [str(route), "r-1"], route))
                 applied.append(cur.fetchone()[0])
             assert applied == [True, False, True], applied
@@ -239,39 +245,39 @@ class Scenarios:
             cur.execute("alter table payments add constraint no_bad check (msg <> 'bad')")
             outcomes = []
             for _ in range(2):
-                cur.execute("select idem_try_apply_routed(%s, %s, %s, %s, route => %s)",
+                cur.execute("select idem_try_apply(%s, %s, %s, %s, route => %s)",
                             ("d-1", "routed", sql, ["9", "bad"], 9))
                 outcomes.append(cur.fetchone()[0])
             assert outcomes == ["dead_lettered", "dead_lettered"], outcomes
             cur.execute("select route, status, sqlstate from idem_routed_dead_letters")
             assert cur.fetchall() == [(9, "pending", "23514")]
             cur.execute("alter table payments drop constraint no_bad")
-            cur.execute("select idem_dlq_replay_routed(%s, %s, %s)", ("d-1", "routed", 9))
+            cur.execute("select idem_dlq_replay(%s, %s, %s)", ("d-1", "routed", 9))
             assert cur.fetchone()[0] == "applied"
-            cur.execute("select idem_try_apply_routed(%s, %s, %s, %s, route => %s)",
+            cur.execute("select idem_try_apply(%s, %s, %s, %s, route => %s)",
                         ("d-1", "routed", sql, ["9", "bad"], 9))
             assert cur.fetchone()[0] == "duplicate"
             cur.execute("select count(*) from payments where msg = 'bad'")
             assert cur.fetchone()[0] == 1
-            batch = "select key, route from idem_record_batch_routed(%s, %s, %s) order by 2, 1"
+            batch = "select key, route from idem_record_batch(%s, %s, NULL, %s) order by 2, 1"
             cur.execute(batch, ("routed", ["b-1", "b-2", "b-1"], [7, 7, 8]))
-            assert cur.fetchall() == [("b-1", 7), ("b-2", 7), ("b-1", 8)]
+            assert cur.fetchall() == [("b-1", "7"), ("b-2", "7"), ("b-1", "8")]
             cur.execute(batch, ("routed", ["b-2", "b-3", "b-1"], [7, 7, 8]))
-            assert cur.fetchall() == [("b-3", 7)]
+            assert cur.fetchall() == [("b-3", "7")]
 
     def test_routed_rows(self):
         """Routed row demands (docs/expect-rows.md with a route) with the
         route and expect_rows bound as the driver binds an int:
-        idem_apply_rows_routed applies with its rows, then a duplicate is
-        NULL; an update of a missing row is IK002 and records nothing.
-        idem_try_apply_rows_routed raises IK002 by default; with IK002 not
+        idem_apply with both applies, then a duplicate is false; an update
+        of a missing row is IK002 and records nothing.  idem_try_apply
+        with both raises IK002 by default; with IK002 not
         transient it parks the message with its demand, and the replay
         demands the rows again: parked again while the row is missing,
         applied once it exists.  In a database of its own."""
         settle = "update public.orders_due set due = due - $2::int where order_id = $1::bigint"
-        apply = "select idem_apply_rows_routed(%s, %s, %s, %s, route => %s, expect_rows => %s)"
-        try_apply = ("select outcome::text, rows from idem_try_apply_rows_routed(%s, %s, %s, %s,"
-                     " route => %s, expect_rows => %s)")
+        apply = "select idem_apply(%s, %s, %s, %s, route => %s, expect_rows => %s)"
+        try_apply = ("select idem_try_apply(%s, %s, %s, %s,"
+                     " route => %s, expect_rows => %s)::text")
         consumer = "settle"
 
         def message(key, order_id, amount):
@@ -289,7 +295,7 @@ class Scenarios:
                 return row and row[0]
 
             def processed(key, route):
-                return one("select idem_is_processed_routed(%s, %s, %s)", (key, consumer, route))[0]
+                return one("select idem_is_processed(%s, %s, %s)", (key, consumer, route))[0]
 
             def stored(key):
                 return one("select (select count(*) from idem_consumer.routed_keys where consumer = %s and key = %s),"
@@ -302,9 +308,9 @@ class Scenarios:
                 return cur.fetchall()
 
             # applied with its rows, then a duplicate
-            assert one(apply, message("rr-1", 21, 4)) == (1,)
+            assert one(apply, message("rr-1", 21, 4)) == (True,)
             assert due(21) == 6, due(21)
-            assert one(apply, message("rr-1", 21, 4)) == (None,)
+            assert one(apply, message("rr-1", 21, 4)) == (False,)
             assert due(21) == 6, due(21)
             assert processed("rr-1", 21) is True
             assert processed("rr-1", 22) is False
@@ -318,24 +324,24 @@ class Scenarios:
             self.fails_with("IK002", try_apply, message("rr-3", 24, 3), cur=cur)
             assert stored("rr-3") == (0, 0), stored("rr-3")
             cur.execute("set idem_consumer.transient_sqlstates = '40001'")
-            assert one(try_apply, message("rr-3", 24, 3)) == ("dead_lettered", None)
+            assert one(try_apply, message("rr-3", 24, 3)) == ("dead_lettered",)
             assert parked("rr-3") == [(24, "pending", "IK002", 1, 1)], parked("rr-3")
             # the key is recorded with its entry (docs/expect-rows.md), the row not written
             assert stored("rr-3") == (1, 1), stored("rr-3")
             assert processed("rr-3", 24) is True
             assert due(24) is None
             # the replay demands the rows again: still missing, parked again
-            assert one("select idem_dlq_replay_routed(%s, %s, %s)", ("rr-3", consumer, 24)) == ("dead_lettered",)
+            assert one("select idem_dlq_replay(%s, %s, %s)", ("rr-3", consumer, 24)) == ("dead_lettered",)
             assert parked("rr-3") == [(24, "pending", "IK002", 2, 1)], parked("rr-3")
             assert due(24) is None
             # the row there: applied
             cur.execute("insert into orders_due values (24, 5)")
-            assert one("select idem_dlq_replay_routed(%s, %s, %s)", ("rr-3", consumer, 24)) == ("applied",)
+            assert one("select idem_dlq_replay(%s, %s, %s)", ("rr-3", consumer, 24)) == ("applied",)
             assert due(24) == 2, due(24)
             assert parked("rr-3") == [(24, "replayed", "IK002", 3, 1)], parked("rr-3")
             assert stored("rr-3") == (1, 1), stored("rr-3")
-            assert one(try_apply, message("rr-3", 24, 3)) == ("duplicate", None)
-            assert one(try_apply, message("rr-4", 21, 1)) == ("applied", 1)
+            assert one(try_apply, message("rr-3", 24, 3)) == ("duplicate",)
+            assert one(try_apply, message("rr-4", 21, 1)) == ("applied",)
             assert (due(21), due(24)) == (5, 2), (due(21), due(24))
             cur.execute("reset idem_consumer.transient_sqlstates")
 
@@ -348,17 +354,17 @@ class Scenarios:
     EFFECT_COLUMNS = "action::text, fence, provider_key, attempt, outcome_unknown, result, last_error"
 
     def begin_routed(self, cur, key, route, request, lease="30 seconds"):
-        """idem_effect_begin_routed: (action, fence, provider_key, attempt,
+        """idem_effect_begin with a route: (action, fence, provider_key, attempt,
         outcome_unknown, result, last_error)."""
-        cur.execute(f"select {self.EFFECT_COLUMNS} from idem_effect_begin_routed(%s, %s, route => %s,"
+        cur.execute(f"select {self.EFFECT_COLUMNS} from idem_effect_begin(%s, %s, route => %s,"
                     f" request => %s, lease => %s::interval)",
                     ("charges", key, route, self.jsonb(request), lease))
         return cur.fetchone()
 
     def complete_routed(self, cur, key, fence, result, route, amount):
-        """idem_effect_complete_routed with the business SQL charging the
+        """idem_effect_complete with a route and the business SQL charging the
         account of the route."""
-        cur.execute("select idem_effect_complete_routed(%s, %s, %s, %s, route => %s, sql => %s, params => %s)",
+        cur.execute("select idem_effect_complete(%s, %s, %s, %s, route => %s, sql => %s, params => %s)",
                     ("charges", key, fence, self.jsonb(result), route, self.CHARGE_SQL,
                      [str(amount), str(route)]))
 
@@ -405,12 +411,12 @@ class Scenarios:
             taker = self.begin_routed(cur, "ch-2", 8, {"amount": 3})
             assert (taker[0], taker[1], taker[3], taker[4]) == ("execute", 2, 2, True), taker
             assert taker[2] == late[2], (taker, late)
-            self.fails_with("IE001", "select idem_effect_complete_routed(%s, %s, %s, %s, route => %s,"
+            self.fails_with("IE001", "select idem_effect_complete(%s, %s, %s, %s, route => %s,"
                             " sql => %s, params => %s)",
                             ("charges", "ch-2", late[1], self.jsonb({"charge": "late"}), 8,
                              self.CHARGE_SQL, ["3", "8"]), cur=cur)
             assert self.charged(cur, 8) == 0, self.charged(cur, 8)
-            heartbeat = "select idem_effect_heartbeat_routed(%s, %s, %s, '1 minute', route => %s)"
+            heartbeat = "select idem_effect_heartbeat(%s, %s, %s, '1 minute', route => %s)"
             beats = []
             for fence in (late[1], taker[1]):
                 cur.execute(heartbeat, ("charges", "ch-2", fence, 8))
@@ -423,12 +429,12 @@ class Scenarios:
     def test_routed_effect_dead_letter(self):
         """Routed effect: a permanent failure is dead, parked in
         idem_routed_dead_letters under its route (kind effect, IE003); begin
-        then says dead; idem_dlq_replay_routed re-arms it (waiting, the
+        then says dead; idem_dlq_replay by key and route re-arms it (waiting, the
         entry replayed) and the next begin executes it under a new fence."""
         with self.routed_database("routed_effects", *self.ACCOUNTS) as cur:
             first = self.begin_routed(cur, "ch-3", 9, {"amount": 4})
             assert first[:2] == ("execute", 1), first
-            cur.execute("select idem_effect_fail_routed(%s, %s, %s, %s, route => %s, retryable => false)::text",
+            cur.execute("select idem_effect_fail(%s, %s, %s, %s, route => %s, retryable => false)::text",
                         ("charges", "ch-3", first[1], "card declined", 9))
             assert cur.fetchone()[0] == "dead"
             entries = "select route, kind, status, sqlstate, message from idem_routed_dead_letters"
@@ -436,7 +442,7 @@ class Scenarios:
             assert cur.fetchall() == [(9, "effect", "pending", "IE003", "card declined")]
             dead = self.begin_routed(cur, "ch-3", 9, {"amount": 4})
             assert (dead[0], dead[6]) == ("dead", "card declined"), dead
-            cur.execute("select idem_dlq_replay_routed(%s, %s, %s)", ("ch-3", "charges", 9))
+            cur.execute("select idem_dlq_replay(%s, %s, %s)", ("ch-3", "charges", 9))
             assert cur.fetchone()[0] == "applied"
             assert self.routed_effect(cur, "ch-3")[0][1] == "waiting"
             cur.execute(entries)
@@ -448,14 +454,15 @@ class Scenarios:
             assert self.charged(cur, 9) == 4, self.charged(cur, 9)
 
     def test_routed_effect_outbox(self):
-        """Routed outbox: enqueue_routed commits (or rolls back) with the
-        business transaction; a duplicate enqueue is false; a claim of one
-        route leases its effect, a claim of every route (a NULL of the
-        routes' type; an untyped NULL is 42804) the others, each with its
-        route; begin and claim are 25001 in a transaction block; the
-        unrouted effect functions are 0A000 and store nothing."""
+        """Routed outbox: an enqueue with a route commits (or rolls back)
+        with the business transaction; a duplicate enqueue is false; a claim
+        of one route leases its effect, a claim of every route (a NULL of
+        the routes' type; an untyped NULL is no route, 0A000) the others,
+        each with its route as text; begin and claim are 25001 in a
+        transaction block; the effect functions without a route are 0A000
+        and store nothing."""
         with self.routed_database("routed_effects", *self.ACCOUNTS) as cur:
-            enqueue = "select idem_effect_enqueue_routed(%s, %s, %s, route => %s)"
+            enqueue = "select idem_effect_enqueue(%s, %s, %s, route => %s)"
             added = []
             cur.execute("begin")
             cur.execute("update accounts set charged = charged + 1 where id = 10")
@@ -471,19 +478,19 @@ class Scenarios:
             assert cur.fetchall() == [(10, "o-1", "pending"), (11, "o-2", "pending"), (12, "o-3", "pending")]
             assert self.charged(cur, 10) == 1, self.charged(cur, 10)
 
-            claim = "select key, route, request, fence, attempt from idem_effect_claim_routed(%s, {}) order by key"
-            self.fails_with("42804", claim.format("%s"), ("charges", None), cur=cur)
+            claim = "select key, route, request, fence, attempt from idem_effect_claim(%s, route => {}) order by key"
+            self.fails_with("0A000", claim.format("NULL"), ("charges",), cur=cur)
             cur.execute(claim.format("%s"), ("charges", 10))
-            assert cur.fetchall() == [("o-1", 10, {"n": "o-1"}, 1, 1)]
+            assert cur.fetchall() == [("o-1", "10", {"n": "o-1"}, 1, 1)]
             cur.execute(claim.format("%s::bigint"), ("charges", None))
-            assert cur.fetchall() == [("o-2", 11, {"n": "o-2"}, 1, 1), ("o-3", 12, {"n": "o-3"}, 1, 1)]
+            assert cur.fetchall() == [("o-2", "11", {"n": "o-2"}, 1, 1), ("o-3", "12", {"n": "o-3"}, 1, 1)]
             cur.execute("select key, state from idem_routed_effects order by key")
             assert cur.fetchall() == [("o-1", "in_flight"), ("o-2", "in_flight"), ("o-3", "in_flight")]
             self.complete_routed(cur, "o-2", 1, {"done": True}, 11, 2)
             assert self.routed_effect(cur, "o-2")[0][1] == "completed"
             assert self.charged(cur, 11) == 2, self.charged(cur, 11)
 
-            for sql, params in ((f"select {self.EFFECT_COLUMNS} from idem_effect_begin_routed(%s, %s, route => %s)",
+            for sql, params in ((f"select {self.EFFECT_COLUMNS} from idem_effect_begin(%s, %s, route => %s)",
                                  ("charges", "tx-1", 7)),
                                 (claim.format("%s::bigint"), ("charges", None))):
                 cur.execute("begin")

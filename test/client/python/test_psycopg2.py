@@ -1,7 +1,7 @@
 """idem_consumer 1.2 from psycopg2: Decimal, datetime with tzinfo,
 psycopg2.extras.Json, int and str as psycopg2 writes them into the
-statement (client-side literals; a str is an untyped literal, which
-idem_apply_v takes as text)."""
+statement (client-side literals; a str is an untyped literal, and an
+untyped route literal is read by the routes' type's input function)."""
 
 import psycopg2
 import psycopg2.extras
