@@ -1,0 +1,450 @@
+/*-------------------------------------------------------------------------
+ *
+ * positions.c
+ *	  The positions of Kafka consumers: for each consumer, topic and
+ *	  partition, the offset of the next message to read, kept in
+ *	  idem_consumer.positions and moved in the caller's transaction
+ *	  (idem_position_advance, idem_position_rewind), read by
+ *	  idem_positions() and its view, and the lag idem_metrics() shows.
+ *
+ * A position moves forward only.  The row is locked (SELECT ... FOR
+ * UPDATE) before it is compared, so that two sessions advancing one
+ * partition take turns: the second sees the first's committed position,
+ * not the one its own snapshot began with, and is refused if its own is
+ * below it.  Nothing is lost, nothing goes back, whatever the order of the
+ * commits (test/isolation/specs/position_advance.spec).  A consumer that
+ * applies a batch advances first, then applies: the position before, which
+ * the call returns, tells which of its messages another member applied
+ * while it waited for the lock, and those are duplicates without a look at
+ * the key store.
+ *
+ * Only a rewind moves a position back, and every rewind leaves a row in
+ * idem_consumer.position_rewinds: the roles (current and session), the
+ * time, both positions and the reason, which must be given.
+ *
+ * Acting on a consumer's positions takes the privileges of its owner, as
+ * every other action on a consumer (consumers.c).  The view reads
+ * idem_positions() without a consumer, which returns the rows of the
+ * consumers the caller may act on, tested inside the statement of this
+ * file as visible_rows.c explains: no condition of the caller meets
+ * another team's row.
+ *
+ * Copyright (c) 2025-2026, idem_consumer maintainers
+ *
+ * IDENTIFICATION
+ *	  src/positions.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/namespace.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+#include "utils/tuplestore.h"
+
+#include "idem_consumer.h"
+
+/* a position would move backwards */
+#define ERRCODE_POSITION_BACKWARDS	MAKE_SQLSTATE('I','P','0','0','1')
+
+/* Kafka's limit on the length of a topic's name */
+#define KAFKA_MAX_TOPIC_BYTES		249
+
+/* rows fetched from the cursor of the view at a time */
+#define POSITIONS_BATCH				1000
+
+typedef enum PositionStmt
+{
+	PS_LOCK,
+	PS_INSERT,
+	PS_ADVANCE,
+	PS_REWIND,
+	PS_RECORD_REWIND,
+	PS_OF_CONSUMER,
+	PS_VISIBLE,
+	PS_LAG,
+	PS_NUM_STMTS
+} PositionStmt;
+
+/* $1 consumer_id, $2 topic, $3 partition: the key of a position */
+#define POSITION_KEY \
+	" WHERE consumer_id OPERATOR(pg_catalog.=) $1" \
+	" AND topic OPERATOR(pg_catalog.=) $2" \
+	" AND \"partition\" OPERATOR(pg_catalog.=) $3"
+
+/*
+ * The columns of idem_positions(), after the consumer's name: the lag is
+ * the log-end offset last reported minus the position, never below 0 (the
+ * report may be older than the last advance); the last rewind of the
+ * partition, if any.
+ */
+#define POSITION_COLUMNS \
+	" p.topic, p.\"partition\", p.\"position\", p.log_end_offset," \
+	" pg_catalog.int8larger(p.log_end_offset OPERATOR(pg_catalog.-) p.\"position\", 0)," \
+	" p.advanced_at, p.log_end_at, r.rewinds, r.rewound_at, r.rewound_by, r.reason" \
+	" FROM " STORAGE_SCHEMA ".positions AS p" \
+	" LEFT JOIN LATERAL (SELECT pg_catalog.count(*) OVER () AS rewinds," \
+	" w.rewound_at, w.rewound_by, w.reason" \
+	" FROM " STORAGE_SCHEMA ".position_rewinds AS w" \
+	" WHERE w.consumer_id OPERATOR(pg_catalog.=) p.consumer_id" \
+	" AND w.topic OPERATOR(pg_catalog.=) p.topic" \
+	" AND w.\"partition\" OPERATOR(pg_catalog.=) p.\"partition\"" \
+	" ORDER BY w.rewind_id DESC LIMIT 1) AS r ON true"
+
+static const StorageStmt position_stmt_defs[PS_NUM_STMTS] = {
+	[PS_LOCK] = {
+		"SELECT \"position\" FROM " STORAGE_SCHEMA ".positions" POSITION_KEY
+		" FOR UPDATE",
+		3, {INT4OID, TEXTOID, INT4OID}
+	},
+	/* a concurrent first advance inserts nothing here, and is then locked */
+	[PS_INSERT] = {
+		"INSERT INTO " STORAGE_SCHEMA ".positions"
+		" (consumer_id, topic, \"partition\", \"position\", advanced_at,"
+		" log_end_offset, log_end_at)"
+		" VALUES ($1, $2, $3, $4, pg_catalog.now(), $5,"
+		" CASE WHEN $5 IS NOT NULL THEN pg_catalog.now() END)"
+		" ON CONFLICT DO NOTHING RETURNING 1",
+		5, {INT4OID, TEXTOID, INT4OID, INT8OID, INT8OID}
+	},
+	/* a log-end offset not reported leaves the last one */
+	[PS_ADVANCE] = {
+		"UPDATE " STORAGE_SCHEMA ".positions SET \"position\" = $4,"
+		" advanced_at = pg_catalog.now(),"
+		" log_end_offset = COALESCE($5, log_end_offset),"
+		" log_end_at = CASE WHEN $5 IS NOT NULL THEN pg_catalog.now() ELSE log_end_at END"
+		POSITION_KEY,
+		5, {INT4OID, TEXTOID, INT4OID, INT8OID, INT8OID}
+	},
+	[PS_REWIND] = {
+		"UPDATE " STORAGE_SCHEMA ".positions SET \"position\" = $4,"
+		" advanced_at = pg_catalog.now()" POSITION_KEY,
+		4, {INT4OID, TEXTOID, INT4OID, INT8OID}
+	},
+	[PS_RECORD_REWIND] = {
+		"INSERT INTO " STORAGE_SCHEMA ".position_rewinds"
+		" (consumer_id, topic, \"partition\", from_position, to_position, reason,"
+		" rewound_by, session_role, rewound_at)"
+		" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, pg_catalog.now())",
+		8, {INT4OID, TEXTOID, INT4OID, INT8OID, INT8OID, TEXTOID, NAMEOID, NAMEOID}
+	},
+	[PS_OF_CONSUMER] = {
+		"SELECT $2::pg_catalog.text," POSITION_COLUMNS
+		" WHERE p.consumer_id OPERATOR(pg_catalog.=) $1"
+		" ORDER BY p.topic, p.\"partition\"",
+		2, {INT4OID, TEXTOID}
+	},
+	/* $1: the caller's role, as in visible_rows.c */
+	[PS_VISIBLE] = {
+		"SELECT c.name," POSITION_COLUMNS
+		" JOIN " STORAGE_SCHEMA ".consumers AS c"
+		" ON c.consumer_id OPERATOR(pg_catalog.=) p.consumer_id"
+		" WHERE (c.owner IS NULL OR pg_catalog.pg_has_role($1, c.owner, 'USAGE'))"
+		" ORDER BY c.name, p.topic, p.\"partition\"",
+		1, {NAMEOID}
+	},
+	/* for idem_metrics(), which tests each consumer itself */
+	[PS_LAG] = {
+		"SELECT c.name, p.topic, p.\"partition\"::pg_catalog.text,"
+		" pg_catalog.int8larger(p.log_end_offset OPERATOR(pg_catalog.-) p.\"position\", 0)"
+		" FROM " STORAGE_SCHEMA ".positions AS p"
+		" JOIN " STORAGE_SCHEMA ".consumers AS c"
+		" ON c.consumer_id OPERATOR(pg_catalog.=) p.consumer_id"
+		" WHERE p.log_end_offset IS NOT NULL"
+		" ORDER BY c.name, p.topic, p.\"partition\"",
+		0, {InvalidOid}
+	},
+};
+
+static SPIPlanPtr position_plans[PS_NUM_STMTS];
+static StorageStmtSet position_stmts = STORAGE_STMT_SET(position_stmt_defs, position_plans);
+
+PG_FUNCTION_INFO_V1(idem_position_advance);
+PG_FUNCTION_INFO_V1(idem_position_rewind);
+PG_FUNCTION_INFO_V1(idem_positions);
+
+/* The arguments that name a position: consumer, topic, partition. */
+typedef struct PositionKey
+{
+	char	   *consumer;
+	text	   *topic;
+	int32		partition;
+} PositionKey;
+
+static void
+get_position_key(FunctionCallInfo fcinfo, PositionKey *key)
+{
+	key->consumer = get_consumer_arg(fcinfo, 0);
+	key->topic = get_name_arg(fcinfo, 1, "topic", KAFKA_MAX_TOPIC_BYTES);
+	if (PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("partition must not be null")));
+	key->partition = PG_GETARG_INT32(2);
+	if (key->partition < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("partition must not be negative"),
+				 errdetail("The value given is %d.", key->partition)));
+}
+
+/*
+ * Returns a non-null offset argument of at least 0.
+ */
+static int64
+get_offset_arg(FunctionCallInfo fcinfo, int argno, const char *argname)
+{
+	int64		value;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", argname)));
+	value = PG_GETARG_INT64(argno);
+	if (value < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must not be negative", argname),
+				 errdetail("The value given is " INT64_FORMAT ".", value)));
+	return value;
+}
+
+/*
+ * Locks the position of key and returns whether there is one, in *position.
+ * args holds consumer_id, topic and partition.
+ */
+static bool
+lock_position(Datum *args, int64 *position)
+{
+	bool		isnull;
+
+	storage_stmt_run(&position_stmts, PS_LOCK, args, NULL, 1);
+	if (SPI_processed == 0)
+		return false;
+	*position = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+											SPI_tuptable->tupdesc, 1, &isnull));
+	return true;
+}
+
+/*
+ * Locks the position of args (consumer_id, topic, partition) and returns
+ * true with it in *stored; or inserts args' position (args[3], with the
+ * log-end offset args[4]) as the partition's first and returns false.  A
+ * concurrent first insert makes ours insert nothing (once that one
+ * commits): its row is then locked.  In REPEATABLE READ, a row inserted
+ * after the snapshot fails the insert with a serialization failure, as
+ * ON CONFLICT does.
+ */
+static bool
+lock_or_insert_position(Datum *args, const char *nulls, int64 *stored)
+{
+	for (;;)
+	{
+		if (lock_position(args, stored))
+			return true;
+		storage_stmt_run(&position_stmts, PS_INSERT, args, nulls, 0);
+		if (SPI_processed == 1)
+			return false;
+		CHECK_FOR_INTERRUPTS();
+	}
+}
+
+/*
+ * idem_position_advance(consumer, topic, partition, position
+ * [, log_end_offset]): moves the consumer's position on the partition to
+ * position, which is the offset of the next message to read, in the
+ * caller's transaction.  A position equal to the stored one moves nothing
+ * (and reports the log-end offset); one below it is refused with IP001,
+ * the transaction's work with it.  Returns the position before, NULL for
+ * the partition's first.  The consumer is created on first use, as by
+ * idem_apply.
+ */
+Datum
+idem_position_advance(PG_FUNCTION_ARGS)
+{
+	PositionKey key;
+	int64		position;
+	int64		stored = 0;
+	bool		found;
+	Datum		args[5];
+	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
+
+	get_position_key(fcinfo, &key);
+	position = get_offset_arg(fcinfo, 3, "position");
+	if (!PG_ARGISNULL(4))
+		(void) get_offset_arg(fcinfo, 4, "log_end_offset");
+	else
+		nulls[4] = 'n';
+	inflight_check_none("idem_position_advance");
+
+	SPI_connect();
+	args[0] = Int32GetDatum(keystore_consumer_id(key.consumer, true));
+	args[1] = PointerGetDatum(key.topic);
+	args[2] = Int32GetDatum(key.partition);
+	args[3] = Int64GetDatum(position);
+	args[4] = PG_ARGISNULL(4) ? (Datum) 0 : PG_GETARG_DATUM(4);
+
+	found = lock_or_insert_position(args, nulls, &stored);
+	if (found)
+	{
+		if (position < stored)
+			ereport(ERROR,
+					(errcode(ERRCODE_POSITION_BACKWARDS),
+					 errmsg("position of consumer \"%s\" on partition %d of topic \"%s\" cannot move backwards",
+							key.consumer, key.partition, text_to_cstring(key.topic)),
+					 errdetail("The stored position is " INT64_FORMAT "; the position given is " INT64_FORMAT ".",
+							   stored, position),
+					 errhint("The messages below the stored position are applied: skip them.  An operator moves a position back with idem_position_rewind().")));
+		storage_stmt_run(&position_stmts, PS_ADVANCE, args, nulls, 0);
+	}
+	SPI_finish();
+
+	if (!found)
+		PG_RETURN_NULL();
+	PG_RETURN_INT64(stored);
+}
+
+/*
+ * idem_position_rewind(consumer, topic, partition, position, reason): moves
+ * the consumer's position on the partition back to position (or sets the
+ * first one), and records the rewind.  Returns the position before, NULL
+ * if there was none.  The messages read again are still deduplicated by
+ * their keys: a rewind replays what was not applied, or what was
+ * forgotten (idem_forget), not what was.
+ */
+Datum
+idem_position_rewind(PG_FUNCTION_ARGS)
+{
+	PositionKey key;
+	int64		position;
+	int64		stored = 0;
+	bool		found;
+	int32		consumer_id;
+	text	   *reason;
+	NameData	current_role;
+	NameData	session_role;
+	Datum		args[8];
+	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+
+	get_position_key(fcinfo, &key);
+	position = get_offset_arg(fcinfo, 3, "position");
+	reason = get_name_arg(fcinfo, 4, "reason", 1024);
+	inflight_check_none("idem_position_rewind");
+
+	SPI_connect();
+	consumer_id = keystore_consumer_id(key.consumer, false);
+	if (consumer_id == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("consumer \"%s\" does not exist", key.consumer)));
+	args[0] = Int32GetDatum(consumer_id);
+	args[1] = PointerGetDatum(key.topic);
+	args[2] = Int32GetDatum(key.partition);
+	args[3] = Int64GetDatum(position);
+	nulls[4] = 'n';				/* no log-end offset */
+	found = lock_or_insert_position(args, nulls, &stored);
+	if (found && position > stored)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("a rewind cannot move a position forwards"),
+				 errdetail("The stored position of consumer \"%s\" on partition %d of topic \"%s\" is " INT64_FORMAT "; the position given is " INT64_FORMAT ".",
+						   key.consumer, key.partition, text_to_cstring(key.topic),
+						   stored, position),
+				 errhint("Advance a position with idem_position_advance().")));
+	if (found)
+		storage_stmt_run(&position_stmts, PS_REWIND, args, NULL, 0);
+
+	namestrcpy(&current_role, GetUserNameFromId(GetUserId(), false));
+	namestrcpy(&session_role, GetUserNameFromId(GetSessionUserId(), false));
+	args[3] = Int64GetDatum(stored);
+	nulls[3] = found ? ' ' : 'n';
+	args[4] = Int64GetDatum(position);
+	nulls[4] = ' ';
+	args[5] = PointerGetDatum(reason);
+	args[6] = NameGetDatum(&current_role);
+	args[7] = NameGetDatum(&session_role);
+	storage_stmt_run(&position_stmts, PS_RECORD_REWIND, args, nulls, 0);
+	SPI_finish();
+
+	if (!found)
+		PG_RETURN_NULL();
+	PG_RETURN_INT64(stored);
+}
+
+/*
+ * idem_positions([of_consumer]): the positions of a consumer, which the
+ * caller must be allowed to act on (42501 otherwise), or with NULL those
+ * of every consumer it may act on (the view idem_positions).  An unknown
+ * consumer has no positions.
+ */
+Datum
+idem_positions(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	NameData	role_name;
+	Datum		args[2];
+	PositionStmt stmt;
+	Portal		portal;
+
+	InitMaterializedSRF(fcinfo, 0);
+	SPI_connect();
+	if (PG_ARGISNULL(0))
+	{
+		namestrcpy(&role_name, GetUserNameFromId(GetUserId(), false));
+		args[0] = NameGetDatum(&role_name);
+		stmt = PS_VISIBLE;
+	}
+	else
+	{
+		char	   *consumer = get_consumer_arg(fcinfo, 0);
+
+		args[0] = Int32GetDatum(keystore_consumer_id(consumer, false));
+		if (DatumGetInt32(args[0]) == 0)
+		{
+			SPI_finish();
+			return (Datum) 0;
+		}
+		args[1] = PG_GETARG_DATUM(0);
+		stmt = PS_OF_CONSUMER;
+	}
+	portal = storage_stmt_open(&position_stmts, stmt, args, NULL);
+	for (;;)
+	{
+		CHECK_FOR_INTERRUPTS();
+		storage_stmt_fetch(portal, POSITIONS_BATCH);
+		if (SPI_processed == 0)
+			break;
+		/* the tuplestore copies each tuple into its own context */
+		for (uint64 i = 0; i < SPI_processed; i++)
+			tuplestore_puttuple(rsinfo->setResult, SPI_tuptable->vals[i]);
+		SPI_freetuptable(SPI_tuptable);
+	}
+	SPI_cursor_close(portal);
+	SPI_finish();
+	return (Datum) 0;
+}
+
+/*
+ * For idem_metrics(): leaves in SPI_tuptable, for every position with a
+ * log-end offset, the consumer's name, the topic, the partition and the
+ * lag; returns their number.  Before the positions exist (1.1), none.
+ * Needs an SPI connection.
+ */
+uint64
+positions_lag_summary(void)
+{
+	Oid			nspid = get_namespace_oid(STORAGE_SCHEMA, true);
+
+	if (!OidIsValid(nspid) || !OidIsValid(get_relname_relid("positions", nspid)))
+	{
+		SPI_tuptable = NULL;
+		return 0;
+	}
+	storage_stmt_run(&position_stmts, PS_LAG, NULL, NULL, 0);
+	return SPI_processed;
+}
