@@ -1,6 +1,7 @@
 // idem-consumer: idem_consumer's calls from node-postgres.  The package
 // requires nothing itself: it works on the caller's pg Client, PoolClient
-// or Pool (pg is a peer dependency).
+// or Pool (pg is a peer dependency), and consumeKafka on the caller's
+// @platformatic/kafka Consumer (an optional peer dependency).
 'use strict';
 
 const { apply, applyRows, tryApply, tryApplyRows, recordBatch, batchParams } = require('./lib/apply');
@@ -11,6 +12,7 @@ const {
   beginEffect, completeEffect, failEffect, heartbeatEffect, enqueueEffect, claimEffects, withEffect,
   FencedOffError,
 } = require('./lib/effects');
+const { consumeKafka } = require('./lib/kafka');
 
 module.exports = {
   apply,
@@ -33,4 +35,5 @@ module.exports = {
   withEffect,
   FencedOffError,
   stats,
+  consumeKafka,
 };
