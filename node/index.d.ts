@@ -406,7 +406,7 @@ export interface KafkaRun {
   /** Stops after the batch in hand; close the Consumer afterwards. */
   close(): Promise<void>;
   counts: { batches: number; messages: number; skipped: number; overtaken: number; applied: number;
-            rebalances: number; backwards: number };
+            assignments: number; backwards: number };
   /** The positions as last read or written, by 'topic:partition'. */
   positions: Map<string, bigint>;
 }

@@ -75,7 +75,7 @@ function consumeKafka(options) {
   // skipped: below the position known here, without a query; overtaken:
   // below the position another member stored meanwhile, which the advance
   // returned; backwards: batches refused whole (IP001) and read again
-  const counts = { batches: 0, messages: 0, skipped: 0, overtaken: 0, applied: 0, rebalances: 0, backwards: 0 };
+  const counts = { batches: 0, messages: 0, skipped: 0, overtaken: 0, applied: 0, assignments: 0, backwards: 0 };
 
   async function readPositions() {
     const { rows } = await db.query(POSITIONS, [consumer]);
@@ -101,7 +101,7 @@ function consumeKafka(options) {
     for (const a of assignments || []) for (const p of a.partitions) now.add(partitionKey(a.topic, p));
     const fresh = [...now].filter((k) => !owned.has(k));
     owned = now;
-    counts.rebalances++;
+    counts.assignments++;
     if (fresh.length === 0 || !stream) return;
     await readPositions();
     for (const k of fresh) if (positions.has(k)) stream.offsetsToFetch.set(k, positions.get(k));

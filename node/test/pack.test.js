@@ -36,7 +36,12 @@ test('the package loads from its entry point and declares every export', () => {
   const pkg = require(path.join(root, 'package.json'));
   // nothing at run time: the dependencies are the types index.d.ts imports
   assert.deepStrictEqual(Object.keys(pkg.dependencies || {}).sort(), ['@types/node', '@types/pg']);
-  assert.deepStrictEqual(Object.keys(pkg.peerDependencies), ['pg']);
+  assert.deepStrictEqual(Object.keys(pkg.peerDependencies).sort(), ['@platformatic/kafka', 'pg']);
+  // consumeKafka works on the caller's Consumer: the Kafka client is an
+  // optional peer, which no file of the package requires
+  assert.deepStrictEqual(pkg.peerDependenciesMeta, { '@platformatic/kafka': { optional: true } });
+  for (const f of ['index.js', ...fs.readdirSync(path.join(root, 'lib')).map((f) => `lib/${f}`)])
+    assert.doesNotMatch(fs.readFileSync(path.join(root, f), 'utf8'), /require\(['"]@platformatic/, f);
   // the project's license (META.json, debian/copyright)
   assert.strictEqual(pkg.license, 'PostgreSQL');
 });
