@@ -1262,8 +1262,10 @@ LOCK TABLE idem_consumer.processed_keys IN SHARE ROW EXCLUSIVE MODE;
 -- applied.  idem_position_advance() moves it forward in the caller's
 -- transaction, under the row's lock, and refuses to move it backwards
 -- (IP001); idem_position_rewind() moves it back, for an operator, and
--- records who did it, when, from where to where and why.  The log-end
--- offset is what the consumer last reported of the partition, for the lag.
+-- records who did it, when, from where to where and why in
+-- position_rewinds (the last one also in the position's row, which
+-- idem_positions() reads alone).  The log-end offset is what the consumer
+-- last reported of the partition, for the lag.
 --
 CREATE TABLE idem_consumer.positions (
     consumer_id integer NOT NULL REFERENCES idem_consumer.consumers,
@@ -1273,6 +1275,10 @@ CREATE TABLE idem_consumer.positions (
     advanced_at timestamptz NOT NULL,
     log_end_offset bigint CHECK (log_end_offset >= 0),
     log_end_at timestamptz,
+    rewinds bigint NOT NULL DEFAULT 0,
+    last_rewound_at timestamptz,
+    last_rewound_by name,
+    last_rewind_reason text,
     PRIMARY KEY (consumer_id, topic, "partition")
 );
 COMMENT ON TABLE idem_consumer.positions IS

@@ -90,6 +90,11 @@ SELECT idem_position_rewind('pos-a', 'returns', 0, 0, 'first position set by han
 SELECT consumer, topic, partition, position, rewinds, last_rewound_by, last_rewind_reason,
        last_rewound_at IS NOT NULL AS rewound
   FROM idem_positions ORDER BY consumer, topic, partition;
+-- a consumer's positions read through the table's index are the view's rows
+SELECT array_agg(p::text ORDER BY p.topic, p.partition)
+       = (SELECT array_agg(v::text ORDER BY v.topic, v.partition) FROM idem_positions AS v WHERE v.consumer = 'pos-a')
+       AS same_rows, count(*)
+  FROM idem_positions('pos-a') AS p;
 RESET ROLE;
 SELECT c.name, w.topic, w.partition, w.from_position, w.to_position, w.reason,
        w.rewound_by, w.session_role, w.rewound_at <= now() AS at

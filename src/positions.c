@@ -38,13 +38,20 @@
  */
 #include "postgres.h"
 
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/stratnum.h"
+#include "access/table.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
+#include "utils/fmgroids.h"
 #include "utils/lsyscache.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
 #include "utils/tuplestore.h"
 
 #include "idem_consumer.h"
@@ -65,7 +72,6 @@ typedef enum PositionStmt
 	PS_ADVANCE,
 	PS_REWIND,
 	PS_RECORD_REWIND,
-	PS_OF_CONSUMER,
 	PS_VISIBLE,
 	PS_LAG,
 	PS_NUM_STMTS
@@ -80,21 +86,13 @@ typedef enum PositionStmt
 /*
  * The columns of idem_positions(), after the consumer's name: the lag is
  * the log-end offset last reported minus the position, never below 0 (the
- * report may be older than the last advance); the last rewind of the
- * partition, if any.
+ * report may be older than the last advance).
  */
 #define POSITION_COLUMNS \
 	" p.topic, p.\"partition\", p.\"position\", p.log_end_offset," \
 	" pg_catalog.int8larger(p.log_end_offset OPERATOR(pg_catalog.-) p.\"position\", 0)," \
-	" p.advanced_at, p.log_end_at, r.rewinds, r.rewound_at, r.rewound_by, r.reason" \
-	" FROM " STORAGE_SCHEMA ".positions AS p" \
-	" LEFT JOIN LATERAL (SELECT pg_catalog.count(*) OVER () AS rewinds," \
-	" w.rewound_at, w.rewound_by, w.reason" \
-	" FROM " STORAGE_SCHEMA ".position_rewinds AS w" \
-	" WHERE w.consumer_id OPERATOR(pg_catalog.=) p.consumer_id" \
-	" AND w.topic OPERATOR(pg_catalog.=) p.topic" \
-	" AND w.\"partition\" OPERATOR(pg_catalog.=) p.\"partition\"" \
-	" ORDER BY w.rewind_id DESC LIMIT 1) AS r ON true"
+	" p.advanced_at, p.log_end_at, p.rewinds, p.last_rewound_at, p.last_rewound_by," \
+	" p.last_rewind_reason FROM " STORAGE_SCHEMA ".positions AS p"
 
 static const StorageStmt position_stmt_defs[PS_NUM_STMTS] = {
 	[PS_LOCK] = {
@@ -123,8 +121,10 @@ static const StorageStmt position_stmt_defs[PS_NUM_STMTS] = {
 	},
 	[PS_REWIND] = {
 		"UPDATE " STORAGE_SCHEMA ".positions SET \"position\" = $4,"
-		" advanced_at = pg_catalog.now()" POSITION_KEY,
-		4, {INT4OID, TEXTOID, INT4OID, INT8OID}
+		" advanced_at = pg_catalog.now(), rewinds = rewinds OPERATOR(pg_catalog.+) 1,"
+		" last_rewound_at = pg_catalog.now(), last_rewound_by = $5, last_rewind_reason = $6"
+		POSITION_KEY,
+		6, {INT4OID, TEXTOID, INT4OID, INT8OID, NAMEOID, TEXTOID}
 	},
 	[PS_RECORD_REWIND] = {
 		"INSERT INTO " STORAGE_SCHEMA ".position_rewinds"
@@ -132,12 +132,6 @@ static const StorageStmt position_stmt_defs[PS_NUM_STMTS] = {
 		" rewound_by, session_role, rewound_at)"
 		" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, pg_catalog.now())",
 		8, {INT4OID, TEXTOID, INT4OID, INT8OID, INT8OID, TEXTOID, NAMEOID, NAMEOID}
-	},
-	[PS_OF_CONSUMER] = {
-		"SELECT $2::pg_catalog.text," POSITION_COLUMNS
-		" WHERE p.consumer_id OPERATOR(pg_catalog.=) $1"
-		" ORDER BY p.topic, p.\"partition\"",
-		2, {INT4OID, TEXTOID}
 	},
 	/* $1: the caller's role, as in visible_rows.c */
 	[PS_VISIBLE] = {
@@ -328,8 +322,10 @@ idem_position_rewind(PG_FUNCTION_ARGS)
 	text	   *reason;
 	NameData	current_role;
 	NameData	session_role;
-	Datum		args[8];
-	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Datum		args[6];
+	char		nulls[6] = {' ', ' ', ' ', ' ', 'n', ' '};	/* no log-end offset */
+	Datum		record[8];
+	char		record_nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 
 	get_position_key(fcinfo, &key);
 	position = get_offset_arg(fcinfo, 3, "position");
@@ -346,7 +342,6 @@ idem_position_rewind(PG_FUNCTION_ARGS)
 	args[1] = PointerGetDatum(key.topic);
 	args[2] = Int32GetDatum(key.partition);
 	args[3] = Int64GetDatum(position);
-	nulls[4] = 'n';				/* no log-end offset */
 	found = lock_or_insert_position(args, nulls, &stored);
 	if (found && position > stored)
 		ereport(ERROR,
@@ -356,24 +351,127 @@ idem_position_rewind(PG_FUNCTION_ARGS)
 						   key.consumer, key.partition, text_to_cstring(key.topic),
 						   stored, position),
 				 errhint("Advance a position with idem_position_advance().")));
-	if (found)
-		storage_stmt_run(&position_stmts, PS_REWIND, args, NULL, 0);
 
+	/* the position, and the last rewind in its row */
 	namestrcpy(&current_role, GetUserNameFromId(GetUserId(), false));
 	namestrcpy(&session_role, GetUserNameFromId(GetSessionUserId(), false));
-	args[3] = Int64GetDatum(stored);
-	nulls[3] = found ? ' ' : 'n';
-	args[4] = Int64GetDatum(position);
-	nulls[4] = ' ';
+	args[4] = NameGetDatum(&current_role);
 	args[5] = PointerGetDatum(reason);
-	args[6] = NameGetDatum(&current_role);
-	args[7] = NameGetDatum(&session_role);
-	storage_stmt_run(&position_stmts, PS_RECORD_REWIND, args, nulls, 0);
+	storage_stmt_run(&position_stmts, PS_REWIND, args, NULL, 0);
+
+	/* and every rewind in position_rewinds */
+	record[0] = args[0];
+	record[1] = args[1];
+	record[2] = args[2];
+	record[3] = Int64GetDatum(stored);
+	record_nulls[3] = found ? ' ' : 'n';
+	record[4] = Int64GetDatum(position);
+	record[5] = PointerGetDatum(reason);
+	record[6] = NameGetDatum(&current_role);
+	record[7] = NameGetDatum(&session_role);
+	storage_stmt_run(&position_stmts, PS_RECORD_REWIND, record, record_nulls, 0);
 	SPI_finish();
 
 	if (!found)
 		PG_RETURN_NULL();
 	PG_RETURN_INT64(stored);
+}
+
+/*
+ * The columns of idem_consumer.positions, in the order of the table, which
+ * positions_of_consumer() reads directly.
+ */
+enum PositionColumn
+{
+	PC_CONSUMER_ID,
+	PC_TOPIC,
+	PC_PARTITION,
+	PC_POSITION,
+	PC_ADVANCED_AT,
+	PC_LOG_END_OFFSET,
+	PC_LOG_END_AT,
+	PC_REWINDS,
+	PC_LAST_REWOUND_AT,
+	PC_LAST_REWOUND_BY,
+	PC_LAST_REWIND_REASON,
+	PC_NUM_COLUMNS
+};
+
+/* The columns of idem_positions(), in order. */
+enum PositionsOut
+{
+	PO_CONSUMER,
+	PO_TOPIC,
+	PO_PARTITION,
+	PO_POSITION,
+	PO_LOG_END_OFFSET,
+	PO_LAG,
+	PO_ADVANCED_AT,
+	PO_LOG_END_AT,
+	PO_REWINDS,
+	PO_LAST_REWOUND_AT,
+	PO_LAST_REWOUND_BY,
+	PO_LAST_REWIND_REASON,
+	PO_NUM_COLUMNS
+};
+
+/*
+ * Puts the positions of one consumer into the function's tuplestore, in
+ * the order of the primary key (topic, partition), read through that
+ * index under the query's snapshot instead of by a statement: this is the
+ * read of a consumer on each assignment, and the check of a message
+ * against its partition's position, which should cost about what the
+ * round trip of a bare SELECT costs (test/bench/positions).  The caller
+ * has checked that the current role may act on the consumer.
+ */
+static void
+positions_of_consumer(ReturnSetInfo *rsinfo, int32 consumer_id, Datum name)
+{
+	Oid			nspid = get_namespace_oid(STORAGE_SCHEMA, false);
+	Relation	rel = table_open(get_relname_relid("positions", nspid), AccessShareLock);
+	Oid			index = get_relname_relid("positions_pkey", nspid);
+	ScanKeyData skey;
+	SysScanDesc scan;
+	HeapTuple	tuple;
+	Datum		in[PC_NUM_COLUMNS];
+	bool		in_nulls[PC_NUM_COLUMNS];
+	Datum		out[PO_NUM_COLUMNS];
+	bool		out_nulls[PO_NUM_COLUMNS];
+
+	if (RelationGetDescr(rel)->natts != PC_NUM_COLUMNS || !OidIsValid(index))
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("the table %s.positions is not the one this library reads", STORAGE_SCHEMA),
+				 errhint("Update the extension with ALTER EXTENSION idem_consumer UPDATE.")));
+	ScanKeyInit(&skey, PC_CONSUMER_ID + 1, BTEqualStrategyNumber, F_INT4EQ,
+				Int32GetDatum(consumer_id));
+	scan = systable_beginscan(rel, index, true, GetActiveSnapshot(), 1, &skey);
+	while (HeapTupleIsValid(tuple = systable_getnext(scan)))
+	{
+		heap_deform_tuple(tuple, RelationGetDescr(rel), in, in_nulls);
+		out[PO_CONSUMER] = name;
+		out_nulls[PO_CONSUMER] = false;
+#define COPY_COLUMN(o, i) (out[(o)] = in[(i)], out_nulls[(o)] = in_nulls[(i)])
+		COPY_COLUMN(PO_TOPIC, PC_TOPIC);
+		COPY_COLUMN(PO_PARTITION, PC_PARTITION);
+		COPY_COLUMN(PO_POSITION, PC_POSITION);
+		COPY_COLUMN(PO_LOG_END_OFFSET, PC_LOG_END_OFFSET);
+		COPY_COLUMN(PO_ADVANCED_AT, PC_ADVANCED_AT);
+		COPY_COLUMN(PO_LOG_END_AT, PC_LOG_END_AT);
+		COPY_COLUMN(PO_REWINDS, PC_REWINDS);
+		COPY_COLUMN(PO_LAST_REWOUND_AT, PC_LAST_REWOUND_AT);
+		COPY_COLUMN(PO_LAST_REWOUND_BY, PC_LAST_REWOUND_BY);
+		COPY_COLUMN(PO_LAST_REWIND_REASON, PC_LAST_REWIND_REASON);
+#undef COPY_COLUMN
+		/* as int8larger(log_end_offset - position, 0) in the statements */
+		out_nulls[PO_LAG] = in_nulls[PC_LOG_END_OFFSET];
+		if (!out_nulls[PO_LAG])
+			out[PO_LAG] = Int64GetDatum(Max(DatumGetInt64(in[PC_LOG_END_OFFSET]) -
+											DatumGetInt64(in[PC_POSITION]), 0));
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, out, out_nulls);
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
 }
 
 /*
@@ -387,32 +485,24 @@ idem_positions(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	NameData	role_name;
-	Datum		args[2];
-	PositionStmt stmt;
+	Datum		arg;
 	Portal		portal;
 
 	InitMaterializedSRF(fcinfo, 0);
 	SPI_connect();
-	if (PG_ARGISNULL(0))
+	if (!PG_ARGISNULL(0))
 	{
-		namestrcpy(&role_name, GetUserNameFromId(GetUserId(), false));
-		args[0] = NameGetDatum(&role_name);
-		stmt = PS_VISIBLE;
-	}
-	else
-	{
-		char	   *consumer = get_consumer_arg(fcinfo, 0);
+		int32		consumer_id = keystore_consumer_id(get_consumer_arg(fcinfo, 0), false);
 
-		args[0] = Int32GetDatum(keystore_consumer_id(consumer, false));
-		if (DatumGetInt32(args[0]) == 0)
-		{
-			SPI_finish();
-			return (Datum) 0;
-		}
-		args[1] = PG_GETARG_DATUM(0);
-		stmt = PS_OF_CONSUMER;
+		if (consumer_id != 0)
+			positions_of_consumer(rsinfo, consumer_id, PG_GETARG_DATUM(0));
+		SPI_finish();
+		return (Datum) 0;
 	}
-	portal = storage_stmt_open(&position_stmts, stmt, args, NULL);
+
+	namestrcpy(&role_name, GetUserNameFromId(GetUserId(), false));
+	arg = NameGetDatum(&role_name);
+	portal = storage_stmt_open(&position_stmts, PS_VISIBLE, &arg, NULL);
 	for (;;)
 	{
 		CHECK_FOR_INTERRUPTS();
