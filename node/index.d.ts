@@ -376,9 +376,9 @@ export interface KafkaConsumeOptions<M extends KafkaMessage = KafkaMessage> {
   columns?: Array<(message: M) => ParamValue>;
   /**
    * The batch statement, run on the messages at or above the stored
-   * positions: $1 the consumer, $2 the keys (text[]), $3 ... the columns'
-   * arrays; it records the keys with idem_record_batch($1, $2) and applies
-   * the new ones.
+   * positions, each key once: $1 the consumer, $2 the keys (text[]), $3 ...
+   * the columns' arrays; it records the keys with idem_record_batch($1, $2)
+   * and applies the new ones.
    */
   sql: string;
   /** Most messages in one transaction (500). */
@@ -392,7 +392,8 @@ export interface KafkaConsumeOptions<M extends KafkaMessage = KafkaMessage> {
   retry?: TransactionOptions;
   /**
    * After each batch: messages read; applied (at or above the positions);
-   * skipped below the position known, without a query; overtaken: below
+   * skipped below the position known, or a second copy of an offset or of
+   * a key in the batch, without a query; overtaken: below
    * the position another member stored meanwhile, as the advance returned it.
    */
   onBatch?: (batch: { messages: number; applied: number; skipped: number; overtaken: number }) => void;

@@ -72,7 +72,8 @@ function consumeKafka(options) {
   let closing = false;
   let logEndAt = 0;
   let logEndRefresh = null;
-  // skipped: below the position known here, without a query; overtaken:
+  // skipped: below the position known here, a second copy of an offset or
+  // of a key in the batch, all without a query; overtaken:
   // below the position another member stored meanwhile, which the advance
   // returned; backwards: batches refused whole (IP001) and read again
   const counts = { batches: 0, messages: 0, skipped: 0, overtaken: 0, applied: 0, assignments: 0, backwards: 0 };
@@ -130,9 +131,9 @@ function consumeKafka(options) {
   }
 
   // One transaction: advance every partition, keep the messages at or
-  // above each position before, apply them.  Resolves to the number of
-  // messages applied, or null when a position was further than the batch
-  // (IP001): nothing was done.
+  // above each position before, each key once, apply them.  Resolves to
+  // the messages applied and those below the positions before, or null
+  // when a position was further than the batch (IP001): nothing was done.
   async function applyParts(parts) {
     const arrays = [[], [], [], []];
     for (const part of parts) {
@@ -147,16 +148,25 @@ function consumeKafka(options) {
     try {
       return await transaction(db, async (client) => {
         const { rows } = await client.query(ADVANCE, [consumer, ...arrays]);
+        // a key published twice can land in one batch: the batch statement
+        // gets it once, so that it need not take each key once itself
         const batch = [];
+        const keys = new Set();
+        let overtaken = 0;
         parts.forEach((part, i) => {
           const before = rows[i].before === null ? -1n : BigInt(rows[i].before);
-          for (const m of part.messages) if (m.offset >= before) batch.push(m);
+          for (const m of part.messages) {
+            if (m.offset < before) { overtaken++; continue; }
+            const k = o.key(m);
+            if (!keys.has(k)) batch.push(m);
+            keys.add(k);
+          }
         });
         if (batch.length > 0) {
           const result = await client.query(o.sql, [consumer, ...batchParams(batch, o.key, o.columns || [])]);
           if (o.onApplied) o.onApplied(batch, result);
         }
-        return batch.length;
+        return { applied: batch.length, overtaken };
       }, o.retry);
     } catch (err) {
       if (err && err.code === BACKWARDS) return null;
@@ -168,14 +178,12 @@ function consumeKafka(options) {
     counts.batches++;
     counts.messages += messages.length;
     refreshLogEnds();
-    let applied = 0;
-    let sent = 0;
+    let done = null;
     for (let attempt = 0; ; attempt++) {
       const parts = byPartition(messages);
-      sent = parts.reduce((n, part) => n + part.messages.length, 0);
       if (parts.length === 0) break;
-      applied = await applyParts(parts);
-      if (applied !== null) {
+      done = await applyParts(parts);
+      if (done !== null) {
         for (const part of parts) positions.set(partitionKey(part.topic, part.partition), part.next);
         if (o.commitOffsets)
           await Promise.all(parts.map((part) => part.messages[part.messages.length - 1].commit()
@@ -187,8 +195,8 @@ function consumeKafka(options) {
       if (attempt >= o.maxBackwardsRetries) throw new Error('positions kept moving past this batch');
       await readPositions();
     }
-    applied = applied || 0;
-    const batch = { messages: messages.length, applied, skipped: messages.length - sent, overtaken: sent - applied };
+    const { applied, overtaken } = done || { applied: 0, overtaken: 0 };
+    const batch = { messages: messages.length, applied, skipped: messages.length - applied - overtaken, overtaken };
     counts.applied += batch.applied;
     counts.skipped += batch.skipped;
     counts.overtaken += batch.overtaken;

@@ -143,6 +143,11 @@ test('a run reads from the stored positions, skips below them and applies the re
   assert.strictEqual(kafka.stream.offsetsToFetch.has('orders:0'), false);
   assert.deepStrictEqual(kafka.commits, [], 'no broker commit unless asked');
 
+  // a key published twice, both copies in one batch: applied once
+  const twice = await push(kafka.message(0, 12, 'ev-twice'), kafka.message(0, 13, 'ev-twice'));
+  assert.deepStrictEqual(twice, { messages: 2, applied: 1, skipped: 1, overtaken: 0 });
+  assert.strictEqual((await db.query("SELECT count(*)::int AS n FROM kafka_ledger WHERE event_id = 'ev-twice'")).rows[0].n, 1);
+
   await run.close();
   await run.done;
 });
@@ -150,8 +155,8 @@ test('a run reads from the stored positions, skips below them and applies the re
 test('commitOffsets commits each partition after COMMIT, at the next offset to read', async () => {
   const kafka = new FakeKafka([{ topic: 'orders', partitions: [0] }]);
   const { run, push } = start(kafka, { commitOffsets: true });
-  await push(kafka.message(0, 12), kafka.message(0, 13), kafka.message(1, 20));
-  assert.deepStrictEqual(kafka.commits.sort(), [[0, 14n], [1, 21n]]);
+  await push(kafka.message(0, 14), kafka.message(0, 15), kafka.message(1, 20));
+  assert.deepStrictEqual(kafka.commits.sort(), [[0, 16n], [1, 21n]]);
   await run.close();
 });
 

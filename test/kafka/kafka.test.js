@@ -275,7 +275,7 @@ test('a consumer group killed, rebalanced and cut off from its broker applies ev
     const total = ends.reduce((a, b) => a + b, 0n);
     log(`${total} messages on ${PARTITIONS} partitions (${EVENTS} events, ${tally.duplicatePublishes} published twice), seed ${SEED}`);
     log(`${tally.started} member processes: ${tally.kills} SIGKILLed (${tally.killsInTx} of them inside a batch's transaction), ${tally.leaves} stopped, ${tally.joins} added, ${tally.crashes} exited on their own; ${tally.generations.size} group generations; ${tally.brokerRestarts} broker restart`);
-    log(`members read ${tally.messages} messages: ${tally.applied} applied (at or above their partition's position), ${tally.skipped} skipped below it without a query, ${tally.overtaken} below the position another member stored meanwhile`);
+    log(`members read ${tally.messages} messages: ${tally.applied} passed to the batch statement, ${tally.skipped} skipped without a query (below the position known, or a second copy in the batch), ${tally.overtaken} below the position another member stored meanwhile`);
     log(`all positions at the log end ${((converged - t0) / 1000).toFixed(1)} s after the start`);
 
     await t.test('each stored position is the log-end offset of its partition', () => {
