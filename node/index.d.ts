@@ -389,6 +389,13 @@ export interface KafkaConsumeOptions<M extends KafkaMessage = KafkaMessage> {
   logEndIntervalMs?: number;
   /** Times a batch is tried again after another member moved a position past it (10). */
   maxBackwardsRetries?: number;
+  /**
+   * A stream that ends or fails (the broker restarting) is opened again from
+   * the stored positions, after streamRestartDelayMs (1000), at most this
+   * many times in a row without a batch (10); then done rejects.
+   */
+  maxStreamRestarts?: number;
+  streamRestartDelayMs?: number;
   retry?: TransactionOptions;
   /**
    * After each batch: messages read; applied (at or above the positions);
@@ -407,7 +414,7 @@ export interface KafkaRun {
   /** Stops after the batch in hand; close the Consumer afterwards. */
   close(): Promise<void>;
   counts: { batches: number; messages: number; skipped: number; overtaken: number; applied: number;
-            assignments: number; backwards: number };
+            assignments: number; backwards: number; streamRestarts: number };
   /** The positions as last read or written, by 'topic:partition'. */
   positions: Map<string, bigint>;
 }

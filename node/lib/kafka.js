@@ -7,7 +7,6 @@
 // own offset commit is optional.
 'use strict';
 
-const { once } = require('node:events');
 
 // Resolves at the stream's next 'readable', 'end' or 'close', leaving no
 // listener behind.
@@ -36,7 +35,8 @@ const ADVANCE = `SELECT idem_position_advance($1, u.topic, u.partition, u.positi
  ORDER BY u.n`;
 const POSITIONS = 'SELECT topic, "partition", "position" FROM idem_positions($1)';
 
-const DEFAULTS = { maxBatch: 500, commitOffsets: false, logEndIntervalMs: 1000, maxBackwardsRetries: 10 };
+const DEFAULTS = { maxBatch: 500, commitOffsets: false, logEndIntervalMs: 1000, maxBackwardsRetries: 10,
+  maxStreamRestarts: 10, streamRestartDelayMs: 1000 };
 
 const partitionKey = (topic, partition) => `${topic}:${partition}`;
 
@@ -75,8 +75,10 @@ function consumeKafka(options) {
   // skipped: below the position known here, a second copy of an offset or
   // of a key in the batch, all without a query; overtaken:
   // below the position another member stored meanwhile, which the advance
-  // returned; backwards: batches refused whole (IP001) and read again
-  const counts = { batches: 0, messages: 0, skipped: 0, overtaken: 0, applied: 0, assignments: 0, backwards: 0 };
+  // returned; backwards: batches refused whole (IP001) and read again;
+  // streamRestarts: streams opened again after one ended or failed
+  const counts = { batches: 0, messages: 0, skipped: 0, overtaken: 0, applied: 0, assignments: 0, backwards: 0,
+    streamRestarts: 0 };
 
   async function readPositions() {
     const { rows } = await db.query(POSITIONS, [consumer]);
@@ -215,7 +217,8 @@ function consumeKafka(options) {
     }
   }
 
-  async function run() {
+  // The stored positions of the topics, as the stream's starting offsets.
+  async function startOffsets() {
     await readPositions();
     const offsets = [];
     for (const [k, position] of positions) {
@@ -223,32 +226,74 @@ function consumeKafka(options) {
       const topic = k.slice(0, i);
       if (topics.includes(topic)) offsets.push({ topic, partition: Number(k.slice(i + 1)), offset: position });
     }
-    // assignments are handled one after the other; an error stops the run
-    let joined = Promise.resolve();
-    let joinError = null;
-    const joinHandler = (payload) => {
-      joined = joined.then(() => onJoin(payload)).catch((err) => { joinError = joinError || err; });
-    };
-    kafka.on('consumer:group:join', joinHandler);
+    return offsets;
+  }
+
+  // Reads batches from one stream until it ends, fails or the run closes;
+  // resolves to the stream's error, if any.
+  async function consumeStream() {
+    stream = await kafka.consume({
+      topics, autocommit: false, mode: 'manual', fallbackMode: 'earliest', offsets: await startOffsets(),
+    });
+    owned = new Set();
+    for (const a of kafka.assignments || [])
+      for (const p of a.partitions) owned.add(partitionKey(a.topic, p));
+    let streamError = null;
+    stream.on('error', (err) => { streamError = err; });
+    // a 'readable' listener makes the stream fetch
+    stream.on('readable', () => {});
     try {
-      stream = await kafka.consume({
-        topics, autocommit: false, mode: 'manual', fallbackMode: 'earliest', offsets,
-      });
-      for (const a of kafka.assignments || [])
-        for (const p of a.partitions) owned.add(partitionKey(a.topic, p));
-      const failed = once(stream, 'error').then(([err]) => { throw err; });
-      failed.catch(() => {});
-      // a 'readable' listener makes the stream fetch
-      stream.on('readable', () => {});
       while (!closing) {
-        const batch = await Promise.race([nextBatch(), failed]);
-        if (joinError) throw joinError;
-        if (batch.length > 0) await handleBatch(batch);
+        const batch = await nextBatch();
+        if (joinError) throw fatal(joinError);
+        if (batch.length > 0) await handleBatch(batch).catch((err) => { throw fatal(err); });
         else if (stream.readableEnded || stream.destroyed) break;
       }
     } finally {
+      if (!stream.destroyed) await stream.close().catch(() => {});
+    }
+    return streamError || new Error('the stream ended');
+  }
+
+  // the errors that end the run: those of a batch or of an assignment
+  // (the database's, the caller's functions'), not those of a stream
+  const fatalErrors = new WeakSet();
+  const fatal = (err) => {
+    if (err !== null && typeof err === 'object') fatalErrors.add(err);
+    return err;
+  };
+
+  // assignments are handled one after the other; an error stops the run
+  let joined = Promise.resolve();
+  let joinError = null;
+  const joinHandler = (payload) => {
+    joined = joined.then(() => onJoin(payload)).catch((err) => { joinError = joinError || err; });
+  };
+
+  // A stream that ends or fails (the broker restarting, the connection
+  // lost) is opened again from the stored positions, up to
+  // o.maxStreamRestarts times in a row without a batch in between; an
+  // error of a batch (the database's, the caller's functions') ends the run.
+  async function run() {
+    kafka.on('consumer:group:join', joinHandler);
+    try {
+      for (let failures = 0; !closing; failures++) {
+        const batchesBefore = counts.batches;
+        let err;
+        try {
+          err = await consumeStream();
+        } catch (e) {
+          if (fatalErrors.has(e) || typeof e !== 'object' || e === null) throw e;
+          err = e;                                  // consume() itself failed: the broker
+        }
+        if (closing) break;
+        if (counts.batches > batchesBefore) failures = 0;
+        if (failures >= o.maxStreamRestarts) throw err;
+        counts.streamRestarts++;
+        await new Promise((r) => setTimeout(r, o.streamRestartDelayMs));
+      }
+    } finally {
       kafka.removeListener('consumer:group:join', joinHandler);
-      if (stream && !stream.destroyed) await stream.close().catch(() => {});
     }
   }
 

@@ -55,7 +55,7 @@ const db = new Client();
 const tally = {
   published: 0, duplicatePublishes: 0, kills: 0, killsInTx: 0, crashes: 0, joins: 0, leaves: 0,
   started: 0, brokerRestarts: 0, generations: new Set(), skipped: 0, overtaken: 0, applied: 0,
-  messages: 0,
+  messages: 0, streamRestarts: 0,
 };
 const members = new Map();         // pid -> { child, exited }
 const errors = [];
@@ -87,6 +87,7 @@ function startMember(env = {}) {
       tally.overtaken += e.overtaken;
     } else if (e.event === 'kill-in-tx') tally.killsInTx++;
     else if (e.event === 'error') errors.push(`member ${child.pid}: ${e.message.slice(0, 2000)}`);
+    else if (e.event === 'closed') tally.streamRestarts += e.counts.streamRestarts;
   });
   member.exited.then(({ code, signal }) => {
     members.delete(child.pid);
@@ -229,6 +230,12 @@ test('a consumer group killed, rebalanced and cut off from its broker applies ev
   { timeout: DEADLINE_MS + 30000 }, async (t) => {
     const t0 = Date.now();
     await db.connect();
+    // whatever fails, nothing is left running
+    t.after(async () => {
+      stopAll = true;
+      for (const m of members.values()) m.child.kill('SIGKILL');
+      await db.end().catch(() => {});
+    });
     await db.query('CREATE EXTENSION idem_consumer');
     await db.query(`CREATE TABLE ledger (
         row_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, event_id text NOT NULL,
@@ -274,7 +281,7 @@ test('a consumer group killed, rebalanced and cut off from its broker applies ev
     assert.deepStrictEqual(errors, [], 'no member failed');
     const total = ends.reduce((a, b) => a + b, 0n);
     log(`${total} messages on ${PARTITIONS} partitions (${EVENTS} events, ${tally.duplicatePublishes} published twice), seed ${SEED}`);
-    log(`${tally.started} member processes: ${tally.kills} SIGKILLed (${tally.killsInTx} of them inside a batch's transaction), ${tally.leaves} stopped, ${tally.joins} added, ${tally.crashes} exited on their own; ${tally.generations.size} group generations; ${tally.brokerRestarts} broker restart`);
+    log(`${tally.started} member processes: ${tally.kills} SIGKILLed (${tally.killsInTx} of them inside a batch's transaction), ${tally.leaves} stopped, ${tally.joins} added, ${tally.crashes} exited on their own; ${tally.generations.size} group generations; ${tally.brokerRestarts} broker restart; ${tally.streamRestarts} streams opened again by the members stopped at the end`);
     log(`members read ${tally.messages} messages: ${tally.applied} passed to the batch statement, ${tally.skipped} skipped without a query (below the position known, or a second copy in the batch), ${tally.overtaken} below the position another member stored meanwhile`);
     log(`all positions at the log end ${((converged - t0) / 1000).toFixed(1)} s after the start`);
 
@@ -326,5 +333,4 @@ test('a consumer group killed, rebalanced and cut off from its broker applies ev
       assert.ok(tally.generations.size >= 5, `${tally.generations.size} generations`);
       assert.strictEqual(tally.brokerRestarts, 1);
     });
-    await db.end();
   });
