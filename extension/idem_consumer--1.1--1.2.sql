@@ -1319,7 +1319,8 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION idem_position_rewind(text, text, integer, bigint, text) IS
     'moves a consumer''s position on a partition back, recording who, when, from, to and why; returns the position before';
 
-CREATE FUNCTION idem_positions(of_consumer text DEFAULT NULL,
+CREATE FUNCTION idem_positions(of_consumer text DEFAULT NULL, of_topic text DEFAULT NULL,
+    of_partition integer DEFAULT NULL,
     OUT consumer text, OUT topic text, OUT "partition" integer, OUT "position" bigint,
     OUT log_end_offset bigint, OUT lag bigint, OUT advanced_at timestamptz,
     OUT log_end_at timestamptz, OUT rewinds bigint, OUT last_rewound_at timestamptz,
@@ -1327,8 +1328,8 @@ CREATE FUNCTION idem_positions(of_consumer text DEFAULT NULL,
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'idem_positions'
 LANGUAGE C STABLE PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_positions(text) IS
-    'the positions of a consumer, or of every consumer the current role may act on';
+COMMENT ON FUNCTION idem_positions(text, text, integer) IS
+    'the positions of a consumer (of one topic, of one partition), or of every consumer the current role may act on';
 
 CREATE VIEW idem_positions WITH (security_barrier) AS
     SELECT p.consumer COLLATE "C" AS consumer,
@@ -1349,5 +1350,5 @@ COMMENT ON VIEW idem_positions IS
 
 REVOKE ALL ON FUNCTION idem_position_advance(text, text, integer, bigint, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_position_rewind(text, text, integer, bigint, text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION idem_positions(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_positions(text, text, integer) FROM PUBLIC;
 REVOKE ALL ON idem_positions FROM PUBLIC;

@@ -17,7 +17,7 @@ CREATE ROLE pos_team_a;
 CREATE ROLE pos_team_b;
 GRANT EXECUTE ON FUNCTION idem_position_advance(text, text, integer, bigint, bigint),
                           idem_position_rewind(text, text, integer, bigint, text),
-                          idem_positions(text)
+                          idem_positions(text, text, integer)
    TO pos_team_a, pos_team_b;
 GRANT SELECT ON idem_positions TO pos_team_a, pos_team_b;
 SELECT idem_consumer_create('pos-a', 'pos_team_a');
@@ -90,6 +90,12 @@ SELECT idem_position_rewind('pos-a', 'returns', 0, 0, 'first position set by han
 SELECT consumer, topic, partition, position, rewinds, last_rewound_by, last_rewind_reason,
        last_rewound_at IS NOT NULL AS rewound
   FROM idem_positions ORDER BY consumer, topic, partition;
+-- one topic, one partition
+SELECT topic, partition, position FROM idem_positions('pos-a', 'orders');
+SELECT topic, partition, position FROM idem_positions('pos-a', 'orders', 1);
+SELECT count(*) FROM idem_positions('pos-a', 'nobody-topic', 1);
+SELECT pos_error($$SELECT * FROM idem_positions(NULL, 'orders')$$);
+SELECT pos_error($$SELECT * FROM idem_positions('pos-a', NULL, 1)$$);
 -- a consumer's positions read through the table's index are the view's rows
 SELECT array_agg(p::text ORDER BY p.topic, p.partition)
        = (SELECT array_agg(v::text ORDER BY v.topic, v.partition) FROM idem_positions AS v WHERE v.consumer = 'pos-a')
@@ -115,6 +121,7 @@ SELECT consumer, topic FROM idem_positions();
 SELECT consumer, topic FROM idem_positions('pos-b');
 -- every call on team A's consumer is refused, before anything is read or moved
 SELECT pos_error($$SELECT * FROM idem_positions('pos-a')$$);
+SELECT pos_error($$SELECT * FROM idem_positions('pos-a', 'orders', 0)$$);
 SELECT pos_error($$SELECT idem_position_advance('pos-a', 'orders', 0, 1000)$$);
 SELECT pos_error($$SELECT idem_position_advance('pos-a', 'nobody-topic', 0, 1)$$);
 SELECT pos_error($$SELECT idem_position_rewind('pos-a', 'orders', 0, 0, 'hostile')$$);

@@ -43,6 +43,7 @@
 #include "access/stratnum.h"
 #include "access/table.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_collation.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "funcapi.h"
@@ -425,12 +426,14 @@ enum PositionsOut
  * has checked that the current role may act on the consumer.
  */
 static void
-positions_of_consumer(ReturnSetInfo *rsinfo, int32 consumer_id, Datum name)
+positions_of_consumer(ReturnSetInfo *rsinfo, int32 consumer_id, Datum name,
+					  text *topic, int32 partition)
 {
 	Oid			nspid = get_namespace_oid(STORAGE_SCHEMA, false);
 	Relation	rel = table_open(get_relname_relid("positions", nspid), AccessShareLock);
 	Oid			index = get_relname_relid("positions_pkey", nspid);
-	ScanKeyData skey;
+	ScanKeyData skey[3];
+	int			nkeys = 1;
 	SysScanDesc scan;
 	HeapTuple	tuple;
 	Datum		in[PC_NUM_COLUMNS];
@@ -443,9 +446,18 @@ positions_of_consumer(ReturnSetInfo *rsinfo, int32 consumer_id, Datum name)
 				(errcode(ERRCODE_DATATYPE_MISMATCH),
 				 errmsg("the table %s.positions is not the one this library reads", STORAGE_SCHEMA),
 				 errhint("Update the extension with ALTER EXTENSION idem_consumer UPDATE.")));
-	ScanKeyInit(&skey, PC_CONSUMER_ID + 1, BTEqualStrategyNumber, F_INT4EQ,
+	ScanKeyInit(&skey[0], PC_CONSUMER_ID + 1, BTEqualStrategyNumber, F_INT4EQ,
 				Int32GetDatum(consumer_id));
-	scan = systable_beginscan(rel, index, true, GetActiveSnapshot(), 1, &skey);
+	if (topic != NULL)
+	{
+		/* the column's collation, "C" */
+		ScanKeyEntryInitialize(&skey[nkeys++], 0, PC_TOPIC + 1, BTEqualStrategyNumber,
+							   InvalidOid, C_COLLATION_OID, F_TEXTEQ, PointerGetDatum(topic));
+		if (partition >= 0)
+			ScanKeyInit(&skey[nkeys++], PC_PARTITION + 1, BTEqualStrategyNumber, F_INT4EQ,
+						Int32GetDatum(partition));
+	}
+	scan = systable_beginscan(rel, index, true, GetActiveSnapshot(), nkeys, skey);
 	while (HeapTupleIsValid(tuple = systable_getnext(scan)))
 	{
 		heap_deform_tuple(tuple, RelationGetDescr(rel), in, in_nulls);
@@ -475,10 +487,11 @@ positions_of_consumer(ReturnSetInfo *rsinfo, int32 consumer_id, Datum name)
 }
 
 /*
- * idem_positions([of_consumer]): the positions of a consumer, which the
- * caller must be allowed to act on (42501 otherwise), or with NULL those
- * of every consumer it may act on (the view idem_positions).  An unknown
- * consumer has no positions.
+ * idem_positions([of_consumer [, of_topic [, of_partition]]]): the
+ * positions of a consumer, which the caller must be allowed to act on
+ * (42501 otherwise), of one topic of it, of one partition of that topic;
+ * or with no consumer those of every consumer the caller may act on (the
+ * view idem_positions).  An unknown consumer has no positions.
  */
 Datum
 idem_positions(PG_FUNCTION_ARGS)
@@ -488,6 +501,15 @@ idem_positions(PG_FUNCTION_ARGS)
 	Datum		arg;
 	Portal		portal;
 
+	if (PG_ARGISNULL(1) && !PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("of_partition needs of_topic")));
+	if (PG_ARGISNULL(0) && !PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("of_topic needs of_consumer"),
+				 errhint("Read the view idem_positions for every consumer's positions.")));
 	InitMaterializedSRF(fcinfo, 0);
 	SPI_connect();
 	if (!PG_ARGISNULL(0))
@@ -495,7 +517,9 @@ idem_positions(PG_FUNCTION_ARGS)
 		int32		consumer_id = keystore_consumer_id(get_consumer_arg(fcinfo, 0), false);
 
 		if (consumer_id != 0)
-			positions_of_consumer(rsinfo, consumer_id, PG_GETARG_DATUM(0));
+			positions_of_consumer(rsinfo, consumer_id, PG_GETARG_DATUM(0),
+								  PG_ARGISNULL(1) ? NULL : PG_GETARG_TEXT_PP(1),
+								  PG_ARGISNULL(2) ? -1 : PG_GETARG_INT32(2));
 		SPI_finish();
 		return (Datum) 0;
 	}
