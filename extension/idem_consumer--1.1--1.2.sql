@@ -1273,3 +1273,102 @@ DROP FUNCTION idem_consumer.replace_functions(regprocedure, regprocedure[]);
 --
 ALTER TABLE idem_consumer.processed_keys REPLICA IDENTITY FULL;
 LOCK TABLE idem_consumer.processed_keys IN SHARE ROW EXCLUSIVE MODE;
+
+--
+-- Positions of Kafka consumers (src/positions.c, docs/brokers.md).
+--
+-- A consumer's position on a partition of a topic is the offset of the
+-- next message to read, as Kafka commits it: every message below it is
+-- applied.  idem_position_advance() moves it forward in the caller's
+-- transaction, under the row's lock, and refuses to move it backwards
+-- (IP001); idem_position_rewind() moves it back, for an operator, and
+-- records who did it, when, from where to where and why in
+-- position_rewinds (the last one also in the position's row, which
+-- idem_positions() reads alone).  The log-end offset is what the consumer
+-- last reported of the partition, for the lag.
+--
+CREATE TABLE idem_consumer.positions (
+    consumer_id integer NOT NULL REFERENCES idem_consumer.consumers,
+    topic text COLLATE "C" NOT NULL CHECK (octet_length(topic) BETWEEN 1 AND 249),
+    "partition" integer NOT NULL CHECK ("partition" >= 0),
+    "position" bigint NOT NULL CHECK ("position" >= 0),
+    advanced_at timestamptz NOT NULL,
+    log_end_offset bigint CHECK (log_end_offset >= 0),
+    log_end_at timestamptz,
+    rewinds bigint NOT NULL DEFAULT 0,
+    last_rewound_at timestamptz,
+    last_rewound_by name,
+    last_rewind_reason text,
+    PRIMARY KEY (consumer_id, topic, "partition")
+);
+COMMENT ON TABLE idem_consumer.positions IS
+    'the offset of the next message to read of each consumer on each partition of a topic';
+
+CREATE TABLE idem_consumer.position_rewinds (
+    rewind_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    consumer_id integer NOT NULL REFERENCES idem_consumer.consumers,
+    topic text COLLATE "C" NOT NULL,
+    "partition" integer NOT NULL,
+    from_position bigint,
+    to_position bigint NOT NULL,
+    reason text NOT NULL CHECK (reason <> ''),
+    rewound_by name NOT NULL,
+    session_role name NOT NULL,
+    rewound_at timestamptz NOT NULL
+);
+CREATE INDEX ON idem_consumer.position_rewinds (consumer_id, topic, "partition", rewind_id);
+COMMENT ON TABLE idem_consumer.position_rewinds IS
+    'every rewind of a position: by whom (the current role, and the session''s), when, from, to and why';
+SELECT pg_catalog.pg_extension_config_dump('idem_consumer.positions', '');
+SELECT pg_catalog.pg_extension_config_dump('idem_consumer.position_rewinds', '');
+SELECT pg_catalog.pg_extension_config_dump('idem_consumer.position_rewinds_rewind_id_seq', '');
+
+CREATE FUNCTION idem_position_advance(consumer text, topic text, "partition" integer,
+                                      "position" bigint, log_end_offset bigint DEFAULT NULL)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'idem_position_advance'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_position_advance(text, text, integer, bigint, bigint) IS
+    'moves a consumer''s position on a partition forward in this transaction, never backwards; returns the position before';
+
+CREATE FUNCTION idem_position_rewind(consumer text, topic text, "partition" integer,
+                                     "position" bigint, reason text)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'idem_position_rewind'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_position_rewind(text, text, integer, bigint, text) IS
+    'moves a consumer''s position on a partition back, recording who, when, from, to and why; returns the position before';
+
+CREATE FUNCTION idem_positions(of_consumer text DEFAULT NULL, of_topic text DEFAULT NULL,
+    of_partition integer DEFAULT NULL,
+    OUT consumer text, OUT topic text, OUT "partition" integer, OUT "position" bigint,
+    OUT log_end_offset bigint, OUT lag bigint, OUT advanced_at timestamptz,
+    OUT log_end_at timestamptz, OUT rewinds bigint, OUT last_rewound_at timestamptz,
+    OUT last_rewound_by name, OUT last_rewind_reason text)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_positions'
+LANGUAGE C STABLE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_positions(text, text, integer) IS
+    'the positions of a consumer (of one topic, of one partition), or of every consumer the current role may act on';
+
+CREATE VIEW idem_positions WITH (security_barrier) AS
+    SELECT p.consumer COLLATE "C" AS consumer,
+           p.topic COLLATE "C" AS topic,
+           p."partition",
+           p."position",
+           p.log_end_offset,
+           p.lag,
+           p.advanced_at,
+           p.log_end_at,
+           p.rewinds,
+           p.last_rewound_at,
+           p.last_rewound_by,
+           p.last_rewind_reason
+      FROM idem_positions() AS p;
+COMMENT ON VIEW idem_positions IS
+    'the positions of the consumers the current role may act on, with their lag';
+
+REVOKE ALL ON FUNCTION idem_position_advance(text, text, integer, bigint, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_position_rewind(text, text, integer, bigint, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_positions(text, text, integer) FROM PUBLIC;
+REVOKE ALL ON idem_positions FROM PUBLIC;

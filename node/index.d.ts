@@ -331,3 +331,93 @@ export class FencedOffError extends Error {
   fence?: string;
   detail?: string;
 }
+
+/**
+ * A message of a @platformatic/kafka Consumer, as consumeKafka reads it:
+ * key and value as the Consumer's deserializers made them.
+ */
+export interface KafkaMessage<K = unknown, V = unknown> {
+  topic: string;
+  partition: number;
+  offset: bigint;
+  key: K;
+  value: V;
+  timestamp: bigint;
+  headers: Map<unknown, unknown>;
+  commit(): Promise<void> | void;
+}
+
+/**
+ * The parts of a @platformatic/kafka Consumer that consumeKafka uses; the
+ * caller creates it (groupId, bootstrapBrokers, deserializers) and closes it.
+ */
+export interface KafkaConsumerLike {
+  consume(options: object): Promise<any>;
+  listOffsets(options: { topics: string[] }): Promise<Map<string, bigint[]>>;
+  on(event: string, listener: (...args: any[]) => void): unknown;
+  removeListener(event: string, listener: (...args: any[]) => void): unknown;
+  assignments?: Array<{ topic: string; partitions: number[] }> | null;
+}
+
+export interface KafkaConsumeOptions<M extends KafkaMessage = KafkaMessage> {
+  kafka: KafkaConsumerLike;
+  db: Queryable;
+  /** The idem_consumer consumer whose keys and positions these are. */
+  consumer: string;
+  topics: string[];
+  /** The message's business key (never topic:partition:offset). */
+  key: (message: M) => string;
+  /** One function per column of the batch statement: $3, $4, ... */
+  columns?: Array<(message: M) => ParamValue>;
+  /**
+   * The batch statement, run on the messages at or above the stored
+   * positions, each key once: $1 the consumer, $2 the keys (text[]), $3 ...
+   * the columns' arrays; it records the keys with idem_record_batch($1, $2)
+   * and applies the new ones.
+   */
+  sql: string;
+  /** Most messages in one transaction (500). */
+  maxBatch?: number;
+  /** Also commit each partition's offset to the broker after COMMIT (false). */
+  commitOffsets?: boolean;
+  /** How often the log-end offsets are listed for the lag (1000 ms). */
+  logEndIntervalMs?: number;
+  /** Times a batch is tried again after another member moved a position past it (10). */
+  maxBackwardsRetries?: number;
+  /**
+   * A stream that ends or fails (the broker restarting) is opened again from
+   * the stored positions, after streamRestartDelayMs (1000), at most this
+   * many times in a row without a batch (10); then done rejects.
+   */
+  maxStreamRestarts?: number;
+  streamRestartDelayMs?: number;
+  retry?: TransactionOptions;
+  /**
+   * After each batch: messages read; applied (at or above the positions);
+   * skipped below the position known, or a second copy of an offset or of
+   * a key in the batch, without a query; overtaken: below
+   * the position another member stored meanwhile, as the advance returned it.
+   */
+  onBatch?: (batch: { messages: number; applied: number; skipped: number; overtaken: number }) => void;
+  /** Inside the transaction, after the batch statement. */
+  onApplied?: (messages: M[], result: QueryResult) => void;
+}
+
+export interface KafkaRun {
+  /** Settles when the run stops: rejects on an error of the broker or the database. */
+  done: Promise<void>;
+  /** Stops after the batch in hand; close the Consumer afterwards. */
+  close(): Promise<void>;
+  counts: { batches: number; messages: number; skipped: number; overtaken: number; applied: number;
+            assignments: number; backwards: number; streamRestarts: number };
+  /** The positions as last read or written, by 'topic:partition'. */
+  positions: Map<string, bigint>;
+}
+
+/**
+ * Consume topics with a @platformatic/kafka Consumer, each batch in one
+ * transaction: idem_position_advance for its partitions, then the batch
+ * statement on the messages at or above the positions before. Each
+ * partition assigned is read from its stored position.
+ */
+export function consumeKafka<M extends KafkaMessage = KafkaMessage>(options: KafkaConsumeOptions<M>): KafkaRun;

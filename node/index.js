@@ -1,6 +1,7 @@
 // idem-consumer: idem_consumer's calls from node-postgres.  The package
 // requires nothing itself: it works on the caller's pg Client, PoolClient
-// or Pool (pg is a peer dependency).
+// or Pool (pg is a peer dependency), and consumeKafka on the caller's
+// @platformatic/kafka Consumer (an optional peer dependency).
 'use strict';
 
 const { apply, tryApply, recordBatch, batchParams } = require('./lib/apply');
@@ -12,6 +13,7 @@ const {
   beginEffect, completeEffect, failEffect, heartbeatEffect, enqueueEffect, claimEffects, withEffect,
   FencedOffError,
 } = require('./lib/effects');
+const { consumeKafka } = require('./lib/kafka');
 
 // the outcome a span records, from what each call resolves to
 const applied = (result) => (result ? 'applied' : 'duplicate');
@@ -36,4 +38,5 @@ module.exports = {
   withEffect: traced('idem_effect', withEffect, action),
   FencedOffError,
   stats,
+  consumeKafka,
 };

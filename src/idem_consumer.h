@@ -439,6 +439,9 @@ extern void inflight_check_call(FunctionCallInfo fcinfo);
 extern void inflight_note_recording(void);
 extern void inflight_check_not_recording(const char *function_name);
 
+/* positions.c */
+extern uint64 positions_lag_summary(void);
+
 /* replay_role.c */
 typedef struct ReplayRoleState
 {

@@ -338,6 +338,45 @@ append_dead_letter_gauges(StringInfo buf, const char *database)
 }
 
 /*
+ * Appends the lag of each consumer's position on each partition: the
+ * log-end offset it last reported minus its position (positions.c), as
+ * Kafka's tools show a group's lag, labelled with the topic and partition.
+ * Needs an SPI connection.
+ */
+static void
+append_position_lags(StringInfo buf, const char *database)
+{
+	SPITupleTable *lags;
+	uint64		nrows = positions_lag_summary();
+	bool		all = stats_read_all();
+	bool		any = false;
+
+	lags = SPI_tuptable;
+	SPI_tuptable = NULL;
+	for (uint64 i = 0; i < nrows; i++)
+	{
+		HeapTuple	row = lags->vals[i];
+		TupleDesc	desc = lags->tupdesc;
+		char	   *consumer = SPI_getvalue(row, desc, 1);
+
+		if (!all && !keystore_may_read_consumer(consumer))
+			continue;
+		/* a database without Kafka consumers shows no family */
+		if (!any)
+			append_family(buf, "idem_position_lag", "gauge",
+						  "Messages of a partition not yet applied by a consumer: the log-end offset it last reported minus its position.");
+		any = true;
+		append_series_start(buf, "idem_position_lag", database, consumer);
+		appendStringInfoString(buf, ",topic=\"");
+		append_label_value(buf, SPI_getvalue(row, desc, 2));
+		appendStringInfo(buf, "\",partition=\"%s\"} %s\n",
+						 SPI_getvalue(row, desc, 3), SPI_getvalue(row, desc, 4));
+	}
+	if (lags != NULL)
+		SPI_freetuptable(lags);
+}
+
+/*
  * Appends one sample of a family of the database, labelled with database
  * unless it is NULL, with the given decimals.
  */
@@ -428,6 +467,7 @@ metrics_text(Oid dbid, bool labelled)
 	SPI_connect();
 	append_dead_letter_gauges(&tail, current);
 	append_generation_gauges(&tail, current);
+	append_position_lags(&tail, current);
 	SPI_finish();
 
 	/* join the families into the result, freeing each as it is copied */

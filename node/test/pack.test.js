@@ -36,9 +36,14 @@ test('the package loads from its entry point and declares every export', () => {
   const pkg = require(path.join(root, 'package.json'));
   // nothing at run time: the dependencies are the types index.d.ts imports
   assert.deepStrictEqual(Object.keys(pkg.dependencies || {}).sort(), ['@types/node', '@types/pg']);
-  assert.deepStrictEqual(Object.keys(pkg.peerDependencies), ['pg', '@opentelemetry/api']);
-  // tracing is optional: the package works without the OpenTelemetry API
-  assert.deepStrictEqual(pkg.peerDependenciesMeta, { '@opentelemetry/api': { optional: true } });
+  assert.deepStrictEqual(Object.keys(pkg.peerDependencies).sort(), ['@opentelemetry/api', '@platformatic/kafka', 'pg']);
+  // tracing and consumeKafka are optional: the package works without the
+  // OpenTelemetry API, and consumeKafka on the caller's Consumer, whose
+  // client no file of the package requires
+  assert.deepStrictEqual(pkg.peerDependenciesMeta,
+    { '@opentelemetry/api': { optional: true }, '@platformatic/kafka': { optional: true } });
+  for (const f of ['index.js', ...fs.readdirSync(path.join(root, 'lib')).map((f) => `lib/${f}`)])
+    assert.doesNotMatch(fs.readFileSync(path.join(root, f), 'utf8'), /require\(['"]@platformatic/, f);
   // the project's license (META.json, debian/copyright)
   assert.strictEqual(pkg.license, 'PostgreSQL');
 });

@@ -51,17 +51,8 @@ const SEED = Number(process.env.BROKER_SEED || 20261203);
 const QUEUE = 'order-paid';
 const DEADLINE_MS = Number(process.env.BROKER_DEADLINE_MS || 150000);
 
-// A small deterministic generator (mulberry32), so that a run can be repeated.
-function rng(seed) {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6D2B79F5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+// a seeded generator, so that a run can be repeated
+const { rng } = require('../lib/rng');
 
 const isPoisoned = (i) => i % POISON_EVERY === 7;
 const POISONED_KEYS = new Set();

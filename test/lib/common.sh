@@ -138,6 +138,9 @@ ensure_packages() {
     if [ "$profile" = all ]; then
         # the broker test (test/broker/run) starts a RabbitMQ node of its own
         pkgs="$pkgs rabbitmq-server"
+        # the Kafka test (test/kafka/broker) resolves the broker with Maven
+        # and runs it on Java 17 or later (the JDK above)
+        command -v mvn >/dev/null || pkgs="$pkgs maven"
         # the client suite runs idem_consumer from psycopg 3, psycopg2 and
         # pgjdbc (test/client/python, test/client/java: javac and java, no
         # build tool), as Debian ships them; tzdata for Python's zoneinfo

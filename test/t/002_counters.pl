@@ -61,6 +61,10 @@ $node->safe_psql('postgres',
 	q{INSERT INTO idem_consumer.consumers (name, owner)
 	  VALUES (E'tab\there "quoted" back\\\\slash\nnewline', current_user::regrole);
 	  SELECT idem_apply('x', E'tab\there "quoted" back\\\\slash\nnewline', 'select 1', event_time => now())});
+# and the lag of Kafka positions, labelled with a topic and a partition
+$node->safe_psql('postgres',
+	q{SELECT idem_position_advance('load', 'order-paid', 3, 40, 52);
+	  SELECT idem_position_advance('load', E'odd "topic"', 0, 7, 7)});
 my $metrics = $node->safe_psql('postgres', 'SELECT idem_metrics()');
 PostgreSQL::Test::Utils::append_to_file("$dir/metrics.txt", "$metrics\n");
 # the acceptance below proves something only if promtool runs and rejects
@@ -73,6 +77,10 @@ like($pout, qr/rc=0$/, 'promtool check metrics accepts idem_metrics()')
   or diag("$pout\n$perr");
 like($metrics, qr/^idem_applied_total\{database="postgres",consumer="load"\} $applied$/m,
 	'the exposition carries the counter');
+like($metrics, qr/^idem_position_lag\{database="postgres",consumer="load",topic="order-paid",partition="3"\} 12$/m,
+	'and the lag of a position: log-end offset minus position');
+like($metrics, qr/^idem_position_lag\{database="postgres",consumer="load",topic="odd \\"topic\\"",partition="0"\} 0$/m,
+	'with its labels escaped');
 
 # a clean restart keeps the counters
 my $before = $node->safe_psql('postgres',

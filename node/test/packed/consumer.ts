@@ -42,6 +42,18 @@ export async function consume(pool: Pool, client: PoolClient): Promise<void> {
   const fenced: 'IE001' = new idem.FencedOffError('x').code;
   console.log(enqueued, claimed.length, out.action, fenced);
 
+  const kafka: idem.KafkaConsumerLike = {
+    consume: async () => null, listOffsets: async () => new Map(), on: () => null, removeListener: () => null,
+  };
+  const run: idem.KafkaRun = idem.consumeKafka({
+    kafka, db: pool, consumer: 'ledger', topics: ['payments'], key: (m) => String(m.value),
+    columns: [(m) => m.partition, (m) => m.offset], sql: 'SELECT 1', commitOffsets: true,
+    onBatch: ({ applied, skipped }) => console.log(applied, skipped),
+  });
+  const at: bigint | undefined = run.positions.get('payments:0');
+  await run.close();
+  console.log(at, run.counts.overtaken);
+
   // @ts-expect-error: expectRows is a number or a bigint
   await idem.apply(pool, { ...msg, expectRows: '1' });
   // @ts-expect-error: tryApply resolves to an outcome, not a boolean

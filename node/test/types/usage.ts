@@ -87,4 +87,19 @@ export async function effects(pool: Pool, client: Client): Promise<void> {
   // @ts-expect-error: call must return a promise
   await idem.withEffect(pool, { consumer: 'c', key: 'k' }, () => 1);
   console.log(bad, nope);
+
+  const kafka: idem.KafkaConsumerLike = {
+    consume: async () => null, listOffsets: async () => new Map(), on: () => null, removeListener: () => null,
+  };
+  const run = idem.consumeKafka<idem.KafkaMessage<string, string>>({
+    kafka, db: pool, consumer: 'ledger', topics: ['payments'], key: (m) => JSON.parse(m.value).id,
+    columns: [(m) => m.partition, (m) => m.offset], sql: 'SELECT 1', maxBatch: 100,
+  });
+  const applied2: number = run.counts.applied;
+  await run.done;
+  console.log(applied2);
+  // @ts-expect-error: the batch statement is required
+  idem.consumeKafka({ kafka, db: pool, consumer: 'c', topics: ['t'], key: () => 'k' });
+  // @ts-expect-error: topics is an array
+  idem.consumeKafka({ kafka, db: pool, consumer: 'c', topics: 't', key: () => 'k', sql: 'SELECT 1' });
 }
