@@ -81,7 +81,7 @@ sleep 0.2 while epoch() < 2 && time < $deadline;
 is(deliver('idle', "idle-$_"), 't', "idle-$_ applied") for 1 .. 3;
 
 # the tenant records its key and keeps its transaction open
-my $holder = $node->background_psql('postgres', on_error_stop => 1);
+my $holder = $node->background_psql('postgres', on_error_stop => 1, timeout => $hold + 180);
 $holder->query_safe('BEGIN');
 is($holder->query_safe(apply_sql('held', 'held-1')), 't', 'held-1 applied in an open transaction');
 my $epoch_at_hold = epoch();
@@ -92,7 +92,7 @@ cmp_ok(epoch(), '>', $epoch_at_hold, 'the worker sealed the generation of the op
 $epoch_at_hold = epoch();
 
 # a redelivery that waits for the open transaction through its commit
-my $waiter = $node->background_psql('postgres', on_error_stop => 1);
+my $waiter = $node->background_psql('postgres', on_error_stop => 1, timeout => $hold + 180);
 $waiter->query_until(qr/waiting/, "\\echo waiting\n" . apply_sql('held', 'held-1') . ";\n\\echo done\n");
 
 # the busy consumer delivers for about 20 s while the transaction is open;
