@@ -78,6 +78,7 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
+#include "duration.h"
 #include "idem_consumer.h"
 
 /*
@@ -383,13 +384,7 @@ retention_longest_window_secs(void)
 	hash_seq_init(&seq, windows);
 	while ((w = hash_seq_search(&seq)) != NULL)
 		if (!w->forever)
-		{
-			int64		secs = w->retention.time / USECS_PER_SEC +
-				(int64) w->retention.day * SECS_PER_DAY +
-				(int64) w->retention.month * DAYS_PER_MONTH * SECS_PER_DAY;
-
-			longest = Max(longest, secs);
-		}
+			longest = Max(longest, interval_to_us(&w->retention) / USECS_PER_SEC);
 	hash_destroy(windows);
 	return (int32) Min(longest, PG_INT32_MAX);
 }
