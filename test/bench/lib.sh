@@ -99,3 +99,6 @@ bench_report() {
     } >"$file" || die "cannot write $file"
     echo "saved to $file"
 }
+
+# median: the median of the numbers on standard input, one a line
+median() { sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
