@@ -120,6 +120,36 @@ SELECT fp_scans() - :scans AS index_scans;
 COMMIT;
 DROP FUNCTION fp_scans();
 
+--
+-- A check constraint on the storage is checked, and another index is
+-- filled, here through an expression that shows each key (the fast path
+-- would do neither).  The fast path found this table usable in the calls
+-- above: what it found is not kept past a change to the table.
+--
+BEGIN;
+ALTER TABLE idem_consumer.processed_keys_1
+    ADD CONSTRAINT fp_no_blocked CHECK (key NOT LIKE 'blocked%') NOT VALID;
+SAVEPOINT blocked;
+\set VERBOSITY terse
+SELECT idem_apply('blocked-2', 'fp', 'update fp set n = n + 1') AS applied;
+\set VERBOSITY default
+ROLLBACK TO SAVEPOINT blocked;
+SELECT idem_is_processed('blocked-2', 'fp') AS blocked_2;
+ROLLBACK;
+
+CREATE FUNCTION fp_index_sees(key text) RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF key LIKE 'idx-%' THEN
+        RAISE NOTICE 'index sees key %', key;
+    END IF;
+    RETURN key;
+END $$;
+BEGIN;
+CREATE INDEX fp_seen ON idem_consumer.processed_keys_1 (public.fp_index_sees(key));
+SELECT idem_apply('idx-1', 'fp', 'update fp set n = n + 1') AS applied;
+ROLLBACK;
+DROP FUNCTION fp_index_sees(text);
+
 -- everything above was rolled back: only the first key is there
 SELECT key FROM idem_processed_keys WHERE consumer = 'fp' ORDER BY key;
 SELECT n FROM fp;

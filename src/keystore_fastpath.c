@@ -44,6 +44,8 @@
 #include "catalog/pg_type.h"
 #include "executor/executor.h"
 #include "utils/fmgroids.h"
+#include "utils/inval.h"
+#include "utils/rel.h"
 #include "utils/snapshot.h"
 #include "utils/snapmgr.h"
 
@@ -78,40 +80,114 @@ key_columns_match(TupleDesc tupdesc)
 }
 
 /*
+ * Whether the key table of each generation suits the fast path, as
+ * key_table_usable found it, kept until a relcache invalidation of the
+ * table: everything it reads (the table's kind, columns, triggers, row
+ * security, check constraints and indexes) changes only with one, and a
+ * duplicate spares reading them at every call (test/bench/instructions).
+ */
+typedef struct KeyTableVerdict
+{
+	Oid			keys_relid;		/* InvalidOid: none */
+	Oid			hash_index;
+	bool		usable;
+} KeyTableVerdict;
+
+static KeyTableVerdict verdicts[KEYGEN_NUM];
+static bool verdict_callback_registered = false;
+static uint64 verdict_invalidations = 0;
+
+/*
+ * Forgets the verdict of a key table whose relcache entry is invalidated
+ * (all of them for InvalidOid).
+ */
+static void
+verdict_relcache_callback(Datum arg, Oid relid)
+{
+	verdict_invalidations++;
+	for (int i = 0; i < KEYGEN_NUM; i++)
+		if (relid == InvalidOid || verdicts[i].keys_relid == relid)
+			verdicts[i].keys_relid = InvalidOid;
+}
+
+/*
+ * Tells whether an opened key table suits the fast path: a plain table,
+ * no partition (only the executor routes rows and checks partition
+ * constraints), with our columns only, no triggers, row security or check
+ * constraints, and hash_index as its only index.
+ */
+static bool
+key_table_usable(Relation keys, Oid hash_index)
+{
+	List	   *indexes = RelationGetIndexList(keys);
+	bool		usable;
+
+	usable = keys->rd_rel->relkind == RELKIND_RELATION &&
+		!keys->rd_rel->relispartition &&
+		key_columns_match(RelationGetDescr(keys)) &&
+		keys->trigdesc == NULL &&
+		!keys->rd_rel->relrowsecurity &&
+		(keys->rd_att->constr == NULL ||
+		 keys->rd_att->constr->num_check == 0) &&
+		list_length(indexes) == 1 &&
+		linitial_oid(indexes) == hash_index;
+	list_free(indexes);
+	return usable;
+}
+
+/*
+ * key_table_usable for the key table of generation slot, from its verdict
+ * while no invalidation has come since.  The table is open and locked, so
+ * the invalidations of whatever changed it have been processed.  A
+ * verdict during which one came (reading the index list may process
+ * some) is used once but not kept.
+ */
+static bool
+key_table_usable_cached(KeyGenSlot slot, Relation keys, Oid hash_index)
+{
+	KeyTableVerdict *verdict = &verdicts[slot];
+	uint64		invalidations;
+	bool		usable;
+
+	if (verdict->keys_relid == RelationGetRelid(keys) &&
+		verdict->hash_index == hash_index)
+		return verdict->usable;
+
+	if (!verdict_callback_registered)
+	{
+		CacheRegisterRelcacheCallback(verdict_relcache_callback, (Datum) 0);
+		verdict_callback_registered = true;
+	}
+	invalidations = verdict_invalidations;
+	usable = key_table_usable(keys, hash_index);
+	if (verdict_invalidations == invalidations)
+	{
+		verdict->keys_relid = RelationGetRelid(keys);
+		verdict->hash_index = hash_index;
+		verdict->usable = usable;
+	}
+	return usable;
+}
+
+/*
  * Opens the key table of a generation and its unique index for the fast
  * path, to write or only to read; returns false when the SQL statements
- * must do the work:
- * idem_consumer.fast_path is off, the table is partitioned or a partition
- * (only the executor routes rows and checks partition constraints), has
- * other columns than ours, triggers, row security, check constraints or
- * other indexes than ours, or the transaction cannot write (the SQL path
- * then raises the usual error).
+ * must do the work: idem_consumer.fast_path is off, the table does not
+ * suit the fast path (key_table_usable), or the transaction cannot write
+ * (the SQL path then raises the usual error).
  */
 bool
 key_fastpath_open(KeyFastPath *fp, KeyGenSlot slot, bool write)
 {
 	LOCKMODE	lockmode = write ? RowExclusiveLock : AccessShareLock;
 	const KeyGeneration *gen = &storage_locate()->gens[slot];
-	List	   *indexes;
-	bool		usable;
 
 	if (!fastpath_enabled() || !OidIsValid(gen->hash_index) ||
 		(write && (XactReadOnly || IsInParallelMode())))
 		return false;
 
 	fp->keys = table_open(gen->keys_relid, lockmode);
-	indexes = RelationGetIndexList(fp->keys);
-	usable = fp->keys->rd_rel->relkind == RELKIND_RELATION &&
-		!fp->keys->rd_rel->relispartition &&
-		key_columns_match(RelationGetDescr(fp->keys)) &&
-		fp->keys->trigdesc == NULL &&
-		!fp->keys->rd_rel->relrowsecurity &&
-		(fp->keys->rd_att->constr == NULL ||
-		 fp->keys->rd_att->constr->num_check == 0) &&
-		list_length(indexes) == 1 &&
-		linitial_oid(indexes) == gen->hash_index;
-	list_free(indexes);
-	if (!usable)
+	if (!key_table_usable_cached(slot, fp->keys, gen->hash_index))
 	{
 		table_close(fp->keys, NoLock);
 		return false;
