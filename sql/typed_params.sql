@@ -68,5 +68,22 @@ EXECUTE typed_call('v-6', 6.50, '2026-04-01 02:00:00+02', NULL, 9);
 SELECT amount, at, note IS NULL AS note_is_null, id FROM typed_v WHERE id = 9;
 DEALLOCATE typed_call;
 
+-- every value reaches its own parameter, read in place from the array:
+-- NULLs past the first byte of its null bitmap, and values as long as
+-- and longer than the buffer they are copied to for the input function
+CREATE TABLE typed_w (a text, b int, c text, d text, e int, f text, g text, h int, i text, j text, k text);
+\set w_ins 'insert into typed_w values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)'
+SELECT idem_apply('w-1', 'typed-v', :'w_ins',
+                  ARRAY[repeat('a', 127), '2', NULL, repeat('d', 128), '5', NULL, 'g', '8', repeat('i', 3000), NULL, 'k']);
+SELECT length(a) AS a, b, c, length(d) AS d, e, f, g, h, length(i) AS i, j, k,
+       a = repeat('a', 127) AND d = repeat('d', 128) AND i = repeat('i', 3000) AS texts_intact
+  FROM typed_w;
+-- a redelivery of it is a duplicate: the fingerprint saw the same values
+SELECT idem_apply('w-1', 'typed-v', :'w_ins',
+                  ARRAY[repeat('a', 127), '2', NULL, repeat('d', 128), '5', NULL, 'g', '8', repeat('i', 3000), NULL, 'k']);
+SELECT typed_v_error(format('SELECT idem_apply(%L, %L, %L, %L::text[])', 'w-1', 'typed-v', :'w_ins',
+                            ARRAY[repeat('a', 127), '2', NULL, repeat('d', 128), '5', NULL, 'g', '8', repeat('i', 2999), NULL, 'k']));
+DROP TABLE typed_w;
+
 DROP TABLE typed_v, typed_v_ship;
 DROP FUNCTION typed_v_error(text);

@@ -36,6 +36,7 @@
  */
 #include "postgres.h"
 
+#include "access/tupmacs.h"
 #include "catalog/pg_type.h"
 #include "common/hashfn.h"
 #include "executor/spi.h"
@@ -475,14 +476,37 @@ business_params_check(ArrayType *params)
 }
 
 /*
+ * Returns a text parameter as a C string for its input function: in buf
+ * when it fits there.  The elements of a flat array are never compressed
+ * or out of line, but may have a short header.
+ */
+static char *
+param_cstring(const text *value, char *buf, Size bufsize)
+{
+	Size		len = VARSIZE_ANY_EXHDR(value);
+	char	   *str = len < bufsize ? buf : palloc(len + 1);
+
+	Assert(!VARATT_IS_EXTENDED(value) || VARATT_IS_SHORT(value));
+	memcpy(str, VARDATA_ANY(value), len);
+	str[len] = '\0';
+	return str;
+}
+
+/*
  * Converts the caller's text parameters to the plan's parameter types.
+ *
+ * The array is walked in place and each value copied to a buffer on the
+ * stack for its input function, as COPY reuses one buffer for every
+ * field (an input function does not keep its string): no array of
+ * elements and no string is allocated per call (test/bench/instructions).
  */
 ParamListInfo
 business_plan_bind(BusinessPlan *bplan, ArrayType *params)
 {
-	Datum	   *elems = NULL;
-	bool	   *elem_nulls = NULL;
 	int			nelems = 0;
+	char	   *elem = NULL;
+	bits8	   *nulls = NULL;
+	char		buf[128];
 	ParamListInfo param_list;
 	BindErrorContext bind_ctx;
 	ErrorContextCallback errcallback;
@@ -490,8 +514,10 @@ business_plan_bind(BusinessPlan *bplan, ArrayType *params)
 	if (params != NULL)
 	{
 		business_params_check(params);
-		deconstruct_array(params, TEXTOID, -1, false, TYPALIGN_INT,
-						  &elems, &elem_nulls, &nelems);
+		Assert(ARR_ELEMTYPE(params) == TEXTOID);
+		nelems = ArrayGetNItems(ARR_NDIM(params), ARR_DIMS(params));
+		elem = ARR_DATA_PTR(params);
+		nulls = ARR_NULLBITMAP(params);
 	}
 
 	if (nelems != bplan->nargs)
@@ -514,7 +540,15 @@ business_plan_bind(BusinessPlan *bplan, ArrayType *params)
 	for (int i = 0; i < nelems; i++)
 	{
 		ParamExternData *param = &param_list->params[i];
-		char	   *value = elem_nulls[i] ? NULL : TextDatumGetCString(elems[i]);
+		bool		isnull = nulls != NULL && att_isnull(i, nulls);
+		char	   *value = NULL;
+
+		if (!isnull)
+		{
+			value = param_cstring((const text *) elem, buf, sizeof(buf));
+			elem = att_addlength_pointer(elem, -1, elem);
+			elem = (char *) att_align_nominal(elem, TYPALIGN_INT);
+		}
 
 		bind_ctx.paramno = i + 1;
 		bind_ctx.paramtype = bplan->argtypes[i];
@@ -522,9 +556,11 @@ business_plan_bind(BusinessPlan *bplan, ArrayType *params)
 		/* called for NULL too, so that domain constraints are checked */
 		param->value = InputFunctionCall(&bplan->input_funcs[i], value,
 										 bplan->input_ioparams[i], -1);
-		param->isnull = elem_nulls[i];
+		param->isnull = isnull;
 		param->pflags = PARAM_FLAG_CONST;
 		param->ptype = bplan->argtypes[i];
+		if (value != NULL && value != buf)
+			pfree(value);
 	}
 
 	error_context_stack = errcallback.previous;
