@@ -101,6 +101,12 @@ static HTAB *consumer_cache;
 static uint64 consumer_cache_generation;
 static uint64 consumer_cache_version;
 
+/*
+ * The entry of consumer_cache found last: a session mostly acts on one
+ * consumer call after call, and comparing its name spares hashing it.
+ */
+static ConsumerIdEntry *consumer_cache_last;
+
 PG_FUNCTION_INFO_V1(idem_consumer_create);
 PG_FUNCTION_INFO_V1(idem_consumer_set_owner);
 PG_FUNCTION_INFO_V1(idem_set_fingerprint);
@@ -120,6 +126,7 @@ consumer_id_cache(void)
 	{
 		hash_destroy(consumer_cache);
 		consumer_cache = NULL;
+		consumer_cache_last = NULL;
 	}
 	if (consumer_cache == NULL)
 	{
@@ -320,9 +327,12 @@ lookup_consumer(const char *consumer, ConsumerIdEntry *found)
 	bool		isnull;
 	TransactionId xmin;
 
-	entry = hash_search(cache, consumer, HASH_FIND, NULL);
+	entry = consumer_cache_last;
+	if (entry == NULL || strcmp(entry->name, consumer) != 0)
+		entry = hash_search(cache, consumer, HASH_FIND, NULL);
 	if (entry != NULL)
 	{
+		consumer_cache_last = entry;
 		*found = *entry;
 		return true;
 	}
