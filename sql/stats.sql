@@ -175,5 +175,22 @@ SELECT consumer, keys_stored, dead_letters_pending, oldest_pending_age < interva
 SELECT count(*) FROM idem_record_batch('stats-batch', ARRAY['b1', 'b2', 'b3']);
 SELECT count(*) FROM idem_record_batch('stats-batch', ARRAY['b3', 'b4', 'b4']);
 SELECT applied, duplicates, failed FROM idem_stats WHERE consumer = 'stats-batch';
+
+-- a call of the same consumer inside a savepoint after one outside it
+-- is counted at its own level: the rollback to the savepoint fails it
+-- alone, and a released one commits with the transaction (the consumer
+-- exists before: the counts of one whose creation rolled back are not kept)
+SELECT idem_apply('n-0', 'stats-nest', 'select 1');
+BEGIN;
+SELECT idem_apply('n-1', 'stats-nest', 'select 1');
+SAVEPOINT inner_call;
+SELECT idem_apply('n-2', 'stats-nest', 'select 1');
+ROLLBACK TO SAVEPOINT inner_call;
+SAVEPOINT released_call;
+SELECT idem_apply('n-3', 'stats-nest', 'select 1'), idem_apply('n-1', 'stats-nest', 'select 1');
+RELEASE SAVEPOINT released_call;
+SELECT idem_apply('n-4', 'stats-nest', 'select 1');
+COMMIT;
+SELECT applied, duplicates, failed FROM idem_stats WHERE consumer = 'stats-nest';
 SELECT line FROM regexp_split_to_table(idem_metrics(), E'\n') AS line
  WHERE line LIKE 'idem_processing_latency_seconds_count{database="contrib_regression",consumer="stats-batch"}%';

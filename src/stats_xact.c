@@ -146,6 +146,16 @@ pending_counts(const char *consumer)
 	PendingCounts *outer;
 	bool		found;
 
+	/*
+	 * The aggregate made last, if it is of this consumer and level, is the
+	 * one the index would give (levels only deepen along the list, and a
+	 * consumer has one aggregate per level): a session mostly counts one
+	 * consumer call after call, and this spares hashing its name.
+	 */
+	if (npending > 0 && pending[npending - 1]->nest_level == level &&
+		strcmp(pending[npending - 1]->consumer, consumer) == 0)
+		return pending[npending - 1];
+
 	index = hash_search(pending_index_table(), consumer, HASH_FIND, NULL);
 	outer = index != NULL ? index->deepest : NULL;
 	if (outer != NULL && outer->nest_level == level)
