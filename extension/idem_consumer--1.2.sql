@@ -12,14 +12,14 @@
 -- key_collisions, their indexes on the 32-bit key_hash(integer, text), and
 -- that function.  A database created here never had such keys, so it has
 -- none of them: its keys are in the ring of generations from the first
--- one on.  test/t/022_fresh_vs_upgraded.pl compares the catalogs of both
--- ways object by object and names those differences; it fails on any other.
+-- one on.  test/t/020_upgrade.pl compares the catalogs of both ways
+-- object by object and names those differences; it fails on any other.
 --
 -- Sections: storage of consumers; the key store (hash seed, the ring of
 -- generations, their filters and operation); the API that records keys;
 -- the dead-letter queue; counters and metrics; retention; owners and the
 -- key-reuse check; external effects; the views that show keys, messages
--- and effects; Citus; positions of Kafka consumers.
+-- and effects, and idem_consumers; Citus; positions of Kafka consumers.
 --
 
 --
@@ -365,7 +365,6 @@ CREATE VIEW idem_key_generations AS
     WINDOW w AS (ORDER BY g.epoch);
 REVOKE ALL ON idem_key_generations FROM PUBLIC;
 GRANT SELECT ON idem_key_generations TO pg_monitor;
-
 
 --
 -- The API that records keys.
