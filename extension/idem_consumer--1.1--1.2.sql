@@ -934,7 +934,7 @@ DECLARE
     storage_owner text := (SELECT c.relowner::pg_catalog.regrole::pg_catalog.text
                              FROM pg_catalog.pg_class AS c
                             WHERE c.oid OPERATOR(pg_catalog.=)
-                                  'idem_consumer.processed_keys'::pg_catalog.regclass);
+                                  'idem_consumer.consumers'::pg_catalog.regclass);
     ext_schema name := (SELECT n.nspname FROM pg_catalog.pg_extension AS e
                           JOIN pg_catalog.pg_namespace AS n
                             ON n.oid OPERATOR(pg_catalog.=) e.extnamespace

@@ -51,7 +51,7 @@ SELECT c.relname, pg_get_userbyid(c.relowner) = pg_get_userbyid(k.relowner) AS s
        c.relacl IS NOT NULL AS revoked
   FROM pg_class AS c, pg_class AS k
  WHERE c.relname IN ('routed_keys', 'routed_dead_letters', 'idem_routed_dead_letters')
-   AND k.oid = 'idem_consumer.processed_keys'::regclass
+   AND k.oid = 'idem_consumer.consumers'::regclass
  ORDER BY c.relname;
 
 SELECT idem_apply('r-1', 'shop', :'pay', ARRAY['7', 'r-1'], route => 7::bigint) AS first,

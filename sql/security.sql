@@ -23,7 +23,7 @@ SELECT idem_is_processed('sec-1', 'ledger');
 -- the business SQL runs as the caller
 SELECT idem_apply('sec-2', 'ledger', 'insert into audit values (current_user, $1)', ARRAY['paid']);
 -- the storage itself is out of reach
-SELECT count(*) FROM idem_consumer.processed_keys;
+SELECT count(*) FROM idem_consumer.processed_keys_1;
 SELECT count(*) FROM idem_processed_keys;
 -- so is forgetting keys
 SELECT idem_forget('sec-2', 'ledger');

@@ -140,7 +140,7 @@ SELECT abs(substring(idem_metrics() from E'\nidem_keys_stored\\{database="contri
   FROM (SELECT count(*) AS n FROM idem_processed_keys) AS k;
 SELECT consumer, keys_stored FROM idem_consumers WHERE consumer IN ('stats-a', 'stats-lag') ORDER BY consumer;
 -- the bytes of the key store: every generation's key and collision
--- tables (and 1.1's) with their indexes; of the filters: none before a
+-- tables (and 1.1's, in a database updated from it) with their indexes; of the filters: none before a
 -- generation is sealed and its filter built
 SELECT substring(line from ' (\d+)$')::bigint =
        (SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c

@@ -129,7 +129,7 @@ VALUES (1, 'vl-a', 'secret-routed-fx', false, 'pending'),
        (3, 'vl-unknown', 'unknown-routed-fx', false, 'pending');
 SELECT provider_key AS secret_routed_provider_key FROM idem_consumer.routed_effects
  WHERE key = 'secret-routed-fx' \gset
-ANALYZE idem_consumer.processed_keys, idem_consumer.dead_letters, idem_consumer.effects,
+ANALYZE idem_consumer.processed_keys_1, idem_consumer.dead_letters, idem_consumer.effects,
         idem_consumer.routed_dead_letters, idem_consumer.routed_effects;
 
 SET ROLE vl_oncall_b;

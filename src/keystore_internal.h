@@ -44,7 +44,8 @@ typedef struct KeyGeneration
 
 /*
  * Where a generation's tables are in StorageInfo.gens: the legacy pair,
- * processed_keys and key_collisions, at 0; the ring of 1.2 at 1 to
+ * processed_keys and key_collisions, at 0 (InvalidOid in a database
+ * created at 1.2, which never had them); the ring of 1.2 at 1 to
  * KEYGEN_RING, named after their place.
  */
 typedef int KeyGenSlot;
@@ -60,12 +61,12 @@ typedef int KeyGenSlot;
  * The storage tables of this database as last located.  generation changes
  * whenever they are located anew (after DROP and CREATE EXTENSION, say), so
  * that whatever a backend cached about them (plans, consumer ids) can tell
- * it belongs to tables that are gone.  keys_relid is processed_keys, whose
- * OID tells one installation of the extension from the next.
+ * it belongs to tables that are gone.  consumers, which every version has,
+ * tells one installation of the extension from the next, and its owner is
+ * the owner of the storage.
  */
 typedef struct StorageInfo
 {
-	Oid			keys_relid;
 	Oid			consumers_relid;
 	Oid			owner;
 	bool		consumers_have_owners;	/* the SQL is 1.1 or later */

@@ -106,7 +106,6 @@ static void
 storage_relcache_callback(Datum arg, Oid relid)
 {
 	bool		storage_table = relid == InvalidOid ||
-		relid == storage.info.keys_relid ||
 		relid == storage.info.consumers_relid ||
 		generation_table(relid);
 	bool		part_table = OidIsValid(relid) &&
@@ -229,10 +228,12 @@ usable_hash_index(Oid nspid, Oid keys_relid, const char *index_name,
 
 /*
  * Finds the generations of the key store.  Before 1.2 there is one, the
- * tables processed_keys and key_collisions themselves; from 1.2 on they
- * are the legacy generation, the keys recorded before the upgrade, and
- * the ring processed_keys_N and key_collisions_N takes the new ones
- * (keygen.c).
+ * tables processed_keys and key_collisions themselves; in a database
+ * updated to 1.2 they are the legacy generation, the keys recorded before
+ * the update, and the ring processed_keys_N and key_collisions_N takes the
+ * new ones (keygen.c).  A database created at 1.2 has the ring alone: its
+ * legacy generation has no tables (InvalidOid), which every user of
+ * gens[KEYGEN_LEGACY] takes for a generation that holds no key.
  */
 static void
 locate_generations(Oid nspid)
@@ -285,11 +286,34 @@ locate_generations(Oid nspid)
 		}
 	}
 
-	legacy->keys_relid = si->keys_relid;
+	legacy->keys_relid = get_relname_relid("processed_keys", nspid);
 	legacy->collisions_relid = get_relname_relid("key_collisions", nspid);
 	legacy->hash64 = false;
-	legacy->hash_index = usable_hash_index(nspid, si->keys_relid,
+	legacy->hash_index = usable_hash_index(nspid, legacy->keys_relid,
 										   "processed_keys_hash", "key_hash");
+
+	/* a pair half there is no generation: its keys could not be told apart */
+	if (OidIsValid(legacy->keys_relid) != OidIsValid(legacy->collisions_relid) ||
+		(!OidIsValid(legacy->keys_relid) && !si->has_ring))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("storage of extension \"idem_consumer\" is missing"),
+				 errdetail("Neither the tables %s.processed_keys and %s.key_collisions nor %s.key_generations were found.",
+						   STORAGE_SCHEMA, STORAGE_SCHEMA, STORAGE_SCHEMA),
+				 errhint("Recreate the extension with DROP EXTENSION idem_consumer; CREATE EXTENSION idem_consumer;")));
+}
+
+/*
+ * Whether the keys of the storage keep the fingerprint of their message:
+ * from 1.1 on.  The ring of 1.2 has the column in every generation.
+ */
+static bool
+keys_have_fingerprints(const StorageInfo *si)
+{
+	Oid			legacy_keys = si->gens[KEYGEN_LEGACY].keys_relid;
+
+	return si->has_ring ||
+		get_attnum(legacy_keys, "fingerprint") != InvalidAttrNumber;
 }
 
 /*
@@ -345,28 +369,21 @@ locate_storage(void)
 	Oid			nspid;
 
 	nspid = get_namespace_oid(STORAGE_SCHEMA, true);
-	if (OidIsValid(nspid))
-	{
-		storage.info.keys_relid = get_relname_relid("processed_keys", nspid);
-		storage.info.consumers_relid = get_relname_relid("consumers", nspid);
-	}
-	if (!OidIsValid(nspid) ||
-		!OidIsValid(storage.info.keys_relid) ||
-		!OidIsValid(storage.info.consumers_relid))
+	storage.info.consumers_relid = OidIsValid(nspid) ?
+		get_relname_relid("consumers", nspid) : InvalidOid;
+	if (!OidIsValid(storage.info.consumers_relid))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("storage of extension \"idem_consumer\" is missing"),
-				 errdetail("Tables %s.processed_keys and %s.consumers were not found.",
-						   STORAGE_SCHEMA, STORAGE_SCHEMA),
+				 errdetail("Table %s.consumers was not found.", STORAGE_SCHEMA),
 				 errhint("Recreate the extension with DROP EXTENSION idem_consumer; CREATE EXTENSION idem_consumer;")));
 
-	storage.info.owner = storage_table_owner(storage.info.keys_relid);
+	storage.info.owner = storage_table_owner(storage.info.consumers_relid);
 	refuse_citus_storage(nspid);
 	locate_generations(nspid);
 	storage.info.consumers_have_owners =
 		get_attnum(storage.info.consumers_relid, "owner") != InvalidAttrNumber;
-	storage.info.keys_have_fingerprints =
-		get_attnum(storage.info.keys_relid, "fingerprint") != InvalidAttrNumber;
+	storage.info.keys_have_fingerprints = keys_have_fingerprints(&storage.info);
 	storage.info.generation++;
 	storage.info.consumers_version++;
 	storage.located = true;
@@ -382,10 +399,9 @@ storage_locate(void)
 {
 	if (storage.located && storage.recheck)
 	{
-		Oid			owner = storage_table_owner(storage.info.keys_relid);
+		Oid			owner = storage_table_owner(storage.info.consumers_relid);
 
-		if (!OidIsValid(owner) ||
-			!OidIsValid(storage_table_owner(storage.info.consumers_relid)))
+		if (!OidIsValid(owner))
 		{
 			storage.located = false;
 			storage.recheck = false;
@@ -395,16 +411,15 @@ storage_locate(void)
 			KeyGeneration before[KEYGEN_NUM];
 
 			storage.info.owner = owner;
-			refuse_citus_storage(get_rel_namespace(storage.info.keys_relid));
+			refuse_citus_storage(get_rel_namespace(storage.info.consumers_relid));
 			memcpy(before, storage.info.gens, sizeof(before));
-			locate_generations(get_rel_namespace(storage.info.keys_relid));
+			locate_generations(get_rel_namespace(storage.info.consumers_relid));
 			/* a generation added (the update to 1.2): statements anew */
 			if (memcmp(before, storage.info.gens, sizeof(before)) != 0)
 				storage.info.generation++;
 			storage.info.consumers_have_owners =
 				get_attnum(storage.info.consumers_relid, "owner") != InvalidAttrNumber;
-			storage.info.keys_have_fingerprints =
-				get_attnum(storage.info.keys_relid, "fingerprint") != InvalidAttrNumber;
+			storage.info.keys_have_fingerprints = keys_have_fingerprints(&storage.info);
 			storage.info.consumers_version++;
 			/* only now: an error above checks again at the next call */
 			storage.recheck = false;
@@ -590,7 +605,7 @@ has_blocks(Oid relid)
 /*
  * Tells whether the legacy generation of a database updated to 1.2 may
  * hold keys: whether its processed_keys or key_collisions have a heap
- * block.  Under 1.2 nothing inserts into them but a collision moved into
+ * block; never in a database created at 1.2, which has no such tables.  Under 1.2 nothing inserts into them but a collision moved into
  * its occupant's place, so a generation once found empty stays empty (but
  * for rows a DBA writes there, which a session finds once the storage is
  * located anew), and a session stops probing it.  Before 1.2 the legacy

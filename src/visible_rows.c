@@ -60,6 +60,7 @@
 typedef enum VisibleStmt
 {
 	VS_PROCESSED_KEYS,
+	VS_PROCESSED_KEYS_RING,
 	VS_DEAD_LETTERS,
 	VS_EFFECTS,
 	VS_ROUTED_DEAD_LETTERS,
@@ -103,21 +104,37 @@ typedef enum VisibleStmt
 	" UNION ALL " KEYS_OF("processed_keys_" #n) GENERATION_OPEN(n) \
 	" UNION ALL " KEYS_OF("key_collisions_" #n) GENERATION_OPEN(n)
 
+/*
+ * The keys of the ring, after those of the legacy pair in a database
+ * updated to 1.2 (VS_PROCESSED_KEYS), or alone, from the first generation
+ * on, in one created at 1.2 (VS_PROCESSED_KEYS_RING), which has no legacy
+ * tables to name.
+ */
+#define KEYS_OF_GENERATIONS_2_TO_16 \
+	KEYS_OF_GENERATION(2) KEYS_OF_GENERATION(3) KEYS_OF_GENERATION(4) \
+	KEYS_OF_GENERATION(5) KEYS_OF_GENERATION(6) KEYS_OF_GENERATION(7) \
+	KEYS_OF_GENERATION(8) KEYS_OF_GENERATION(9) KEYS_OF_GENERATION(10) \
+	KEYS_OF_GENERATION(11) KEYS_OF_GENERATION(12) KEYS_OF_GENERATION(13) \
+	KEYS_OF_GENERATION(14) KEYS_OF_GENERATION(15) KEYS_OF_GENERATION(16)
+#define PROCESSED_KEYS_FROM(keys) \
+	"SELECT c.name, k.key," \
+	" '2000-01-01 00:00:00+00'::pg_catalog.timestamptz OPERATOR(pg_catalog.+)" \
+	" pg_catalog.make_interval(secs => k.processed_at)" \
+	" FROM (" keys ") AS k" \
+	" JOIN " STORAGE_SCHEMA ".consumers AS c" \
+	" ON c.consumer_id OPERATOR(pg_catalog.=) k.consumer_id" \
+	" WHERE" MAY_ACT_ON("c")
+
 static const StorageStmt visible_stmt_defs[VS_NUM_STMTS] = {
 	[VS_PROCESSED_KEYS] = {
-		"SELECT c.name, k.key,"
-		" '2000-01-01 00:00:00+00'::pg_catalog.timestamptz OPERATOR(pg_catalog.+)"
-		" pg_catalog.make_interval(secs => k.processed_at)"
-		" FROM (" KEYS_OF("processed_keys") " UNION ALL " KEYS_OF("key_collisions")
-		KEYS_OF_GENERATION(1) KEYS_OF_GENERATION(2) KEYS_OF_GENERATION(3)
-		KEYS_OF_GENERATION(4) KEYS_OF_GENERATION(5) KEYS_OF_GENERATION(6)
-		KEYS_OF_GENERATION(7) KEYS_OF_GENERATION(8) KEYS_OF_GENERATION(9)
-		KEYS_OF_GENERATION(10) KEYS_OF_GENERATION(11) KEYS_OF_GENERATION(12)
-		KEYS_OF_GENERATION(13) KEYS_OF_GENERATION(14) KEYS_OF_GENERATION(15)
-		KEYS_OF_GENERATION(16) ") AS k"
-		" JOIN " STORAGE_SCHEMA ".consumers AS c"
-		" ON c.consumer_id OPERATOR(pg_catalog.=) k.consumer_id"
-		" WHERE" MAY_ACT_ON("c"),
+		PROCESSED_KEYS_FROM(KEYS_OF("processed_keys") " UNION ALL " KEYS_OF("key_collisions")
+							KEYS_OF_GENERATION(1) KEYS_OF_GENERATIONS_2_TO_16),
+		1, {NAMEOID}
+	},
+	[VS_PROCESSED_KEYS_RING] = {
+		PROCESSED_KEYS_FROM(KEYS_OF("processed_keys_1") GENERATION_OPEN(1)
+							" UNION ALL " KEYS_OF("key_collisions_1") GENERATION_OPEN(1)
+							KEYS_OF_GENERATIONS_2_TO_16),
 		1, {NAMEOID}
 	},
 	[VS_DEAD_LETTERS] = {
@@ -254,7 +271,19 @@ name(PG_FUNCTION_ARGS) \
 	return visible_rows(fcinfo, (stmt), (routed)); \
 }
 
-VISIBLE_ROWS_FUNCTION(idem_processed_keys_visible, VS_PROCESSED_KEYS, false)
+/*
+ * idem_consumer.processed_keys_visible(): the keys of every generation,
+ * those of the legacy one where the database has it.
+ */
+PG_FUNCTION_INFO_V1(idem_processed_keys_visible);
+Datum
+idem_processed_keys_visible(PG_FUNCTION_ARGS)
+{
+	bool		legacy = OidIsValid(storage_locate()->gens[KEYGEN_LEGACY].keys_relid);
+
+	return visible_rows(fcinfo, legacy ? VS_PROCESSED_KEYS : VS_PROCESSED_KEYS_RING, false);
+}
+
 VISIBLE_ROWS_FUNCTION(idem_dead_letters_visible, VS_DEAD_LETTERS, false)
 VISIBLE_ROWS_FUNCTION(idem_effects_visible, VS_EFFECTS, false)
 VISIBLE_ROWS_FUNCTION(idem_routed_dead_letters_visible, VS_ROUTED_DEAD_LETTERS, true)

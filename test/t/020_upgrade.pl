@@ -1,12 +1,13 @@
 # Upgrades: a database at 1.0 and a database at 1.1 keep their keys, dead
 # letters, retention settings and counters through ALTER EXTENSION
-# idem_consumer UPDATE, and end with exactly the objects of a new install;
-# the library keeps serving databases still at 1.0 and at 1.1.
+# idem_consumer UPDATE, and end with the objects of a new install, which
+# runs idem_consumer--1.2.sql alone, but for the objects that hold the keys
+# recorded before 1.2 (@legacy_only below, docs/upgrading.md); the same
+# workload then gives the same results on all three.  The library keeps
+# serving databases still at 1.0 and at 1.1.
 #
-# The released scripts (1.0, 1.0--1.1) are pinned by their checksums: a new
-# install runs them and then idem_consumer--1.1--1.2.sql, so an edit of a
-# released script would change new installs and upgraded databases alike and
-# no catalog comparison could see it.
+# The released scripts (1.0, 1.0--1.1) are pinned by their checksums: an
+# edit of a released script would change what an update starts from.
 use strict;
 use warnings;
 
@@ -86,6 +87,7 @@ WITH ext AS (
            || ' row security ' || relrowsecurity || ' forced ' || relforcerowsecurity
            || ' owner ' || pg_catalog.pg_get_userbyid(relowner)
            || ' acl ' || coalesce(relacl::text, 'default')
+           || ' replica identity ' || relreplident::text
       FROM rels
     UNION ALL
     SELECT r.obj, 'column ' || (row_number() OVER (PARTITION BY r.relid ORDER BY a.attnum))
@@ -168,6 +170,20 @@ WITH ext AS (
            || coalesce(c.castfunc::regprocedure::text, '')
       FROM members m
       JOIN pg_catalog.pg_cast c ON m.classid = 'pg_catalog.pg_cast'::regclass AND c.oid = m.objid
+    UNION ALL
+    SELECT m.obj, 'event trigger ' || et.evtevent || ' ' || et.evtfoid::regprocedure::text
+           || ' enabled ' || et.evtenabled::text || ' tags ' || coalesce(et.evttags::text, '')
+      FROM members m
+      JOIN pg_catalog.pg_event_trigger et
+        ON m.classid = 'pg_catalog.pg_event_trigger'::regclass AND et.oid = m.objid
+    UNION ALL
+    -- the settings the library defines, as the database sees them
+    SELECT 'library', 'setting ' || s.name || ' ' || s.vartype || ' ' || s.context
+           || ' boot ' || coalesce(s.boot_val, '') || ' min ' || coalesce(s.min_val, '')
+           || ' max ' || coalesce(s.max_val, '') || ' unit ' || coalesce(s.unit, '')
+           || ' values ' || coalesce(s.enumvals::text, '')
+      FROM pg_catalog.pg_settings s
+     WHERE s.name LIKE 'idem\_consumer.%'
 )
 -- a NULL fact would drop its line from both sides of a comparison
 SELECT regexp_replace(obj || ' | ' || coalesce(fact, 'unknown (NULL)'), '\s+', ' ', 'g') AS line
@@ -192,6 +208,43 @@ sub difference
 			 (map { "+ $_" } grep { !$in_a{$_} } @$b) ];
 }
 
+# What a database updated from 1.0 or 1.1 keeps and a new install of 1.2
+# never has: the tables of the keys recorded before 1.2, with their
+# indexes on the 32-bit hash, that hash, the entries that dump the tables,
+# and the two branches of idem_consumers that count their keys
+# (docs/upgrading.md).  Every one of them is in an updated database, none
+# in a new install; nothing else may differ.
+my @legacy_only = (
+	qr/^table idem_consumer\.processed_keys \| /,
+	qr/^table idem_consumer\.key_collisions \| /,
+	qr/^function idem_consumer\.key_hash\(integer,text\) \| /,
+	qr/^extension \| dumps idem_consumer\.processed_keys where $/,
+	qr/^extension \| dumps idem_consumer\.key_collisions where $/,
+);
+my $legacy_branches = qr/SELECT processed_keys\.processed_at FROM idem_consumer\.processed_keys WHERE \(processed_keys\.consumer_id = c\.consumer_id\) UNION ALL SELECT key_collisions\.processed_at FROM idem_consumer\.key_collisions WHERE \(key_collisions\.consumer_id = c\.consumer_id\) UNION ALL /;
+
+# legacy_difference(updated, new install): checks that the updated
+# database has each object of @legacy_only and the new install none, and
+# returns the difference of the two but for those objects, with the
+# lines of idem_consumers' definition compared without the legacy branches.
+sub legacy_difference
+{
+	my ($updated, $fresh, $label) = @_;
+	for my $legacy (@legacy_only)
+	{
+		ok((grep { $_ =~ $legacy } @$updated), "$label keeps $legacy");
+		ok(!(grep { $_ =~ $legacy } @$fresh), "a new install has no $legacy");
+	}
+	my @view = grep { /^view idem_consumers \| view: / } @$updated;
+	ok(@view == 1 && $view[0] =~ $legacy_branches,
+		"$label: idem_consumers counts the keys of the legacy tables");
+	ok(!(grep { /^view idem_consumers \| view: / && $_ =~ $legacy_branches } @$fresh),
+		'a new install: idem_consumers counts the keys of the ring alone');
+	my @kept = map { s/$legacy_branches//r }
+	  grep { my $line = $_; !grep { $line =~ $_ } @legacy_only } @$updated;
+	return difference(\@kept, $fresh);
+}
+
 my $node = PostgreSQL::Test::Cluster->new('upgrade');
 $node->init;
 $node->append_conf('postgresql.conf', "shared_preload_libraries = 'idem_consumer'\n");
@@ -203,8 +256,8 @@ is(Digest::SHA->new(256)->addfile("$sharedir/idem_consumer--1.0.sql")->hexdigest
 	$released_1_0_sha256, 'idem_consumer--1.0.sql is the released 1.0 script, unchanged');
 is(Digest::SHA->new(256)->addfile("$sharedir/idem_consumer--1.0--1.1.sql")->hexdigest,
 	$released_1_1_sha256, 'idem_consumer--1.0--1.1.sql is the released 1.1 update, unchanged');
-ok(!-e "$sharedir/idem_consumer--1.1.sql" && !-e "$sharedir/idem_consumer--1.2.sql",
-	'no idem_consumer--1.1.sql or --1.2.sql: a new install is 1.0 plus the update scripts');
+ok(!-e "$sharedir/idem_consumer--1.1.sql" && -e "$sharedir/idem_consumer--$current_version.sql",
+	"a new install runs idem_consumer--$current_version.sql; no --1.1.sql");
 
 $node->safe_psql('postgres', q{
 	CREATE DATABASE upgraded;
@@ -395,8 +448,8 @@ cmp_ok(scalar(@$fresh), '>', 100, 'the catalog description covers the extension\
   or diag(join("\n", @$fresh));
 is(join("\n", grep { /\| unknown \(NULL\)$/ } @$fresh), '',
 	'every fact of the catalog description is known');
-my $drift = difference($upgraded, $fresh);
-is(scalar(@$drift), 0, 'an upgraded 1.0 database and a new install have the same objects')
+my $drift = legacy_difference($upgraded, $fresh, 'a database updated from 1.0');
+is(scalar(@$drift), 0, 'an upgraded 1.0 database and a new install have the same objects but the legacy ones')
   or diag("only in the upgraded database (-) or the new install (+):\n" . join("\n", @$drift));
 
 # The comparison sees what an incomplete update script would leave out.
@@ -695,13 +748,26 @@ is($node->safe_psql('busy_1_1', q{SELECT string_agg(key, ',') FROM idem_processe
 is($node->safe_psql('busy_1_1', q{SELECT idem_apply('exp:1', 'expiring', 'select 1')}),
 	't', 'an expired key of the old generation is a new message again');
 
-# A dump of an updated database restores both generations; the restored
+# A dump of an updated database restores both generations into a database
+# whose extension was made the same way, at 1.1 and updated, before the
+# restore (pg_dump writes CREATE EXTENSION IF NOT EXISTS); the restored
 # database hashes the keys of the first generation with a seed of its own.
 my $dump_1_1 = $node->basedir . '/busy_1_1.dump';
 $node->command_ok([ 'pg_dump', '-Fc', '-f', $dump_1_1, '-d', $node->connstr('busy_1_1') ],
 	'pg_dump of an updated database');
+# A new install has no legacy tables: the restore fails on their rows
+# rather than leave the keys of 1.1 out unsaid.
+$node->safe_psql('postgres', 'CREATE DATABASE restored_fresh');
+my ($fresh_restore_rc, $fresh_restore_out, $fresh_restore_err);
+IPC::Run::run([ 'pg_restore', '-d', $node->connstr('restored_fresh'), $dump_1_1 ],
+	'>', \$fresh_restore_out, '2>', \$fresh_restore_err);
+like($fresh_restore_err, qr/relation "idem_consumer\.processed_keys" does not exist/,
+	'a dump of an updated database does not restore into a new install of 1.2 without an error');
+$node->safe_psql('restored_1_1', q{
+	CREATE EXTENSION idem_consumer VERSION '1.1';
+	ALTER EXTENSION idem_consumer UPDATE});
 $node->command_ok([ 'pg_restore', '-d', $node->connstr('restored_1_1'), $dump_1_1 ],
-	'pg_restore of it');
+	'pg_restore of it into a database updated from 1.1');
 is($node->safe_psql('restored_1_1', q{
 	SELECT count(*) FILTER (WHERE NOT idem_apply(key, 'hashing', 'select 1')) FROM pair WHERE n <= 2}),
 	'2', 'the restored database knows the keys of both generations');
@@ -743,9 +809,112 @@ $node->safe_psql('upgraded_1_1', q{
 	                       idem_is_processed(text, text, "any"),
 	                       idem_record_batch(text, text[], text[], "any")
 	  FROM team_a CASCADE});
-my $drift_1_1 = difference(catalog_lines($node, 'upgraded_1_1'), $fresh);
-is(scalar(@$drift_1_1), 0, 'an upgraded 1.1 database and a new install have the same objects')
+my $drift_1_1 = legacy_difference(catalog_lines($node, 'upgraded_1_1'), $fresh, 'a database updated from 1.1');
+is(scalar(@$drift_1_1), 0, 'an upgraded 1.1 database and a new install have the same objects but the legacy ones')
   or diag("only in the upgraded database (-) or the new install (+):\n" . join("\n", @$drift_1_1));
+
+#
+# The same workload on a new install and on the databases updated from 1.0
+# and from 1.1 gives the same results: a team's role records keys, meets
+# duplicates, parks a message and sees it replayed, forgets a key; an
+# operator purges and retires generations; an effect runs once and
+# replays its result.  Each step prints what it did; the outputs must be
+# equal, and the new install's what the steps must do.
+#
+$node->safe_psql('postgres', 'CREATE ROLE wl_team');
+my $workload_setup = q{
+	CREATE TABLE wl_orders (id int PRIMARY KEY, paid int NOT NULL DEFAULT 0);
+	INSERT INTO wl_orders (id) SELECT generate_series(1, 5);
+	CREATE TABLE wl_ship (id int PRIMARY KEY CHECK (id < 0));
+	GRANT SELECT, UPDATE ON wl_orders TO wl_team;
+	GRANT INSERT ON wl_ship TO wl_team;
+	GRANT EXECUTE ON FUNCTION idem_consumer_create(text, regrole),
+	      idem_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
+	      idem_try_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
+	      idem_is_processed(text, text, "any"), idem_forget(text, text, "any"),
+	      idem_record_batch(text, text[], text[], "any"),
+	      idem_effect_begin(text, text, jsonb, interval, "any"),
+	      idem_effect_complete(text, text, bigint, jsonb, text, text[], "any")
+	   TO wl_team;
+	GRANT SELECT ON idem_dead_letters, idem_processed_keys TO wl_team;
+};
+# Each step is statements of one row each; its output, their rows.
+my @workload = (
+	[ 'apply' => q{
+		SET ROLE wl_team;
+		SELECT 'created' FROM idem_consumer_create('wl');
+		SELECT string_agg(idem_apply('order:' || g, 'wl', 'update wl_orders set paid = paid + 1 where id = $1',
+		                             ARRAY[g::text])::text, ',' ORDER BY g)
+		  FROM generate_series(1, 5) g;
+		SELECT string_agg(paid::text, ',' ORDER BY id) FROM wl_orders} ],
+	[ 'duplicate' => q{
+		SET ROLE wl_team;
+		SELECT idem_apply('order:1', 'wl', 'update wl_orders set paid = paid + 1 where id = $1', ARRAY['1']);
+		SELECT string_agg(k.key || '/' || k.reused, ',' ORDER BY k.key)
+		  FROM idem_record_batch('wl', ARRAY['order:2', 'batch:1'], NULL) AS k;
+		SELECT string_agg(paid::text, ',' ORDER BY id) FROM wl_orders} ],
+	[ 'dead letter' => q{
+		SET ROLE wl_team;
+		SELECT idem_try_apply('ship:1', 'wl', 'insert into wl_ship values ($1::int)', ARRAY['1']);
+		SELECT idem_try_apply('ship:1', 'wl', 'insert into wl_ship values ($1::int)', ARRAY['1']);
+		SELECT string_agg(key || '/' || status || '/' || sqlstate || '/' || attempts || '/' || dead_lettered_by, ',')
+		  FROM idem_dead_letters WHERE consumer = 'wl'} ],
+	[ 'replay' => q{
+		ALTER TABLE wl_ship DROP CONSTRAINT wl_ship_id_check;
+		SELECT string_agg(r.outcome::text, ',') FROM idem_dlq_replay('wl') AS r;
+		SELECT string_agg(key || '/' || status || '/' || attempts, ',') FROM idem_dead_letters WHERE consumer = 'wl';
+		SELECT string_agg(id::text, ',') FROM wl_ship} ],
+	[ 'forget' => q{
+		SET ROLE wl_team;
+		SELECT idem_forget('order:5', 'wl');
+		SELECT idem_is_processed('order:5', 'wl');
+		SELECT idem_apply('order:5', 'wl', 'update wl_orders set paid = paid + 1 where id = $1', ARRAY['5']);
+		SELECT count(*) FROM idem_processed_keys WHERE consumer = 'wl'} ],
+	[ 'purge and retire' => q{
+		SELECT 'window' FROM idem_set_retention('wl', '1 hour');
+		UPDATE idem_consumer.processed_keys_1 SET processed_at = processed_at - 7200
+		 WHERE key LIKE 'order:%' AND consumer_id = (SELECT consumer_id FROM idem_consumer.consumers WHERE name = 'wl');
+		SET idem_consumer.key_generation_interval = 0;
+		SELECT idem_purge('wl');
+		SELECT idem_is_processed('order:1', 'wl') || ' ' || idem_is_processed('batch:1', 'wl');
+		SELECT idem_key_generation_switch();
+		SELECT idem_apply('order:1', 'wl', 'update wl_orders set paid = paid + 1 where id = $1', ARRAY['1']);
+		SELECT idem_key_generation_retire();
+		SELECT keys_stored FROM idem_consumers WHERE consumer = 'wl'} ],
+	[ 'effects' => q{
+		SET ROLE wl_team;
+		SELECT action || '/' || fence FROM idem_effect_begin('wl', 'mail:1', '{"to": "b@example.com"}');
+		SELECT 'completed' FROM idem_effect_complete('wl', 'mail:1', 1, '{"id": "m-9"}');
+		SELECT action || '/' || result FROM idem_effect_begin('wl', 'mail:1', '{"to": "b@example.com"}')} ],
+	[ 'state' => q{
+		SELECT owner || '/' || keys_stored || '/' || dead_letters_pending FROM idem_consumers WHERE consumer = 'wl';
+		SELECT applied || '/' || duplicates || '/' || dead_lettered FROM idem_stats WHERE consumer = 'wl';
+		SELECT string_agg(key, ',' ORDER BY key) FROM idem_processed_keys WHERE consumer = 'wl';
+		SELECT string_agg(paid::text, ',' ORDER BY id) FROM wl_orders} ],
+);
+my %expected_workload = (
+	'apply' => "created\ntrue,true,true,true,true\n1,1,1,1,1",
+	'duplicate' => "f\nbatch:1/false\n1,1,1,1,1",
+	'dead letter' => "dead_lettered\ndead_lettered\nship:1/pending/23514/1/wl_team",
+	'replay' => "applied\nship:1/replayed/2\n1",
+	'forget' => "t\nf\nt\n7",
+	'purge and retire' => "window\n5\nfalse true\n2\nt\n0\n3",
+	'effects' => "execute/1\ncompleted\nreplay/{\"id\": \"m-9\"}",
+	'state' => "wl_team/3/0\n8/3/1\nbatch:1,order:1,ship:1\n2,1,1,1,2",
+);
+my %workload_out;
+for my $db ('fresh', 'upgraded', 'upgraded_1_1')
+{
+	$node->safe_psql($db, $workload_setup);
+	$workload_out{$db} = [ map { $node->safe_psql($db, $_->[1]) } @workload ];
+}
+for my $i (0 .. $#workload)
+{
+	my $step = $workload[$i][0];
+	is($workload_out{fresh}[$i], $expected_workload{$step}, "workload, $step: a new install");
+	is($workload_out{upgraded}[$i], $workload_out{fresh}[$i], "workload, $step: the same from 1.0");
+	is($workload_out{upgraded_1_1}[$i], $workload_out{fresh}[$i], "workload, $step: the same from 1.1");
+}
 
 #
 # An update that would drop a function an object of the database depends
