@@ -7,6 +7,7 @@ MODULE_big = idem_consumer
 OBJS = \
 	src/idem_consumer.o \
 	src/storage.o \
+	src/storage_stmt.o \
 	src/keystore_sql.o \
 	src/fastpath.o \
 	src/keystore_fastpath.o \

@@ -40,32 +40,8 @@
 #define IDEM_MAX_KEY_BYTES			1024
 #define IDEM_MAX_CONSUMER_BYTES		128
 
-/*
- * keystore_sql.c: fixed statements on the storage tables, run as the
- * owner of the tables.  Each module keeps the text of its statements in a
- * StorageStmtSet of its own, indexed by an enum of its own; their plans
- * are prepared on first use and forgotten when the storage is located
- * anew.
- */
-#define STORAGE_MAX_ARGS 14
-
-typedef struct StorageStmt
-{
-	const char *sql;
-	int			nargs;
-	Oid			argtypes[STORAGE_MAX_ARGS];
-	int			cursor_options; /* as for SPI_prepare_cursor */
-} StorageStmt;
-
-typedef struct StorageStmtSet
-{
-	const StorageStmt *stmts;
-	int			nstmts;
-	struct _SPI_plan **plans;	/* nstmts of them, NULL until prepared */
-	uint64		generation;		/* of the storage the plans were made for */
-} StorageStmtSet;
-
-#define STORAGE_STMT_SET(stmts, plans) {(stmts), lengthof(stmts), (plans), 0}
+/* storage_stmt.h: the statement sets, run as the owner of the storage */
+#include "storage_stmt.h"
 
 /*
  * Moves the identity sequence of a storage table's column past the largest
@@ -86,13 +62,6 @@ typedef struct StorageStmtSet
 	" (SELECT pg_catalog.max(" column ") FROM " STORAGE_SCHEMA "." table ") AS m (id)" \
 	" WHERE m.id OPERATOR(pg_catalog.>)" \
 	" COALESCE(pg_catalog.pg_sequence_last_value(s.seq), 0)"
-
-extern void storage_stmts_current(StorageStmtSet *set);
-extern int	storage_stmt_run(StorageStmtSet *set, int stmt, Datum *values,
-							 const char *nulls, long tcount);
-extern struct PortalData *storage_stmt_open(StorageStmtSet *set, int stmt,
-											Datum *values, const char *nulls);
-extern void storage_stmt_fetch(struct PortalData *portal, long count);
 
 /*
  * The tables that hold keys, in the order a purge walks them: the

@@ -251,16 +251,4 @@ extern bool keygen_filter_all_may_hold(const KeyGenState *st, uint64 hash);
 extern int32 keygen_filter_all_usable(int place, int32 nchunks);
 extern bool keygen_filter_all_holds(ArrayType *epochs, int64 epoch);
 
-/*
- * Fetches a column of the first row an SPI statement returned.
- */
-static inline Datum
-result_column(int colno)
-{
-	bool		isnull;
-
-	return SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
-						 colno, &isnull);
-}
-
 #endif							/* KEYSTORE_INTERNAL_H */
