@@ -15,6 +15,7 @@ OBJS = \
 	src/keystore_batch.o \
 	src/keystore_remove.o \
 	src/routed.o \
+	src/keygen_state.o \
 	src/keygen.o \
 	src/keygen_gate.o \
 	src/keygen_retire.o \

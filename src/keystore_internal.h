@@ -175,8 +175,8 @@ extern int32 keystore_processed_at_now(void);
 
 
 /*
- * keygen.c: which generation takes new keys and which are sealed, as
- * key_generations says; before 1.2, the legacy pair is the current one.
+ * keygen_state.c: which generation takes new keys and which are sealed,
+ * as key_generations says; before 1.2, the legacy pair is the current one.
  */
 typedef struct KeyGenState
 {
@@ -193,15 +193,20 @@ typedef struct KeyGenState
 	bool		in_filter_all[KEYGEN_NUM];	/* the generations it holds */
 } KeyGenState;
 
+extern void keygen_state_init(void);
 extern const KeyGenState *keygen_state(void);
 extern const KeyGenState *keygen_state_latest(void);
 extern void keygen_state_forget(void);
 extern bool keygen_state_is_current(void);
+extern bool keygen_seal_visible(KeyGenSlot slot, Snapshot snapshot);
+
+/* keygen.c */
 extern bool keygen_generation_empty(const KeyGeneration *gen);
+extern void keygen_note_recording(int32 consumer_id, int32 processed_at);
+
+/* keystore.c, for keygen_retire.c */
 extern bool keystore_carry_key(KeyGenSlot slot, int32 consumer_id, int32 processed_at,
 							   text *key, const int32 *fingerprint);
-extern bool keygen_seal_visible(KeyGenSlot slot, Snapshot snapshot);
-extern void keygen_note_recording(int32 consumer_id, int32 processed_at);
 
 /* keygen_gate.c */
 extern KeyGenSlot keygen_lock_current(void);
