@@ -4,10 +4,12 @@
  *	  The generations of the key store as this backend last read them from
  *	  idem_consumer.key_generations (KeyGenState): which one is current,
  *	  which are sealed and whether each has settled, and which filters are
- *	  usable; read anew after an invalidation of that table or of a
- *	  filter's table, which every switch, settle, build and drop brings.
- *	  keygen.c says what the generations are and why a switch is exact;
- *	  keygen_gate.c and keystore.c read what this file keeps.
+ *	  usable (whether a filter's table is complete, which epochs the
+ *	  filter of all sealed generations holds); read anew after an
+ *	  invalidation of that table or of a filter's table, which every
+ *	  switch, settle, build and drop brings.  keygen.c says what the
+ *	  generations are and why a switch is exact; keygen_gate.c,
+ *	  keygen_filter.c and keystore.c read what this file keeps.
  *
  * Copyright (c) 2025-2026, idem_consumer maintainers
  *
@@ -21,6 +23,8 @@
 #include "access/genam.h"
 #include "access/htup_details.h"
 #include "access/table.h"
+#include "catalog/pg_type.h"
+#include "storage/bufmgr.h"
 #include "utils/inval.h"
 #include "utils/snapmgr.h"
 
@@ -80,6 +84,61 @@ void
 keygen_state_init(void)
 {
 	CacheRegisterRelcacheCallback(keygen_relcache_callback, (Datum) 0);
+}
+
+/*
+ * Returns nchunks if the filter table relid has that many blocks, so that
+ * a test may read it, else 0.
+ */
+static int32
+filter_table_usable(Oid relid, int32 nchunks)
+{
+	Relation	rel;
+	bool		complete;
+
+	if (nchunks <= 0 || !OidIsValid(relid))
+		return 0;
+	rel = table_open(relid, AccessShareLock);
+	complete = RelationGetNumberOfBlocks(rel) >= (BlockNumber) nchunks;
+	table_close(rel, NoLock);
+	return complete ? nchunks : 0;
+}
+
+/*
+ * Returns nchunks if generation slot's filter table has that many blocks,
+ * so that a test may read it, else 0.
+ */
+int32
+keygen_filter_usable(KeyGenSlot slot, int32 nchunks)
+{
+	return filter_table_usable(storage_locate()->gens[slot].filter_relid, nchunks);
+}
+
+/*
+ * The same for the filter of all sealed generations in table place.
+ */
+int32
+keygen_filter_all_usable(int place, int32 nchunks)
+{
+	return filter_table_usable(storage_locate()->filter_all_places[place], nchunks);
+}
+
+/*
+ * Whether the epochs of a row of key_filter_all hold epoch.
+ */
+bool
+keygen_filter_all_holds(ArrayType *epochs, int64 epoch)
+{
+	Datum	   *held;
+	bool	   *nulls;
+	int			nheld;
+
+	deconstruct_array(epochs, INT8OID, sizeof(int64), FLOAT8PASSBYVAL,
+					  TYPALIGN_DOUBLE, &held, &nulls, &nheld);
+	for (int i = 0; i < nheld; i++)
+		if (!nulls[i] && DatumGetInt64(held[i]) == epoch)
+			return true;
+	return false;
 }
 
 /* a generation opened: its epoch, its place, and its row's xmin */

@@ -199,6 +199,9 @@ extern const KeyGenState *keygen_state_latest(void);
 extern void keygen_state_forget(void);
 extern bool keygen_state_is_current(void);
 extern bool keygen_seal_visible(KeyGenSlot slot, Snapshot snapshot);
+extern int32 keygen_filter_usable(KeyGenSlot slot, int32 nchunks);
+extern int32 keygen_filter_all_usable(int place, int32 nchunks);
+extern bool keygen_filter_all_holds(ArrayType *epochs, int64 epoch);
 
 /* keygen.c */
 extern bool keygen_generation_empty(const KeyGeneration *gen);
@@ -251,9 +254,6 @@ extern void keygen_switch_held_back(KeyGenSlot sealing, bool quiet);
 /* keygen_filter.c */
 extern bool keygen_filter_may_hold(KeyGenSlot slot, int32 nchunks,
 								   uint64 hash);
-extern int32 keygen_filter_usable(KeyGenSlot slot, int32 nchunks);
 extern bool keygen_filter_all_may_hold(const KeyGenState *st, uint64 hash);
-extern int32 keygen_filter_all_usable(int place, int32 nchunks);
-extern bool keygen_filter_all_holds(ArrayType *epochs, int64 epoch);
 
 #endif							/* KEYSTORE_INTERNAL_H */
