@@ -46,6 +46,7 @@ OBJS = \
 	src/retention.o \
 	src/retention_api.o \
 	src/retention_store.o \
+	src/retention_windows.o \
 	src/purge_worker.o \
 	src/effects_store.o \
 	src/effects_store_sql.o \

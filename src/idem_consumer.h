@@ -180,14 +180,7 @@ extern ErrorData *fingerprint_key_reuse_error(const char *consumer, text *key,
 											  int32 fingerprint,
 											  const RecordedKey *recorded);
 
-/* retention.c */
-typedef enum PurgeProgress
-{
-	PURGE_CONTINUES,			/* the run goes on */
-	PURGE_BATCH_FULL,			/* a consumer removed batch_size keys */
-	PURGE_RUN_DONE				/* the run is complete */
-} PurgeProgress;
-
+/* retention_windows.c */
 extern void retention_init(void);
 extern int	retention_default_secs(void);
 extern int32 retention_longest_window_secs(void);
@@ -203,6 +196,15 @@ extern void retention_store_read_windows(void);
 extern void retention_store_set_window(int32 consumer_id, Datum retention,
 									   bool isnull);
 extern void retention_store_reset_window(int32 consumer_id);
+
+/* retention.c */
+typedef enum PurgeProgress
+{
+	PURGE_CONTINUES,			/* the run goes on */
+	PURGE_BATCH_FULL,			/* a consumer removed batch_size keys */
+	PURGE_RUN_DONE				/* the run is complete */
+} PurgeProgress;
+
 extern void purge_begin_batch(int32 only_consumer, int64 batch_size);
 extern PurgeProgress purge_step(uint64 *removed);
 
