@@ -14,6 +14,7 @@ OBJS = \
 	src/keystore.o \
 	src/keystore_batch.o \
 	src/keystore_remove.o \
+	src/routing.o \
 	src/routed.o \
 	src/keygen_state.o \
 	src/keygen.o \

@@ -326,20 +326,10 @@ typedef enum RoutedStmt
 	RK_NUM_STMTS
 } RoutedStmt;
 
-extern void routed_init(void);
-extern Oid	routed_keys_relid(void);
-extern Oid	routed_route_type(void);
-extern void routed_stmts_retype(StorageStmtSet *set, StorageStmt *defs,
-								Oid *plans_type, Oid route_type);
 extern void routed_execute(RoutedStmt stmt, Oid route_type, Datum *args,
 						   const char *nulls);
 extern void routed_refuse_two_roles(const char *function_name,
 									const char *consumer, Oid business_role);
-extern void routed_refuse_unrouted(void);
-extern bool routed_get_route_arg(FunctionCallInfo fcinfo, int argno, Datum *route,
-								 Oid *route_type);
-extern bool routed_get_routes_arg(FunctionCallInfo fcinfo, int argno, int nkeys,
-								  Datum **routes, Oid *route_type);
 extern bool routed_record_key(Datum route, Oid route_type, const char *consumer,
 							  text *key, const int32 *fingerprint,
 							  RecordedKey *recorded);
@@ -347,8 +337,20 @@ extern bool routed_key_exists(Datum route, Oid route_type, const char *consumer,
 							  text *key);
 extern bool routed_forget_key(Datum route, Oid route_type, const char *consumer,
 							  text *key);
-extern bool routed_purge_cutoffs(RetentionWindows *windows, Datum *args);
 extern uint64 routed_purge(const char *consumer);
+
+/* routing.c */
+extern void routed_init(void);
+extern Oid	routed_keys_relid(void);
+extern Oid	routed_route_type(void);
+extern void routed_refuse_unrouted(void);
+extern bool routed_get_route_arg(FunctionCallInfo fcinfo, int argno, Datum *route,
+								 Oid *route_type);
+extern bool routed_get_routes_arg(FunctionCallInfo fcinfo, int argno, int nkeys,
+								  Datum **routes, Oid *route_type);
+extern void routed_stmts_retype(StorageStmtSet *set, StorageStmt *defs,
+								Oid *plans_type, Oid route_type);
+extern bool routed_purge_cutoffs(RetentionWindows *windows, Datum *args);
 
 /* args.c */
 extern text *get_name_arg(FunctionCallInfo fcinfo, int argno, const char *argname,
