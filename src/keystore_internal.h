@@ -26,6 +26,7 @@
 #include "utils/snapshot.h"
 
 #include "storage.h"
+#include "keystore_fastpath.h"
 
 /*
  * keystore_sql.c: the statements of the key store, on keys, collisions
@@ -72,44 +73,6 @@ extern int	keystore_execute_in(KeyGenSlot slot, KeystoreStmt stmt, Datum *values
 extern int	keystore_execute_snapshot(KeyGenSlot slot, KeystoreStmt stmt,
 									  Datum *values, Snapshot snapshot,
 									  long tcount);
-
-/* keystore_fastpath.c */
-
-/* What the fast path found in the place of a key's hash. */
-typedef enum KeyProbe
-{
-	PROBE_EMPTY,				/* no row visible to the snapshot */
-	PROBE_KEY,					/* the key itself: it is recorded */
-	PROBE_OTHER,				/* another key: the key may be a collision */
-	PROBE_IN_PROGRESS,			/* key_dirty_probe: a row of a transaction in progress */
-	PROBE_UNKNOWN				/* key_dirty_probe: no index to probe */
-} KeyProbe;
-
-/* processed_keys and its unique index, opened for the fast path */
-typedef struct KeyFastPath
-{
-	Relation	keys;
-	Relation	hash_index;
-	bool		hash64;			/* the index is on key_hash64 */
-	IndexInfo  *index_info;		/* built by the first insert */
-	Snapshot	snapshot;
-	IndexScanDesc scan;			/* set up by the first probe */
-	TupleTableSlot *slot;		/* the same */
-	TransactionId found_xmin;	/* xmin of the key's row a probe found */
-	MemoryContext cxt;			/* where these live */
-} KeyFastPath;
-
-extern bool key_fastpath_open(KeyFastPath *fp, KeyGenSlot slot, bool write);
-extern void key_fastpath_close(KeyFastPath *fp);
-extern KeyProbe key_fastpath_probe(KeyFastPath *fp, int64 hash,
-								   int32 consumer_id, text *key,
-								   RecordedKey *recorded);
-extern bool key_fastpath_insert(KeyFastPath *fp, int64 hash, int32 consumer_id,
-								int32 processed_at, text *key,
-								const int32 *fingerprint);
-extern KeyProbe key_dirty_probe(KeyGenSlot gen_slot, int64 hash, int32 consumer_id,
-								text *key, RecordedKey *recorded,
-								TransactionId *xmin, TransactionId *wait_xid);
 
 /* keystore.c */
 extern int32 keystore_processed_at_now(void);
