@@ -28,6 +28,7 @@
 #include "storage.h"
 #include "keystore_fastpath.h"
 #include "keygen_state.h"
+#include "keygen_gate.h"
 
 /*
  * keystore_sql.c: the statements of the key store, on keys, collisions
@@ -86,30 +87,6 @@ extern void keygen_note_recording(int32 consumer_id, int32 processed_at);
 /* keystore.c, for keygen_retire.c */
 extern bool keystore_carry_key(KeyGenSlot slot, int32 consumer_id, int32 processed_at,
 							   text *key, const int32 *fingerprint);
-
-/* keygen_gate.c */
-extern KeyGenSlot keygen_lock_current(void);
-extern bool keygen_gate_pass(KeyGenSlot slot);
-extern KeyGenSlot keygen_gate_enter(void);
-extern void keygen_gate_release(void);
-
-/*
- * What a delivery must wait for, without the gate, before it probes again:
- * a transaction in progress (xid), or, where a generation cannot be probed
- * with a dirty snapshot, every transaction that may still record keys in
- * it (settle, the generation; 0: none).
- */
-typedef struct GateWait
-{
-	TransactionId xid;
-	KeyGenSlot	settle;
-} GateWait;
-
-#define GATE_WAIT_NEEDED(w) (TransactionIdIsValid((w)->xid) || (w)->settle != 0)
-extern void keygen_gate_wait(GateWait *wait);
-extern void keygen_mark_recording(KeyGenSlot slot);
-extern bool keygen_settled_for_me(KeyGenSlot slot);
-extern int	keygen_settle(void);
 
 /* keystore.c, for keystore_batch.c: probing and recording one key */
 extern bool recorded_before(const KeyGenState *st, int32 consumer_id, text *key,
