@@ -81,7 +81,7 @@
 #include "utils/rel.h"
 
 #include "compat.h"
-#include "consumers.h"
+#include "consumers_sql.h"
 #include "keystore_internal.h"
 
 /* A consumer as the storage knows it. */

@@ -20,7 +20,7 @@
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 
-#include "consumers.h"
+#include "consumers_sql.h"
 
 static const StorageStmt consumer_stmt_defs[CS_NUM_STMTS] = {
 	[CS_FIND] = {
