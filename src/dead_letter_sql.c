@@ -25,7 +25,7 @@
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 
-#include "dead_letter.h"
+#include "dead_letter_sql.h"
 
 #define DEAD_LETTER_COLUMNS \
 	"dead_letter_id, consumer_id, key, sql, params, settings, status," \
