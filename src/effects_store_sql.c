@@ -47,7 +47,7 @@
 #include "utils/builtins.h"
 
 #include "idem_consumer.h"
-#include "effects_store.h"
+#include "effects_store_sql.h"
 
 #define EFFECTS_TABLE STORAGE_SCHEMA ".effects"
 
