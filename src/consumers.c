@@ -82,7 +82,7 @@
 
 #include "compat.h"
 #include "consumers_sql.h"
-#include "keystore_internal.h"
+#include "storage.h"
 
 /* A consumer as the storage knows it. */
 typedef struct ConsumerIdEntry

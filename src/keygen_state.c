@@ -28,7 +28,7 @@
 #include "utils/inval.h"
 #include "utils/snapmgr.h"
 
-#include "keystore_internal.h"
+#include "keygen_state.h"
 
 /* the generations as last read, and the tables whose change makes it stale */
 static struct

@@ -29,7 +29,7 @@
 #include "executor/spi.h"
 #include "miscadmin.h"
 
-#include "keystore_internal.h"
+#include "storage.h"
 
 /*
  * Prepares a fixed statement into *plan, kept for the session, unless it

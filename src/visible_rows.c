@@ -52,7 +52,7 @@
 #include "utils/lsyscache.h"
 #include "utils/tuplestore.h"
 
-#include "keystore_internal.h"
+#include "storage.h"
 
 /* rows fetched from the cursor at a time */
 #define VISIBLE_ROWS_BATCH 1000
