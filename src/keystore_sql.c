@@ -32,7 +32,8 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 
-#include "keystore_internal.h"
+#include "keygen_state.h"
+#include "keystore_sql.h"
 
 #define SAME_HASH_AS_ARGS \
 	"@HASH@(consumer_id, key) OPERATOR(pg_catalog.=) @HASH@($1, $2)"
