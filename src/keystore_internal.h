@@ -33,6 +33,7 @@
 #include "keystore_fastpath.h"
 #include "keygen_state.h"
 #include "keygen_gate.h"
+#include "keygen_holders.h"
 
 /* keystore.c */
 extern int32 keystore_processed_at_now(void);
@@ -57,9 +58,6 @@ extern bool fastpath_record(KeyFastPath *fp, const KeyGenState *st,
 							int32 processed_at, text *key, const int32 *fingerprint,
 							RecordedKey *recorded, bool *insert_first, KeyProbe probe,
 							GateWait *wait);
-
-/* keygen_holders.c */
-extern void keygen_switch_held_back(KeyGenSlot sealing, bool quiet);
 
 /* keygen_filter.c */
 extern bool keygen_filter_may_hold(KeyGenSlot slot, int32 nchunks,
