@@ -94,7 +94,9 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 
-#include "keystore_internal.h"
+#include "keygen_state.h"
+#include "keygen_gate.h"
+#include "keygen_filter.h"
 
 /* one chunk per 8 kB page, with its tuple and page headers */
 #define FILTER_CHUNK_BYTES 8000

@@ -33,6 +33,7 @@
 #include "keystore_fastpath.h"
 #include "keygen_state.h"
 #include "keygen_gate.h"
+#include "keygen_filter.h"
 #include "keygen_holders.h"
 
 /* keystore.c */
@@ -58,10 +59,5 @@ extern bool fastpath_record(KeyFastPath *fp, const KeyGenState *st,
 							int32 processed_at, text *key, const int32 *fingerprint,
 							RecordedKey *recorded, bool *insert_first, KeyProbe probe,
 							GateWait *wait);
-
-/* keygen_filter.c */
-extern bool keygen_filter_may_hold(KeyGenSlot slot, int32 nchunks,
-								   uint64 hash);
-extern bool keygen_filter_all_may_hold(const KeyGenState *st, uint64 hash);
 
 #endif							/* KEYSTORE_INTERNAL_H */
