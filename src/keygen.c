@@ -110,7 +110,10 @@
 #include "utils/timestamp.h"
 #include "utils/wait_event.h"
 
-#include "keystore_internal.h"
+#include "keygen_state.h"
+#include "keygen_gate.h"
+#include "keygen_holders.h"
+#include "keygen.h"
 
 /* how long the switch sleeps between two tries of its lock */
 #define SWITCH_LOCK_RETRY_MS 1

@@ -33,15 +33,12 @@
 #include "keystore_fastpath.h"
 #include "keygen_state.h"
 #include "keygen_gate.h"
+#include "keygen.h"
 #include "keygen_filter.h"
 #include "keygen_holders.h"
 
 /* keystore.c */
 extern int32 keystore_processed_at_now(void);
-
-/* keygen.c */
-extern bool keygen_generation_empty(const KeyGeneration *gen);
-extern void keygen_note_recording(int32 consumer_id, int32 processed_at);
 
 /* keystore.c, for keygen_retire.c */
 extern bool keystore_carry_key(KeyGenSlot slot, int32 consumer_id, int32 processed_at,
