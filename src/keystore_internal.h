@@ -4,10 +4,12 @@
  *	  Declarations shared by the files of the key store only: the headers
  *	  of where the storage is (storage.h), its fixed statements
  *	  (keystore_sql.h), the fast path on the key index
- *	  (keystore_fastpath.h), the generations as read (keygen_state.h) and
- *	  the gate (keygen_gate.h), which keystore.c puts together, and what
- *	  the other files of the key store call of each other.  Nothing above
- *	  the key store includes this file.
+ *	  (keystore_fastpath.h), the generations as read (keygen_state.h), the
+ *	  gate (keygen_gate.h), the switch (keygen.h), the filters
+ *	  (keygen_filter.h) and who holds a switch back (keygen_holders.h),
+ *	  which keystore.c puts together; and what keystore.c defines for the
+ *	  other files of the key store.  Nothing above the key store includes
+ *	  this file.
  *
  * Copyright (c) 2025-2026, idem_consumer maintainers
  *
