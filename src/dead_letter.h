@@ -1,9 +1,10 @@
 /*-------------------------------------------------------------------------
  *
  * dead_letter.h
- *	  What try_apply.c, dead_letter.c, dead_letter_resolve.c,
- *	  business_run.c and replay_locks.c share, with the statements of
- *	  dead_letter_sql.c (dead_letter_sql.h).
+ *	  What try_apply.c, dead_letter.c, dead_letter_resolve.c and
+ *	  replay_locks.c share, with the statements of dead_letter_sql.c
+ *	  (dead_letter_sql.h) and the runner of business_run.c
+ *	  (business_run.h).
  *
  * Calls run downwards: try_apply.c uses dead_letter.c and business_run.c;
  * dead_letter_resolve.c uses dead_letter.c, dead_letter_sql.c and
@@ -22,6 +23,7 @@
 
 #include "idem_consumer.h"
 #include "dead_letter_sql.h"
+#include "business_run.h"
 
 /* The labels of the SQL enum type idem_outcome, in this order. */
 typedef enum Outcome
@@ -56,14 +58,6 @@ extern void dead_letter_insert(const DeadLetterPlace *place, text *key,
 extern char *dead_letter_status(const DeadLetterPlace *place, text *key);
 extern Datum dead_letter_current_user(void);
 extern void dead_letter_error_values(ErrorData *edata, Datum *values, char *nulls);
-
-/* business_run.c */
-extern ErrorData *business_run(int32 consumer_id, const char *consumer, text *key,
-							   const char *sql, ArrayType *params,
-							   ArrayType *settings, Oid run_as,
-							   int64 expect_rows, uint64 *rows);
-extern bool business_run_error_is_transient(int sqlerrcode);
-extern ArrayType *business_run_capture_settings(void);
 
 /* replay_locks.c */
 extern ErrorData *replay_locks_business_run(int32 consumer_id, const char *consumer,
