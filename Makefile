@@ -7,13 +7,16 @@ MODULE_big = idem_consumer
 OBJS = \
 	src/idem_consumer.o \
 	src/storage.o \
+	src/storage_stmt.o \
 	src/keystore_sql.o \
 	src/fastpath.o \
 	src/keystore_fastpath.o \
 	src/keystore.o \
 	src/keystore_batch.o \
 	src/keystore_remove.o \
+	src/routing.o \
 	src/routed.o \
+	src/keygen_state.o \
 	src/keygen.o \
 	src/keygen_gate.o \
 	src/keygen_retire.o \
@@ -44,6 +47,7 @@ OBJS = \
 	src/retention.o \
 	src/retention_api.o \
 	src/retention_store.o \
+	src/retention_windows.o \
 	src/purge_worker.o \
 	src/effects_store.o \
 	src/effects_store_sql.o \

@@ -42,7 +42,7 @@
 #include "utils/varlena.h"
 
 #include "compat.h"
-#include "dead_letter.h"
+#include "business_run.h"
 
 /* Settings a replay restores, because they change how sql and params read. */
 static const char *const replay_settings[] = {

@@ -81,8 +81,8 @@
 #include "utils/rel.h"
 
 #include "compat.h"
-#include "consumers.h"
-#include "keystore_internal.h"
+#include "consumers_sql.h"
+#include "storage.h"
 
 /* A consumer as the storage knows it. */
 typedef struct ConsumerIdEntry

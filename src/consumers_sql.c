@@ -5,7 +5,7 @@
  *	  run as the owner of the storage.
  *
  * The statements are fixed, schema-qualified text with values as
- * parameters, run through storage_stmt_run() (keystore_sql.c) as every
+ * parameters, run through storage_stmt_run() (storage_stmt.c) as every
  * module's statements are.  The caller must be connected to SPI.
  *
  * Copyright (c) 2025-2026, idem_consumer maintainers
@@ -20,7 +20,7 @@
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 
-#include "consumers.h"
+#include "consumers_sql.h"
 
 static const StorageStmt consumer_stmt_defs[CS_NUM_STMTS] = {
 	[CS_FIND] = {

@@ -1,8 +1,10 @@
 /*-------------------------------------------------------------------------
  *
  * dead_letter.h
- *	  What try_apply.c, dead_letter.c, dead_letter_resolve.c,
- *	  dead_letter_sql.c, business_run.c and replay_locks.c share.
+ *	  What try_apply.c, dead_letter.c, dead_letter_resolve.c and
+ *	  replay_locks.c share, with the statements of dead_letter_sql.c
+ *	  (dead_letter_sql.h) and the runner of business_run.c
+ *	  (business_run.h).
  *
  * Calls run downwards: try_apply.c uses dead_letter.c and business_run.c;
  * dead_letter_resolve.c uses dead_letter.c, dead_letter_sql.c and
@@ -20,6 +22,8 @@
 #define IDEM_DEAD_LETTER_H
 
 #include "idem_consumer.h"
+#include "dead_letter_sql.h"
+#include "business_run.h"
 
 /* The labels of the SQL enum type idem_outcome, in this order. */
 typedef enum Outcome
@@ -28,28 +32,6 @@ typedef enum Outcome
 	OUTCOME_DUPLICATE,
 	OUTCOME_DEAD_LETTERED
 } Outcome;
-
-/* dead_letter_sql.c */
-typedef enum DeadLetterStmt
-{
-	DL_INSERT,
-	DL_INSERT_ROLE,
-	DL_ROLE,
-	DL_KEY_STATUS,
-	DL_LOCK,
-	DL_ENTRY_KEY,
-	DL_LOCK_NEXT_PENDING,
-	DL_FAILED_AGAIN,
-	DL_REPLAYED,
-	DL_DISCARDED,
-	DL_PENDING_SUMMARY,
-	DL_INSERT_ROWS,
-	DL_EXPECT_ROWS,
-	DL_NUM_STMTS
-} DeadLetterStmt;
-
-extern int	dead_letter_execute(DeadLetterStmt stmt, Datum *values,
-								const char *nulls, long tcount);
 
 /*
  * Where the entry of a message goes: the node's own queue, dead_letters,
@@ -76,14 +58,6 @@ extern void dead_letter_insert(const DeadLetterPlace *place, text *key,
 extern char *dead_letter_status(const DeadLetterPlace *place, text *key);
 extern Datum dead_letter_current_user(void);
 extern void dead_letter_error_values(ErrorData *edata, Datum *values, char *nulls);
-
-/* business_run.c */
-extern ErrorData *business_run(int32 consumer_id, const char *consumer, text *key,
-							   const char *sql, ArrayType *params,
-							   ArrayType *settings, Oid run_as,
-							   int64 expect_rows, uint64 *rows);
-extern bool business_run_error_is_transient(int sqlerrcode);
-extern ArrayType *business_run_capture_settings(void);
 
 /* replay_locks.c */
 extern ErrorData *replay_locks_business_run(int32 consumer_id, const char *consumer,

@@ -5,7 +5,7 @@
  *	  run as the owner of the storage.
  *
  * The statements are fixed, schema-qualified text with values as
- * parameters, run through storage_stmt_run() (keystore_sql.c) as for the
+ * parameters, run through storage_stmt_run() (storage_stmt.c) as for the
  * key store.  The two locking reads return DEAD_LETTER_COLUMNS, in the
  * order dead_letter_resolve.c reads them.  The key store has statements of
  * its own on this table: the entries that expire with their keys, and the
@@ -25,7 +25,7 @@
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 
-#include "dead_letter.h"
+#include "dead_letter_sql.h"
 
 #define DEAD_LETTER_COLUMNS \
 	"dead_letter_id, consumer_id, key, sql, params, settings, status," \

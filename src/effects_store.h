@@ -2,10 +2,10 @@
  *
  * effects_store.h
  *	  The storage of external effects (effects_store.c, and its statements
- *	  in effects_store_sql.c): an effect's row, its states, the statements
- *	  on it and their SQLSTATEs, used by the state machine and the SQL
- *	  functions of effects.c.  What other
- *	  modules call is declared in idem_consumer.h.
+ *	  in effects_store_sql.c, declared in effects_store_sql.h): an
+ *	  effect's row, its states and their SQLSTATEs, used by the state
+ *	  machine and the SQL functions of effects.c.  What other modules call
+ *	  is declared in idem_consumer.h.
  *
  * Copyright (c) 2025-2026, idem_consumer maintainers
  *
@@ -21,6 +21,8 @@
 
 #include "datatype/timestamp.h"
 #include "utils/jsonb.h"
+
+#include "effects_store_sql.h"
 
 /*
  * SQLSTATEs of class IE, implementation-defined: the caller's lease was
@@ -84,46 +86,6 @@ typedef struct EffectPolicy
 	int64		base_delay_us;
 	int64		max_delay_us;
 } EffectPolicy;
-
-typedef enum EffectStmt
-{
-	EF_INSERT_LEASED,
-	EF_ENQUEUE,
-	EF_READ,
-	EF_LOCK,
-	EF_LOCK_DUE,
-	EF_LEASE,
-	EF_COMPLETE,
-	EF_WAIT,
-	EF_DEAD,
-	EF_HEARTBEAT,
-	EF_PARK,
-	EF_REARM,
-	EF_POLICY,
-	EF_SET_POLICY,
-	EF_PURGE,
-	EF_LOCK_DUE_ONE,			/* routed only: one due effect, if not held */
-	EF_NUM_STMTS
-} EffectStmt;
-
-/* The statements on routed effects of every route. */
-typedef enum RoutedEffectsStmt
-{
-	RE_DUE,
-	RE_LATEST,
-	RE_PURGE,
-	RE_PURGE_ENTRIES,
-	RE_NUM_STMTS
-} RoutedEffectsStmt;
-
-/* effects_store_sql.c */
-extern Oid	effects_table_oid(void);
-extern int	effects_execute(EffectStmt stmt, Datum *values, const char *nulls,
-							long tcount);
-extern void effects_execute_routed(EffectStmt stmt, Oid route_type,
-								   Datum *values, const char *nulls);
-extern void effects_execute_every_route(RoutedEffectsStmt stmt, Datum *values,
-										const char *nulls);
 
 /* effects_store.c */
 extern bool effects_fetch(EffectStmt stmt, const EffectPlace *place,

@@ -11,7 +11,7 @@
  *
  * As for the keys, the caller needs EXECUTE on the API functions and no
  * privilege on the tables: each statement here runs through
- * storage_stmt_run() (keystore_sql.c) with the user id of the storage's
+ * storage_stmt_run() (storage_stmt.c) with the user id of the storage's
  * owner.  The statements are fixed, schema-qualified text with
  * values as parameters; nothing the caller controls runs while the user id
  * is switched.  What the states mean is effects.c's business.
@@ -47,7 +47,7 @@
 #include "utils/builtins.h"
 
 #include "idem_consumer.h"
-#include "effects_store.h"
+#include "effects_store_sql.h"
 
 #define EFFECTS_TABLE STORAGE_SCHEMA ".effects"
 

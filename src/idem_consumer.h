@@ -40,32 +40,8 @@
 #define IDEM_MAX_KEY_BYTES			1024
 #define IDEM_MAX_CONSUMER_BYTES		128
 
-/*
- * keystore_sql.c: fixed statements on the storage tables, run as the
- * owner of the tables.  Each module keeps the text of its statements in a
- * StorageStmtSet of its own, indexed by an enum of its own; their plans
- * are prepared on first use and forgotten when the storage is located
- * anew.
- */
-#define STORAGE_MAX_ARGS 14
-
-typedef struct StorageStmt
-{
-	const char *sql;
-	int			nargs;
-	Oid			argtypes[STORAGE_MAX_ARGS];
-	int			cursor_options; /* as for SPI_prepare_cursor */
-} StorageStmt;
-
-typedef struct StorageStmtSet
-{
-	const StorageStmt *stmts;
-	int			nstmts;
-	struct _SPI_plan **plans;	/* nstmts of them, NULL until prepared */
-	uint64		generation;		/* of the storage the plans were made for */
-} StorageStmtSet;
-
-#define STORAGE_STMT_SET(stmts, plans) {(stmts), lengthof(stmts), (plans), 0}
+/* storage_stmt.h: the statement sets, run as the owner of the storage */
+#include "storage_stmt.h"
 
 /*
  * Moves the identity sequence of a storage table's column past the largest
@@ -86,13 +62,6 @@ typedef struct StorageStmtSet
 	" (SELECT pg_catalog.max(" column ") FROM " STORAGE_SCHEMA "." table ") AS m (id)" \
 	" WHERE m.id OPERATOR(pg_catalog.>)" \
 	" COALESCE(pg_catalog.pg_sequence_last_value(s.seq), 0)"
-
-extern void storage_stmts_current(StorageStmtSet *set);
-extern int	storage_stmt_run(StorageStmtSet *set, int stmt, Datum *values,
-							 const char *nulls, long tcount);
-extern struct PortalData *storage_stmt_open(StorageStmtSet *set, int stmt,
-											Datum *values, const char *nulls);
-extern void storage_stmt_fetch(struct PortalData *portal, long count);
 
 /*
  * The tables that hold keys, in the order a purge walks them: the
@@ -211,14 +180,7 @@ extern ErrorData *fingerprint_key_reuse_error(const char *consumer, text *key,
 											  int32 fingerprint,
 											  const RecordedKey *recorded);
 
-/* retention.c */
-typedef enum PurgeProgress
-{
-	PURGE_CONTINUES,			/* the run goes on */
-	PURGE_BATCH_FULL,			/* a consumer removed batch_size keys */
-	PURGE_RUN_DONE				/* the run is complete */
-} PurgeProgress;
-
+/* retention_windows.c */
 extern void retention_init(void);
 extern int	retention_default_secs(void);
 extern int32 retention_longest_window_secs(void);
@@ -234,6 +196,15 @@ extern void retention_store_read_windows(void);
 extern void retention_store_set_window(int32 consumer_id, Datum retention,
 									   bool isnull);
 extern void retention_store_reset_window(int32 consumer_id);
+
+/* retention.c */
+typedef enum PurgeProgress
+{
+	PURGE_CONTINUES,			/* the run goes on */
+	PURGE_BATCH_FULL,			/* a consumer removed batch_size keys */
+	PURGE_RUN_DONE				/* the run is complete */
+} PurgeProgress;
+
 extern void purge_begin_batch(int32 only_consumer, int64 batch_size);
 extern PurgeProgress purge_step(uint64 *removed);
 
@@ -355,20 +326,10 @@ typedef enum RoutedStmt
 	RK_NUM_STMTS
 } RoutedStmt;
 
-extern void routed_init(void);
-extern Oid	routed_keys_relid(void);
-extern Oid	routed_route_type(void);
-extern void routed_stmts_retype(StorageStmtSet *set, StorageStmt *defs,
-								Oid *plans_type, Oid route_type);
 extern void routed_execute(RoutedStmt stmt, Oid route_type, Datum *args,
 						   const char *nulls);
 extern void routed_refuse_two_roles(const char *function_name,
 									const char *consumer, Oid business_role);
-extern void routed_refuse_unrouted(void);
-extern bool routed_get_route_arg(FunctionCallInfo fcinfo, int argno, Datum *route,
-								 Oid *route_type);
-extern bool routed_get_routes_arg(FunctionCallInfo fcinfo, int argno, int nkeys,
-								  Datum **routes, Oid *route_type);
 extern bool routed_record_key(Datum route, Oid route_type, const char *consumer,
 							  text *key, const int32 *fingerprint,
 							  RecordedKey *recorded);
@@ -376,8 +337,20 @@ extern bool routed_key_exists(Datum route, Oid route_type, const char *consumer,
 							  text *key);
 extern bool routed_forget_key(Datum route, Oid route_type, const char *consumer,
 							  text *key);
-extern bool routed_purge_cutoffs(RetentionWindows *windows, Datum *args);
 extern uint64 routed_purge(const char *consumer);
+
+/* routing.c */
+extern void routed_init(void);
+extern Oid	routed_keys_relid(void);
+extern Oid	routed_route_type(void);
+extern void routed_refuse_unrouted(void);
+extern bool routed_get_route_arg(FunctionCallInfo fcinfo, int argno, Datum *route,
+								 Oid *route_type);
+extern bool routed_get_routes_arg(FunctionCallInfo fcinfo, int argno, int nkeys,
+								  Datum **routes, Oid *route_type);
+extern void routed_stmts_retype(StorageStmtSet *set, StorageStmt *defs,
+								Oid *plans_type, Oid route_type);
+extern bool routed_purge_cutoffs(RetentionWindows *windows, Datum *args);
 
 /* args.c */
 extern text *get_name_arg(FunctionCallInfo fcinfo, int argno, const char *argname,

@@ -94,7 +94,9 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 
-#include "keystore_internal.h"
+#include "keygen_state.h"
+#include "keygen_gate.h"
+#include "keygen_filter.h"
 
 /* one chunk per 8 kB page, with its tuple and page headers */
 #define FILTER_CHUNK_BYTES 8000
@@ -184,43 +186,6 @@ filter_positions(uint64 hash, uint32 *pos)
 }
 
 /*
- * Returns nchunks if the filter table relid has that many blocks, so that
- * a test may read it, else 0.
- */
-static int32
-filter_table_usable(Oid relid, int32 nchunks)
-{
-	Relation	rel;
-	bool		complete;
-
-	if (nchunks <= 0 || !OidIsValid(relid))
-		return 0;
-	rel = table_open(relid, AccessShareLock);
-	complete = RelationGetNumberOfBlocks(rel) >= (BlockNumber) nchunks;
-	table_close(rel, NoLock);
-	return complete ? nchunks : 0;
-}
-
-/*
- * Returns nchunks if generation slot's filter table has that many blocks,
- * so that a test may read it, else 0.
- */
-int32
-keygen_filter_usable(KeyGenSlot slot, int32 nchunks)
-{
-	return filter_table_usable(storage_locate()->gens[slot].filter_relid, nchunks);
-}
-
-/*
- * The same for the filter of all sealed generations in table place.
- */
-int32
-keygen_filter_all_usable(int place, int32 nchunks)
-{
-	return filter_table_usable(storage_locate()->filter_all_places[place], nchunks);
-}
-
-/*
  * Whether the filter in table relid, of nchunks chunks, may hold the key
  * whose key_filter_hash() is hash: false only when the key is certainly
  * not there.
@@ -305,24 +270,6 @@ keygen_filter_all_may_hold(const KeyGenState *st, uint64 hash)
 	Assert(st->filter_all_chunks > 0);
 	return filter_may_hold(storage_locate()->filter_all_places[st->filter_all_place],
 						   st->filter_all_chunks, hash);
-}
-
-/*
- * Whether the epochs of a row of key_filter_all hold epoch.
- */
-bool
-keygen_filter_all_holds(ArrayType *epochs, int64 epoch)
-{
-	Datum	   *held;
-	bool	   *nulls;
-	int			nheld;
-
-	deconstruct_array(epochs, INT8OID, sizeof(int64), FLOAT8PASSBYVAL,
-					  TYPALIGN_DOUBLE, &held, &nulls, &nheld);
-	for (int i = 0; i < nheld; i++)
-		if (!nulls[i] && DatumGetInt64(held[i]) == epoch)
-			return true;
-	return false;
 }
 
 /*

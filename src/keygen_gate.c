@@ -40,7 +40,8 @@
 #include "storage/proc.h"
 
 #include "compat.h"
-#include "keystore_internal.h"
+#include "keygen_state.h"
+#include "keygen_gate.h"
 
 typedef enum GateStmt
 {

@@ -37,7 +37,7 @@
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 
-#include "keystore_internal.h"
+#include "keygen_holders.h"
 
 /* at most this many holders are named; the rest are counted */
 #define HOLDERS_NAMED 5

@@ -50,7 +50,7 @@
 #include "utils/snapmgr.h"
 
 #include "compat.h"
-#include "keystore_internal.h"
+#include "keystore_fastpath.h"
 #include "fastpath.h"
 
 /*

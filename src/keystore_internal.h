@@ -1,10 +1,15 @@
 /*-------------------------------------------------------------------------
  *
  * keystore_internal.h
- *	  Declarations shared by the files of the key store only: where the
- *	  storage is (storage.c), its fixed statements (keystore_sql.c) and the
- *	  fast path on the key index (keystore_fastpath.c), which keystore.c
- *	  puts together.  Nothing above the key store includes this file.
+ *	  Declarations shared by the files of the key store only: the headers
+ *	  of where the storage is (storage.h), its fixed statements
+ *	  (keystore_sql.h), the fast path on the key index
+ *	  (keystore_fastpath.h), the generations as read (keygen_state.h), the
+ *	  gate (keygen_gate.h), the switch (keygen.h), the filters
+ *	  (keygen_filter.h) and who holds a switch back (keygen_holders.h),
+ *	  which keystore.c puts together; and what keystore.c defines for the
+ *	  other files of the key store.  Nothing above the key store includes
+ *	  this file.
  *
  * Copyright (c) 2025-2026, idem_consumer maintainers
  *
@@ -25,208 +30,21 @@
 #include "utils/rel.h"
 #include "utils/snapshot.h"
 
-/*
- * A generation of the key store: a table of keys, the table of its hash
- * collisions, and the unique index of the keys on their hash.  Keys of
- * 1.0 and 1.1 are in processed_keys and key_collisions, on the 32-bit
- * key_hash; from 1.2 on new keys go into a ring of generations,
- * processed_keys_N and key_collisions_N, on the seeded 64-bit key_hash64
- * (keystore.c, keygen.c).
- */
-typedef struct KeyGeneration
-{
-	Oid			keys_relid;
-	Oid			collisions_relid;
-	Oid			hash_index;		/* InvalidOid: the fast path is off */
-	bool		hash64;			/* key_hash64, or else key_hash */
-	Oid			filter_relid;	/* the ring's: its filter (keygen_filter.c) */
-} KeyGeneration;
-
-/*
- * Where a generation's tables are in StorageInfo.gens: the legacy pair,
- * processed_keys and key_collisions, at 0 (InvalidOid in a database
- * created at 1.2, which never had them); the ring of 1.2 at 1 to
- * KEYGEN_RING, named after their place.
- */
-typedef int KeyGenSlot;
-
-#define KEYGEN_LEGACY 0
-#define KEYGEN_RING 16
-#define KEYGEN_NUM (KEYGEN_RING + 1)
-
-/* the tables of the filter of all sealed generations: 1 and 2 */
-#define FILTER_ALL_PLACES 2
-
-/*
- * The storage tables of this database as last located.  generation changes
- * whenever they are located anew (after DROP and CREATE EXTENSION, say), so
- * that whatever a backend cached about them (plans, consumer ids) can tell
- * it belongs to tables that are gone.  consumers, which every version has,
- * tells one installation of the extension from the next, and its owner is
- * the owner of the storage.
- */
-typedef struct StorageInfo
-{
-	Oid			consumers_relid;
-	Oid			owner;
-	bool		consumers_have_owners;	/* the SQL is 1.1 or later */
-	bool		keys_have_fingerprints; /* the same */
-	bool		has_ring;		/* gens[1..KEYGEN_RING] are set: 1.2 or later */
-	Oid			generations_relid;	/* key_generations, with the ring */
-	KeyGeneration gens[KEYGEN_NUM];
-	/* the filter of all sealed generations: its row, and its two tables */
-	Oid			filter_all_relid;
-	Oid			filter_all_places[FILTER_ALL_PLACES + 1];
-	uint64		generation;
-	uint64		consumers_version;	/* changes with every invalidation too */
-} StorageInfo;
-
-/*
- * keystore_sql.c: the statements of the key store, on keys, collisions
- * and the purge; see keystore_stmt_defs for their text and parameters.
- */
-typedef enum KeystoreStmt
-{
-	KS_INSERT_KEY_FP,
-	KS_PROBE_KEY_FP,
-	KS_INSERT_COLLISION_FP,
-	KS_DELETE_COLLISION_FP,
-	KS_INSERT_KEY,
-	KS_PROBE_KEY,
-	KS_CLAIM_OCCUPANT,
-	KS_INSERT_COLLISION,
-	KS_KEY_WRITES,
-	KS_DELETE_KEY,
-	KS_DELETE_COLLISION,
-	KS_FIND_COLLISION,
-	KS_ENTRY_STATUS,
-	KS_DELETE_RESOLVED_ENTRY,
-	KS_LATEST_COLLISIONS,
-	KS_LATEST_KEYS,
-	KS_PURGEABLE_COLLISIONS,
-	KS_PURGEABLE_KEYS,
-	KS_REMOVE_COLLISIONS,
-	KS_REMOVE_KEYS,
-	KS_COLLIDING_HASHES,
-	KS_INSERT_BATCH,
-	KS_UNRESOLVED_BATCH,
-	KS_DEAD_LETTER_IDS_PAST_ROWS,
-	KS_PENDING_IN_GENERATION,
-	KS_EXPIRE_RESOLVED_IN_GENERATION,
-	KS_TRUNCATE_GENERATION,
-	KS_CARRY_KEYS,
-	KS_CARRY_COLLISIONS,
-	KS_NUM_STMTS
-} KeystoreStmt;
-
-extern int	keystore_execute(KeystoreStmt stmt, Datum *values, const char *nulls,
-							 long tcount);
-extern int	keystore_execute_in(KeyGenSlot slot, KeystoreStmt stmt, Datum *values,
-								const char *nulls, long tcount);
-extern int	keystore_execute_snapshot(KeyGenSlot slot, KeystoreStmt stmt,
-									  Datum *values, Snapshot snapshot,
-									  long tcount);
-
-/* storage.c */
-extern const StorageInfo *storage_locate(void);
-extern bool keystore_legacy_live(void);
-extern int64 key_hash_in(KeyGenSlot slot, int32 consumer_id, text *key);
-extern uint64 key_filter_hash(int32 consumer_id, text *key);
-
-/* keystore_fastpath.c */
-
-/* What the fast path found in the place of a key's hash. */
-typedef enum KeyProbe
-{
-	PROBE_EMPTY,				/* no row visible to the snapshot */
-	PROBE_KEY,					/* the key itself: it is recorded */
-	PROBE_OTHER,				/* another key: the key may be a collision */
-	PROBE_IN_PROGRESS,			/* key_dirty_probe: a row of a transaction in progress */
-	PROBE_UNKNOWN				/* key_dirty_probe: no index to probe */
-} KeyProbe;
-
-/* processed_keys and its unique index, opened for the fast path */
-typedef struct KeyFastPath
-{
-	Relation	keys;
-	Relation	hash_index;
-	bool		hash64;			/* the index is on key_hash64 */
-	IndexInfo  *index_info;		/* built by the first insert */
-	Snapshot	snapshot;
-	IndexScanDesc scan;			/* set up by the first probe */
-	TupleTableSlot *slot;		/* the same */
-	TransactionId found_xmin;	/* xmin of the key's row a probe found */
-	MemoryContext cxt;			/* where these live */
-} KeyFastPath;
-
-extern bool key_fastpath_open(KeyFastPath *fp, KeyGenSlot slot, bool write);
-extern void key_fastpath_close(KeyFastPath *fp);
-extern KeyProbe key_fastpath_probe(KeyFastPath *fp, int64 hash,
-								   int32 consumer_id, text *key,
-								   RecordedKey *recorded);
-extern bool key_fastpath_insert(KeyFastPath *fp, int64 hash, int32 consumer_id,
-								int32 processed_at, text *key,
-								const int32 *fingerprint);
-extern KeyProbe key_dirty_probe(KeyGenSlot gen_slot, int64 hash, int32 consumer_id,
-								text *key, RecordedKey *recorded,
-								TransactionId *xmin, TransactionId *wait_xid);
+#include "storage.h"
+#include "keystore_sql.h"
+#include "keystore_fastpath.h"
+#include "keygen_state.h"
+#include "keygen_gate.h"
+#include "keygen.h"
+#include "keygen_filter.h"
+#include "keygen_holders.h"
 
 /* keystore.c */
 extern int32 keystore_processed_at_now(void);
 
-
-/*
- * keygen.c: which generation takes new keys and which are sealed, as
- * key_generations says; before 1.2, the legacy pair is the current one.
- */
-typedef struct KeyGenState
-{
-	KeyGenSlot	current;
-	int64		current_epoch;
-	int			nsealed;
-	KeyGenSlot	sealed[KEYGEN_RING];	/* newest first */
-	TransactionId sealed_by[KEYGEN_NUM];	/* the switch that sealed it */
-	bool		unsettled[KEYGEN_NUM];	/* sealed, but not settled yet */
-	int32		filter_chunks[KEYGEN_NUM];	/* of a filter usable now; 0: none */
-	/* the filter of all sealed generations, usable now; chunks 0: none */
-	int			filter_all_place;
-	int32		filter_all_chunks;
-	bool		in_filter_all[KEYGEN_NUM];	/* the generations it holds */
-} KeyGenState;
-
-extern const KeyGenState *keygen_state(void);
-extern const KeyGenState *keygen_state_latest(void);
-extern void keygen_state_forget(void);
-extern bool keygen_state_is_current(void);
-extern bool keygen_generation_empty(const KeyGeneration *gen);
+/* keystore.c, for keygen_retire.c */
 extern bool keystore_carry_key(KeyGenSlot slot, int32 consumer_id, int32 processed_at,
 							   text *key, const int32 *fingerprint);
-extern bool keygen_seal_visible(KeyGenSlot slot, Snapshot snapshot);
-extern void keygen_note_recording(int32 consumer_id, int32 processed_at);
-
-/* keygen_gate.c */
-extern KeyGenSlot keygen_lock_current(void);
-extern bool keygen_gate_pass(KeyGenSlot slot);
-extern KeyGenSlot keygen_gate_enter(void);
-extern void keygen_gate_release(void);
-
-/*
- * What a delivery must wait for, without the gate, before it probes again:
- * a transaction in progress (xid), or, where a generation cannot be probed
- * with a dirty snapshot, every transaction that may still record keys in
- * it (settle, the generation; 0: none).
- */
-typedef struct GateWait
-{
-	TransactionId xid;
-	KeyGenSlot	settle;
-} GateWait;
-
-#define GATE_WAIT_NEEDED(w) (TransactionIdIsValid((w)->xid) || (w)->settle != 0)
-extern void keygen_gate_wait(GateWait *wait);
-extern void keygen_mark_recording(KeyGenSlot slot);
-extern bool keygen_settled_for_me(KeyGenSlot slot);
-extern int	keygen_settle(void);
 
 /* keystore.c, for keystore_batch.c: probing and recording one key */
 extern bool recorded_before(const KeyGenState *st, int32 consumer_id, text *key,
@@ -240,28 +58,5 @@ extern bool fastpath_record(KeyFastPath *fp, const KeyGenState *st,
 							int32 processed_at, text *key, const int32 *fingerprint,
 							RecordedKey *recorded, bool *insert_first, KeyProbe probe,
 							GateWait *wait);
-
-/* keygen_holders.c */
-extern void keygen_switch_held_back(KeyGenSlot sealing, bool quiet);
-
-/* keygen_filter.c */
-extern bool keygen_filter_may_hold(KeyGenSlot slot, int32 nchunks,
-								   uint64 hash);
-extern int32 keygen_filter_usable(KeyGenSlot slot, int32 nchunks);
-extern bool keygen_filter_all_may_hold(const KeyGenState *st, uint64 hash);
-extern int32 keygen_filter_all_usable(int place, int32 nchunks);
-extern bool keygen_filter_all_holds(ArrayType *epochs, int64 epoch);
-
-/*
- * Fetches a column of the first row an SPI statement returned.
- */
-static inline Datum
-result_column(int colno)
-{
-	bool		isnull;
-
-	return SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
-						 colno, &isnull);
-}
 
 #endif							/* KEYSTORE_INTERNAL_H */

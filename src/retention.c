@@ -1,9 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * retention.c
- *	  Retention of processed keys: per-consumer windows, the latest activity
- *	  they are counted back from, the purge runs that remove expired keys,
- *	  and idem_consumer.retention.  The SQL functions are retention_api.c's.
+ *	  Retention of processed keys: the latest activity the windows
+ *	  (retention_windows.c) are counted back from, and the purge runs that
+ *	  remove expired keys.  The SQL functions are retention_api.c's.
  *
  * The rule: a key is purgeable when it is older than its consumer's
  * window counted back from that consumer's latest activity, the newest
@@ -145,9 +145,6 @@ static struct
 	HTAB	   *windows;
 } run;
 
-/* Default retention window, in seconds; -1 keeps keys forever. */
-static int	default_retention = 7 * SECS_PER_DAY;
-
 static MemoryContext step_cxt = NULL;
 static bool callbacks_registered = false;
 
@@ -255,7 +252,7 @@ run_start(int32 only_consumer)
 	run.storage_version = keystore_storage_version();
 	run.only_consumer = only_consumer;
 	/* completed external effects go in one statement of their own */
-	(void) effects_purge(only_consumer, default_retention);
+	(void) effects_purge(only_consumer, retention_default_secs());
 	enter_pass(PHASE_LATEST, (KeystoreTable) 0);
 }
 
@@ -283,110 +280,6 @@ purge_begin_batch(int32 only_consumer, int64 batch_size)
 		run_start(only_consumer);
 	run.batch_size = batch_size;
 	run.windows_set = false;
-}
-
-/*
- * Returns the first processed_at that is not older than retention counted
- * back from latest; 0 or less means no key is that old.  Months and days
- * count as calendar months and days (processed_at is UTC).
- */
-static int32
-interval_cutoff(int32 latest, Interval *retention)
-{
-	Timestamp	latest_ts = (Timestamp) latest * USECS_PER_SEC;
-	Timestamp	cutoff_ts;
-
-	cutoff_ts = DatumGetTimestamp(DirectFunctionCall2(timestamp_mi_interval,
-													  TimestampGetDatum(latest_ts),
-													  IntervalPGetDatum(retention)));
-	if (cutoff_ts <= 0)
-		return 0;
-	/* a key of second s is older than the cutoff when s < cutoff */
-	return (int32) ((cutoff_ts + USECS_PER_SEC - 1) / USECS_PER_SEC);
-}
-
-/* A consumer's own window: an interval, or NULL for forever. */
-typedef struct OwnWindow
-{
-	int32		consumer_id;
-	bool		forever;
-	Interval	retention;
-} OwnWindow;
-
-/*
- * Reads every consumer's own window as the settings say now, for
- * retention_cutoff(); allocated in the current memory context.
- */
-RetentionWindows *
-retention_windows_load(void)
-{
-	HASHCTL		ctl;
-	HTAB	   *windows;
-
-	ctl.keysize = sizeof(int32);
-	ctl.entrysize = sizeof(OwnWindow);
-	ctl.hcxt = CurrentMemoryContext;
-	windows = hash_create("idem_consumer own windows", 64, &ctl,
-						  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
-
-	retention_store_read_windows();
-	for (uint64 i = 0; i < SPI_processed; i++)
-	{
-		HeapTuple	tuple = SPI_tuptable->vals[i];
-		bool		isnull;
-		int32		consumer_id;
-		Datum		retention;
-		OwnWindow  *w;
-
-		consumer_id = DatumGetInt32(SPI_getbinval(tuple, SPI_tuptable->tupdesc,
-												  1, &isnull));
-		retention = SPI_getbinval(tuple, SPI_tuptable->tupdesc, 2, &isnull);
-		w = hash_search(windows, &consumer_id, HASH_ENTER, NULL);
-		w->forever = isnull;
-		if (!isnull)
-			w->retention = *DatumGetIntervalP(retention);
-	}
-	SPI_freetuptable(SPI_tuptable);
-	return (RetentionWindows *) windows;
-}
-
-/*
- * Returns the cutoff of a consumer whose latest activity is latest: its
- * keys with a processed_at before it are purgeable; 0 or less when none
- * is, or its window is forever.  The rule of this file: counted back from
- * the latest activity, capped at the current time.
- */
-int32
-retention_cutoff(RetentionWindows *windows, int32 consumer_id, int32 latest)
-{
-	OwnWindow  *w = hash_search((HTAB *) windows, &consumer_id, HASH_FIND, NULL);
-	int32		now_secs = (int32) (GetCurrentTimestamp() / USECS_PER_SEC);
-	int32		from = Min(latest, now_secs);
-
-	if (w != NULL)
-		return w->forever ? 0 : interval_cutoff(from, &w->retention);
-	return default_retention > 0 ? from - default_retention : 0;
-}
-
-/*
- * Returns the longest finite retention window of the database's consumers,
- * their own and idem_consumer.retention, in seconds (a month counted as 30
- * days); 0 when every window is forever.  Needs an SPI connection.
- */
-int32
-retention_longest_window_secs(void)
-{
-	HTAB	   *windows = (HTAB *) retention_windows_load();
-	HASH_SEQ_STATUS seq;
-	OwnWindow  *w;
-	int64		longest = Max(default_retention, 0);
-
-	hash_seq_init(&seq, windows);
-	while ((w = hash_seq_search(&seq)) != NULL)
-		if (!w->forever)
-			longest = Max(longest, interval_to_us(&w->retention) / USECS_PER_SEC);
-	hash_destroy(windows);
-	return (int32) Min(longest, PG_INT32_MAX);
 }
 
 /*
@@ -704,48 +597,4 @@ purge_step(uint64 *removed)
 		return PURGE_RUN_DONE;
 	}
 	return batch_full ? PURGE_BATCH_FULL : PURGE_CONTINUES;
-}
-
-/*
- * Returns idem_consumer.retention in seconds; -1 keeps keys forever.
- */
-int
-retention_default_secs(void)
-{
-	return default_retention;
-}
-
-/*
- * Refuses a retention of 0, which would read as "keep nothing".
- */
-static bool
-check_retention(int *newval, void **extra, GucSource source)
-{
-	if (*newval == 0)
-	{
-		GUC_check_errdetail("Use -1 to keep keys forever.");
-		return false;
-	}
-	return true;
-}
-
-/*
- * Defines idem_consumer.retention; called once from _PG_init.
- */
-void
-retention_init(void)
-{
-	DefineCustomIntVariable("idem_consumer.retention",
-							"Sets how long keys are kept, counted back from their consumer's latest activity.",
-							"A key is purged when it is this much older than the newest key of its consumer. "
-							"-1 keeps keys forever. idem_set_retention() overrides it per consumer.",
-							&default_retention,
-							7 * SECS_PER_DAY,
-							-1,
-							INT_MAX,
-							PGC_SUSET,
-							GUC_UNIT_S,
-							check_retention,
-							NULL,
-							NULL);
 }

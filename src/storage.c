@@ -58,7 +58,7 @@
 #include "utils/syscache.h"
 
 #include "keyhash.h"
-#include "keystore_internal.h"
+#include "storage.h"
 
 /*
  * Per-backend state.  "located" means the OIDs and owner belong to the

@@ -20,7 +20,7 @@
  * caller's plan depends on one.
  *
  * The statements run as the owner of the storage through a cursor
- * (storage_stmt_open(), keystore_sql.c), a batch at a time into the
+ * (storage_stmt_open(), storage_stmt.c), a batch at a time into the
  * function's tuplestore, which spills to disk past work_mem: a key store
  * of many millions of keys never sits whole in memory.  The price is that
  * a view reaches no key through an index: every read of a view reads its
@@ -52,7 +52,7 @@
 #include "utils/lsyscache.h"
 #include "utils/tuplestore.h"
 
-#include "keystore_internal.h"
+#include "storage.h"
 
 /* rows fetched from the cursor at a time */
 #define VISIBLE_ROWS_BATCH 1000

@@ -1,18 +1,18 @@
 /*-------------------------------------------------------------------------
  *
- * consumers.h
+ * consumers_sql.h
  *	  The statements of the consumers module on idem_consumer.consumers,
- *	  shared by consumers.c and consumers_sql.c.
+ *	  which consumers_sql.c defines and runs for consumers.c.
  *
  * Copyright (c) 2025-2026, idem_consumer maintainers
  *
  * IDENTIFICATION
- *	  src/consumers.h
+ *	  src/consumers_sql.h
  *
  *-------------------------------------------------------------------------
  */
-#ifndef IDEM_CONSUMERS_H
-#define IDEM_CONSUMERS_H
+#ifndef IDEM_CONSUMERS_SQL_H
+#define IDEM_CONSUMERS_SQL_H
 
 #include "idem_consumer.h"
 
@@ -33,4 +33,4 @@ typedef enum ConsumerStmt
 extern int	consumers_execute(ConsumerStmt stmt, Datum *values,
 							  const char *nulls, long tcount);
 
-#endif							/* IDEM_CONSUMERS_H */
+#endif							/* IDEM_CONSUMERS_SQL_H */
