@@ -119,6 +119,23 @@ my $paid_known = q{SELECT count(*) FILTER (WHERE idem_is_processed('paid:' || g,
 my $events_known = q{SELECT string_agg(key, ' ' ORDER BY key) FROM idem_processed_keys WHERE consumer = 'events'};
 my $balances = q{SELECT string_agg(id || ':' || balance, ' ' ORDER BY id) FROM accounts};
 
+# switch(): switches the publisher's generations by hand, retiring first
+# what the worker has not yet, for a free place in the ring
+sub switch
+{
+	for (1 .. 20)
+	{
+		my ($rc) = $pub->psql('postgres', q{
+			SELECT idem_key_generation_retire();
+			SELECT idem_key_generation_retire();
+			SELECT idem_key_generation_switch();
+		}, on_error_stop => 1);
+		return if $rc == 0;
+		sleep 0.2;
+	}
+	die 'could not switch generations';
+}
+
 # waits until the publisher's storage stays the same for 3 s: the worker
 # neither switches (an interval of an hour) nor retires any more
 sub publisher_quiet
@@ -207,11 +224,11 @@ is($connected->query_safe(q{EXECUTE known('ev:bad', 'events')}), 't',
 
 # The subscriber lags.  A generation G of events only, sealed, then
 # payments in the next one.
-$pub->safe_psql('postgres', q{SELECT idem_key_generation_switch()});
+switch();
 event($pub, 'lag', 1, 20);
 my ($g_epoch, $g) = split /\|/, $pub->safe_psql('postgres',
 	q{SELECT epoch, generation FROM idem_consumer.key_generations ORDER BY epoch DESC LIMIT 1});
-$pub->safe_psql('postgres', q{SELECT idem_key_generation_switch()});
+switch();
 is(apply($pub, 201, 210), '10', 'payments apply in the next generation');
 $pub->wait_for_catchup('idem');
 
@@ -243,12 +260,8 @@ my $turns = 0;
 while ($pub->safe_psql('postgres',
 		q{SELECT generation FROM idem_consumer.key_generations ORDER BY epoch DESC LIMIT 1}) != $g)
 {
-	die 'the ring did not come round' if ++$turns > 40;
-	$pub->psql('postgres', q{
-		SELECT idem_key_generation_retire();
-		SELECT idem_key_generation_retire();
-		SELECT idem_key_generation_switch();
-	});
+	die 'the ring did not come round' if ++$turns > 20;
+	switch();
 }
 is(apply($pub, 211, 220), '10', "payments apply in generation $g opened again");
 event($pub, 'reuse', 1, 5);
@@ -279,6 +292,31 @@ is($connected->query_safe($events_known), $pub->safe_psql('postgres', $events_kn
 	'and the events the publisher keeps');
 $connected->quit;
 
+# Left unfinished on the publisher when it stops: generation H, dropped
+# but not emptied, as a reader holds it, and generation C settling, as a
+# transaction that recorded a key there is open.
+my $last_generation = q{SELECT epoch, generation FROM idem_consumer.key_generations ORDER BY epoch DESC LIMIT 1};
+switch();
+event($pub, 'held', 1, 5);
+my ($h_epoch, $h) = split /\|/, $pub->safe_psql('postgres', $last_generation);
+my $holder = $pub->background_psql('postgres', on_error_stop => 1);
+$holder->query_safe('BEGIN');
+$holder->query_safe(q{SELECT idem_is_processed('held:1', 'events')});
+switch();
+my ($c_epoch, $c) = split /\|/, $pub->safe_psql('postgres', $last_generation);
+my $open_tx = $pub->background_psql('postgres', on_error_stop => 1);
+$open_tx->query_safe('BEGIN');
+$open_tx->query_safe(q{SELECT idem_apply('open:1', 'events', 'select 1')});
+switch();
+ok( $pub->poll_query_until(
+		'postgres',
+		qq{SELECT NOT EXISTS (SELECT FROM idem_consumer.key_generations WHERE epoch = $h_epoch)}),
+	"the publisher drops generation $h");
+is($pub->safe_psql('postgres', qq{SELECT count(*) > 0 FROM idem_consumer.processed_keys_$h}),
+	't', 'but does not empty it while a reader holds it');
+is($pub->safe_psql('postgres', qq{SELECT state FROM idem_key_generations WHERE epoch = $c_epoch}),
+	'settling', "and generation $c is settling");
+
 # Take over: the consumers stop, the subscription goes, the publisher is
 # gone.
 $pub->wait_for_catchup('idem');
@@ -288,12 +326,28 @@ $sub->safe_psql('postgres', q{
 	ALTER SUBSCRIPTION idem SET (slot_name = NONE);
 	DROP SUBSCRIPTION idem;
 });
+$_->quit for ($holder, $open_tx);
 $pub->stop;
 is($sub->safe_psql('postgres', $balances), $expected, 'the subscriber has the balances');
+is( $sub->safe_psql(
+		'postgres', qq{
+		SELECT (SELECT count(*) > 0 FROM idem_consumer.processed_keys_$h)
+		       AND NOT EXISTS (SELECT FROM idem_consumer.key_generations WHERE epoch = $h_epoch)}),
+	't', "it has generation $h dropped but not emptied");
+is($sub->safe_psql('postgres', qq{SELECT state FROM idem_key_generations WHERE epoch = $c_epoch}),
+	'settling', "and generation $c settling");
 
 # the new server's worker
 $sub->append_conf('postgresql.conf', "idem_consumer.purge_databases = 'postgres'\n");
 $sub->restart;
+
+ok( $sub->poll_query_until(
+		'postgres', qq{
+		SELECT NOT EXISTS (SELECT FROM idem_consumer.processed_keys_$h)
+		   AND NOT EXISTS (SELECT FROM idem_key_generations WHERE epoch = $c_epoch AND state = 'settling')}),
+	"the new server's worker empties generation $h and settles generation $c");
+is($sub->safe_psql('postgres', q{SELECT idem_is_processed('open:1', 'events')}),
+	'f', 'the key of the transaction left open on the publisher is not there');
 
 my @paid_ranges = ([ 1, $paid ], [ 201, 220 ]);
 is(apply($sub, $_->[0], $_->[1]), '0', "payments $_->[0] to $_->[1] are duplicates on the new server")
