@@ -26,11 +26,17 @@
  *	   moved into its occupant's place (forget, purge) was in the
  *	   generation already, and is in the filter;
  *	3. it is used only once key_generations says it was built
- *	   (filter_chunks), which commits with its rows, and only if the table
- *	   has as many blocks: a restored database, or a logical subscriber,
- *	   gets key_generations but not the filters (they are the database's
- *	   own, like the seed they are computed with) and probes without them
- *	   until it has built its own;
+ *	   (filter_chunks), which commits with its rows, only if the table
+ *	   has as many blocks, and only if its rows were written by the
+ *	   transaction that last wrote the generation's row (their xmin): a
+ *	   restored database, or a logical subscriber, gets key_generations
+ *	   but not the filters (they are the database's own, like the seed
+ *	   they are computed with) and probes without them until it has built
+ *	   its own.  A subscriber that built one keeps it when the publisher's
+ *	   retirement truncates the generation's tables (the filter is not
+ *	   published), and the place may be opened again, sealed and given a
+ *	   filter upstream of as many chunks: the row then comes from the
+ *	   subscription, not from the build of the filter there;
  *	4. the build empties the table first, so chunk n is in block n, and
  *	   the test checks the chunk number it reads; anything else it finds
  *	   makes it answer "may hold";
@@ -121,9 +127,9 @@ typedef enum FilterStmt
 } FilterStmt;
 
 static const StorageStmt filter_stmt_defs[KF_NUM_STMTS] = {
-	/* the settled generations: epoch, place, filter_chunks */
+	/* the settled generations: epoch, place, filter_chunks, the row's writer */
 	[KF_UNFILTERED] = {
-		"SELECT g.epoch, g.generation, g.filter_chunks"
+		"SELECT g.epoch, g.generation, g.filter_chunks, g.xmin"
 		" FROM " STORAGE_SCHEMA ".key_generations AS g"
 		" WHERE g.settled_at IS NOT NULL AND g.epoch OPERATOR(pg_catalog.<>)"
 		" (SELECT pg_catalog.max(epoch) FROM " STORAGE_SCHEMA ".key_generations)"
@@ -587,18 +593,19 @@ keygen_build_filters(void)
 	storage_stmt_run(&filter_stmts, KF_UNFILTERED, NULL, NULL, 0);
 	for (uint64 i = 0; i < SPI_processed && nsealed < KEYGEN_RING; i++)
 	{
-		bool		isnull[3];
+		bool		isnull[4];
 		HeapTuple	tuple = SPI_tuptable->vals[i];
 		int64		epoch = DatumGetInt64(SPI_getbinval(tuple, SPI_tuptable->tupdesc, 1, &isnull[0]));
 		int32		slot = DatumGetInt32(SPI_getbinval(tuple, SPI_tuptable->tupdesc, 2, &isnull[1]));
 		Datum		chunks = SPI_getbinval(tuple, SPI_tuptable->tupdesc, 3, &isnull[2]);
+		TransactionId row_xmin = DatumGetTransactionId(SPI_getbinval(tuple, SPI_tuptable->tupdesc, 4, &isnull[3]));
 
 		if (slot < 1 || slot > KEYGEN_RING || !OidIsValid(si->gens[slot].filter_relid))
 			continue;
 		sealed_epochs[nsealed] = epoch;
 		sealed_slots[nsealed] = slot;
 		nsealed++;
-		if (!isnull[2] && keygen_filter_usable(slot, DatumGetInt32(chunks)) > 0)
+		if (!isnull[2] && keygen_filter_usable(slot, DatumGetInt32(chunks), row_xmin) > 0)
 			continue;
 		epochs[n] = epoch;
 		slots[n] = slot;

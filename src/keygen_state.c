@@ -42,8 +42,8 @@ static struct
 } cache;
 
 /*
- * Whether each generation's filter was found usable, for the generation
- * and filter_chunks it was checked for: valid until an invalidation of the
+ * Whether each generation's filter was found usable, for the generation,
+ * filter_chunks and row it was checked for: valid until an invalidation of the
  * filter's table (a build or a truncation), so that reading the
  * generations again (keygen_state_latest, on every idem_is_processed) does
  * not open every filter again.
@@ -54,6 +54,7 @@ static struct
 	uint64		storage_generation; /* of the storage it was checked in */
 	int64		epoch;
 	int32		filter_chunks;	/* as key_generations says */
+	TransactionId row_xmin;		/* of the generation's row there */
 	int32		usable_chunks;	/* keygen_filter_usable()'s answer */
 } filters_seen[KEYGEN_NUM];
 
@@ -87,40 +88,75 @@ keygen_state_init(void)
 }
 
 /*
- * Returns nchunks if the filter table relid has that many blocks, so that
- * a test may read it, else 0.
+ * Whether the first row of filter table rel, chunk 0, was written by
+ * transaction built_by (a raw xmin, which freezing keeps).
+ */
+static bool
+filter_built_by(Relation rel, TransactionId built_by)
+{
+	Buffer		buf;
+	Page		page;
+	bool		same = false;
+
+	buf = ReadBuffer(rel, 0);
+	LockBuffer(buf, BUFFER_LOCK_SHARE);
+	page = BufferGetPage(buf);
+	if (!PageIsNew(page) && PageGetMaxOffsetNumber(page) >= FirstOffsetNumber)
+	{
+		ItemId		itemid = PageGetItemId(page, FirstOffsetNumber);
+
+		if (ItemIdIsNormal(itemid))
+			same = TransactionIdEquals(HeapTupleHeaderGetRawXmin((HeapTupleHeader) PageGetItem(page, itemid)),
+									   built_by);
+	}
+	UnlockReleaseBuffer(buf);
+	return same;
+}
+
+/*
+ * Returns nchunks if the filter table relid has that many blocks, and its
+ * rows were written by transaction *built_by if given, so that a test may
+ * read it, else 0.
  */
 static int32
-filter_table_usable(Oid relid, int32 nchunks)
+filter_table_usable(Oid relid, int32 nchunks, const TransactionId *built_by)
 {
 	Relation	rel;
-	bool		complete;
+	bool		usable;
 
 	if (nchunks <= 0 || !OidIsValid(relid))
 		return 0;
 	rel = table_open(relid, AccessShareLock);
-	complete = RelationGetNumberOfBlocks(rel) >= (BlockNumber) nchunks;
+	usable = RelationGetNumberOfBlocks(rel) >= (BlockNumber) nchunks &&
+		(built_by == NULL || filter_built_by(rel, *built_by));
 	table_close(rel, NoLock);
-	return complete ? nchunks : 0;
+	return usable ? nchunks : 0;
 }
 
 /*
- * Returns nchunks if generation slot's filter table has that many blocks,
- * so that a test may read it, else 0.
+ * Returns nchunks if generation slot's filter table has that many blocks
+ * and was written by row_xmin, the raw xmin of the generation's row in
+ * key_generations, so that a test may read it, else 0.  The build writes
+ * both in one transaction; a row the subscription wrote, or one written
+ * again since, is not the filter's (keygen_filter.c, step 3).
  */
 int32
-keygen_filter_usable(KeyGenSlot slot, int32 nchunks)
+keygen_filter_usable(KeyGenSlot slot, int32 nchunks, TransactionId row_xmin)
 {
-	return filter_table_usable(storage_locate()->gens[slot].filter_relid, nchunks);
+	return filter_table_usable(storage_locate()->gens[slot].filter_relid, nchunks,
+							   &row_xmin);
 }
 
 /*
- * The same for the filter of all sealed generations in table place.
+ * The same for the filter of all sealed generations in table place, but
+ * for its writer: key_filter_all, which names it, is this database's own,
+ * never published, and names the generations it holds by epoch.
  */
 int32
 keygen_filter_all_usable(int place, int32 nchunks)
 {
-	return filter_table_usable(storage_locate()->filter_all_places[place], nchunks);
+	return filter_table_usable(storage_locate()->filter_all_places[place], nchunks,
+							   NULL);
 }
 
 /*
@@ -147,6 +183,7 @@ typedef struct OpenedGeneration
 	int64		epoch;
 	KeyGenSlot	slot;
 	TransactionId xmin;
+	TransactionId raw_xmin;		/* the same, frozen or not */
 	int32		filter_chunks;	/* 0: none built */
 	bool		settled;		/* settled_at is set */
 } OpenedGeneration;
@@ -261,6 +298,7 @@ read_state(const StorageInfo *si)
 		opened[nopened].epoch = DatumGetInt64(epoch);
 		opened[nopened].slot = DatumGetInt32(generation);
 		opened[nopened].xmin = HeapTupleHeaderGetXmin(tuple->t_data);
+		opened[nopened].raw_xmin = HeapTupleHeaderGetRawXmin(tuple->t_data);
 		opened[nopened].filter_chunks = isnull[2] ? 0 : DatumGetInt32(chunks);
 		opened[nopened].settled = !isnull[3];
 		nopened++;
@@ -296,15 +334,17 @@ read_state(const StorageInfo *si)
 		if (!filters_seen[slot].known ||
 			filters_seen[slot].storage_generation != si->generation ||
 			filters_seen[slot].epoch != opened[i].epoch ||
-			filters_seen[slot].filter_chunks != opened[i].filter_chunks)
+			filters_seen[slot].filter_chunks != opened[i].filter_chunks ||
+			filters_seen[slot].row_xmin != opened[i].raw_xmin)
 		{
 			/* known first: an invalidation while checking clears it */
 			filters_seen[slot].known = true;
 			filters_seen[slot].storage_generation = si->generation;
 			filters_seen[slot].epoch = opened[i].epoch;
 			filters_seen[slot].filter_chunks = opened[i].filter_chunks;
+			filters_seen[slot].row_xmin = opened[i].raw_xmin;
 			filters_seen[slot].usable_chunks =
-				keygen_filter_usable(slot, opened[i].filter_chunks);
+				keygen_filter_usable(slot, opened[i].filter_chunks, opened[i].raw_xmin);
 		}
 		/* a filter is built only once settled: a later key would miss it */
 		st->filter_chunks[slot] = opened[i].settled ? filters_seen[slot].usable_chunks : 0;

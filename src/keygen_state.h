@@ -43,7 +43,8 @@ extern const KeyGenState *keygen_state_latest(void);
 extern void keygen_state_forget(void);
 extern bool keygen_state_is_current(void);
 extern bool keygen_seal_visible(KeyGenSlot slot, Snapshot snapshot);
-extern int32 keygen_filter_usable(KeyGenSlot slot, int32 nchunks);
+extern int32 keygen_filter_usable(KeyGenSlot slot, int32 nchunks,
+								  TransactionId row_xmin);
 extern int32 keygen_filter_all_usable(int place, int32 nchunks);
 extern bool keygen_filter_all_holds(ArrayType *epochs, int64 epoch);
 

@@ -222,6 +222,19 @@ is($connected->query_safe($events_known), $pub->safe_psql('postgres', $events_kn
 is($connected->query_safe(q{EXECUTE known('ev:bad', 'events')}), 't',
 	'among them the pending dead letter\'s, carried from generation to generation');
 
+# The filters are each server's own: the subscriber probes without the
+# publisher's until it builds its own, which an operator may do ahead of a
+# takeover.
+is($pub->safe_psql('postgres', q{SELECT bool_and(filtered) FROM idem_key_generations WHERE state = 'sealed'}),
+	't', 'the publisher filters its sealed generations');
+is($sub->safe_psql('postgres', q{SELECT bool_or(filtered) FROM idem_key_generations WHERE state = 'sealed'}),
+	'f', 'the subscriber does not use the publisher\'s filters');
+cmp_ok($sub->safe_psql('postgres', q{SELECT idem_key_generation_build_filters()}), '>', 0,
+	'the subscriber builds its own');
+is($sub->safe_psql('postgres', q{SELECT bool_and(filtered) FROM idem_key_generations WHERE state = 'sealed'}),
+	't', 'and uses them');
+is($connected->query_safe($paid_known), $paid, 'the connected session still knows every payment');
+
 # The subscriber lags.  A generation G of events only, sealed, then
 # payments in the next one.
 switch();
