@@ -314,7 +314,7 @@ event($pub, 'held', 1, 5);
 my ($h_epoch, $h) = split /\|/, $pub->safe_psql('postgres', $last_generation);
 my $holder = $pub->background_psql('postgres', on_error_stop => 1);
 $holder->query_safe('BEGIN');
-$holder->query_safe(q{SELECT idem_is_processed('held:1', 'events')});
+$holder->query_safe("LOCK TABLE idem_consumer.processed_keys_$h IN ACCESS SHARE MODE");
 switch();
 my ($c_epoch, $c) = split /\|/, $pub->safe_psql('postgres', $last_generation);
 my $open_tx = $pub->background_psql('postgres', on_error_stop => 1);
