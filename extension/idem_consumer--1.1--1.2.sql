@@ -714,6 +714,16 @@ LANGUAGE C VOLATILE STRICT;
 REVOKE ALL ON FUNCTION idem_key_generation_build_filters() FROM PUBLIC;
 
 -- The generations as operators see them.
+-- Whether the sessions of this database use its own filter of a
+-- generation: the table has the chunks that key_generations records, and
+-- was written with that row (row_xmin), not before a subscription wrote it.
+CREATE FUNCTION idem_consumer.key_filter_in_use(generation integer, filter_chunks integer, row_xmin xid)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_key_filter_in_use'
+LANGUAGE C VOLATILE STRICT;
+REVOKE ALL ON FUNCTION idem_consumer.key_filter_in_use(integer, integer, xid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idem_consumer.key_filter_in_use(integer, integer, xid) TO pg_monitor;
+
 CREATE VIEW idem_key_generations AS
     SELECT g.generation,
            g.epoch,
@@ -722,15 +732,10 @@ CREATE VIEW idem_key_generations AS
                 ELSE 'sealed' END AS state,
            g.opened_at,
            pg_catalog.lead(g.opened_at) OVER w AS sealed_at,
-           COALESCE((SELECT pg_catalog.pg_relation_size(c.oid)
-                       FROM pg_catalog.pg_class AS c
-                       JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
-                      WHERE n.nspname OPERATOR(pg_catalog.=) 'idem_consumer_local'
-                        AND c.relname OPERATOR(pg_catalog.=) ('key_filter_' OPERATOR(pg_catalog.||) g.generation))
-                    OPERATOR(pg_catalog.>=) (g.filter_chunks OPERATOR(pg_catalog.*) 8192), false) AS filtered
-      FROM (SELECT epoch, generation, opened_at, filter_chunks, settled_at FROM idem_consumer.key_generations
+           COALESCE(idem_consumer.key_filter_in_use(g.generation, g.filter_chunks, g.xmin), false) AS filtered
+      FROM (SELECT epoch, generation, opened_at, filter_chunks, settled_at, xmin FROM idem_consumer.key_generations
             UNION ALL
-            SELECT 1, 1, NULL, NULL, NULL
+            SELECT 1, 1, NULL, NULL, NULL, NULL
              WHERE NOT EXISTS (SELECT FROM idem_consumer.key_generations)) AS g
     WINDOW w AS (ORDER BY g.epoch);
 REVOKE ALL ON idem_key_generations FROM PUBLIC;

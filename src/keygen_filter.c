@@ -626,6 +626,25 @@ keygen_build_filters(void)
 	return built;
 }
 
+PG_FUNCTION_INFO_V1(idem_key_filter_in_use);
+
+/*
+ * idem_consumer.key_filter_in_use(generation, filter_chunks, row_xmin):
+ * whether sessions use this database's filter of a generation whose row
+ * of key_generations, written by row_xmin, records filter_chunks; for the
+ * view idem_key_generations.
+ */
+Datum
+idem_key_filter_in_use(PG_FUNCTION_ARGS)
+{
+	int32		generation = PG_GETARG_INT32(0);
+
+	if (generation < 1 || generation > KEYGEN_RING || !storage_locate()->has_ring)
+		PG_RETURN_BOOL(false);
+	PG_RETURN_BOOL(keygen_filter_usable(generation, PG_GETARG_INT32(1),
+										PG_GETARG_TRANSACTIONID(2)) > 0);
+}
+
 PG_FUNCTION_INFO_V1(idem_key_generation_build_filters);
 
 /*

@@ -300,6 +300,8 @@ $pub->wait_for_catchup('idem');
 is($sub->safe_psql('postgres', $storage), $quiet,
 	'the subscriber caught up to the same storage');
 is($sub->safe_psql('postgres', $key_deletes), '0', 'still without a key deleted');
+is($sub->safe_psql('postgres', q{SELECT count(*) FILTER (WHERE filtered) FROM idem_key_generations}),
+	'0', 'the subscriber uses none of the filters it built before the ring came round');
 is($connected->query_safe($paid_known), $paid + 20, 'the connected session knows every payment');
 is($connected->query_safe($events_known), $pub->safe_psql('postgres', $events_known),
 	'and the events the publisher keeps');
@@ -361,6 +363,9 @@ ok( $sub->poll_query_until(
 	"the new server's worker empties generation $h and settles generation $c");
 is($sub->safe_psql('postgres', q{SELECT idem_is_processed('open:1', 'events')}),
 	'f', 'the key of the transaction left open on the publisher is not there');
+ok( $sub->poll_query_until(
+		'postgres', q{SELECT bool_and(filtered) FROM idem_key_generations WHERE state = 'sealed'}),
+	'and builds the filters of the sealed generations');
 
 my @paid_ranges = ([ 1, $paid ], [ 201, 220 ]);
 is(apply($sub, $_->[0], $_->[1]), '0', "payments $_->[0] to $_->[1] are duplicates on the new server")
