@@ -243,7 +243,6 @@ function consumeKafka(options) {
     if (o.onBatch) o.onBatch(batch);
   }
 
-
   // The stored positions of the topics, as the stream's starting offsets.
   async function startOffsets() {
     await readPositions();

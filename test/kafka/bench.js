@@ -42,10 +42,10 @@ const idem = require('idem-consumer');
 const { readBatch } = require('idem-consumer/lib/kafka');
 
 const BOOTSTRAP = process.env.KAFKA_BOOTSTRAP;
-const MESSAGES = Number(process.env.BENCH_MESSAGES || 150000);
+const MESSAGES = Number(process.env.BENCH_MESSAGES || 300000);
 const PER_MESSAGE = Number(process.env.BENCH_PER_MESSAGE || 1000);
 const BATCH = Number(process.env.BENCH_BATCH || 500);
-const ROUNDS = Number(process.env.BENCH_ROUNDS || 3);
+const ROUNDS = Number(process.env.BENCH_ROUNDS || 5);
 const PARTITIONS = 6;
 const VARIANTS = (process.env.BENCH_VARIANTS || 'positions no_dedup key_floor per_message').split(' ');
 
