@@ -185,6 +185,30 @@ test('a batch is one round trip to the database: advance, batch statement and CO
   await assert.rejects(failing.run.done, { code: '22012' });
   assert.deepStrictEqual((await positions())[0], 33);
   assert.strictEqual((await db.query('SELECT 1 AS one')).rows[0].one, 1);
+
+  // onApplied runs inside the transaction, with the batch statement's
+  // result, and the COMMIT waits for it: a second round trip
+  const called = [];
+  const applying = start(new FakeKafka([{ topic: 'orders', partitions: [0] }]), { db: counting,
+    onApplied: (messages, result) => called.push([messages.length, result.rowCount, db.getTransactionStatus()]) });
+  await applying.push(kafka.message(0, 33));
+  sent.length = 0;
+  const third = await applying.push(kafka.message(0, 34), kafka.message(0, 35));
+  assert.deepStrictEqual(third, { messages: 2, applied: 2, skipped: 0, overtaken: 0 });
+  assert.deepStrictEqual(called, [[1, 1, 'T'], [2, 2, 'T']]);
+  assert.strictEqual(sent.length, 2, 'the statements, then COMMIT');
+  await applying.run.close();
+
+  // a client without node-postgres's protocol connection (as pg-native)
+  // gets the same statements one after the other
+  const plain = { query: (...args) => { sent.push(args[0]); return db.query(...args); } };
+  const sequential = start(new FakeKafka([{ topic: 'orders', partitions: [0] }]), { db: plain });
+  const fourth = await sequential.push(kafka.message(0, 36), kafka.message(0, 37));
+  assert.deepStrictEqual(fourth, { messages: 2, applied: 2, skipped: 0, overtaken: 0 });
+  assert.deepStrictEqual(sent.slice(-4).map((q) => (q.text || q).trim().split(/\s/)[0]),
+    ['BEGIN', 'SELECT', 'INSERT', 'COMMIT']);
+  assert.deepStrictEqual((await positions())[0], 38);
+  await sequential.run.close();
 });
 
 test('consumeKafka refuses bad options before anything runs', () => {
