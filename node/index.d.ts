@@ -378,7 +378,7 @@ export interface KafkaConsumeOptions<M extends KafkaMessage = KafkaMessage> {
   sql: string;
   /** Most messages in one transaction (500). */
   maxBatch?: number;
-  /** Also commit each partition's offset to the broker after COMMIT (false). */
+  /** Also commit each partition's offset to the broker after COMMIT, in the background (false). */
   commitOffsets?: boolean;
   /** How often the log-end offsets are listed for the lag (1000 ms). */
   logEndIntervalMs?: number;
@@ -395,11 +395,14 @@ export interface KafkaConsumeOptions<M extends KafkaMessage = KafkaMessage> {
   /**
    * After each batch: messages read; applied (at or above the positions);
    * skipped below the position known, or a second copy of an offset or of
-   * a key in the batch, without a query; overtaken: below
-   * the position another member stored meanwhile, as the advance returned it.
+   * a key in the batch, without a query; overtaken: below the position
+   * another member stored meanwhile, which refused the advance (IP001).
    */
   onBatch?: (batch: { messages: number; applied: number; skipped: number; overtaken: number }) => void;
-  /** Inside the transaction, after the batch statement. */
+  /**
+   * Inside the transaction, after the batch statement; the COMMIT then
+   * waits for it, a second round trip per batch.
+   */
   onApplied?: (messages: M[], result: QueryResult) => void;
 }
 
@@ -416,8 +419,8 @@ export interface KafkaRun {
 
 /**
  * Consume topics with a @platformatic/kafka Consumer, each batch in one
- * transaction: idem_position_advance for its partitions, then the batch
- * statement on the messages at or above the positions before. Each
- * partition assigned is read from its stored position.
+ * transaction sent in one round trip: idem_position_advance for its
+ * partitions from the batch's first messages, the batch statement and
+ * COMMIT. Each partition assigned is read from its stored position.
  */
 export function consumeKafka<M extends KafkaMessage = KafkaMessage>(options: KafkaConsumeOptions<M>): KafkaRun;

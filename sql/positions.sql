@@ -15,7 +15,7 @@ CREATE EXTENSION idem_consumer;
 RESET client_min_messages;
 CREATE ROLE pos_team_a;
 CREATE ROLE pos_team_b;
-GRANT EXECUTE ON FUNCTION idem_position_advance(text, text, integer, bigint, bigint),
+GRANT EXECUTE ON FUNCTION idem_position_advance(text, text, integer, bigint, bigint, bigint),
                           idem_position_rewind(text, text, integer, bigint, text),
                           idem_positions(text, text, integer)
    TO pos_team_a, pos_team_b;
@@ -48,6 +48,16 @@ SELECT idem_position_advance('pos-a', 'orders', 0, 9, 15);
 -- backwards is refused, with both offsets
 SELECT pos_error($$SELECT idem_position_advance('pos-a', 'orders', 0, 8)$$);
 SELECT pos_error($$SELECT idem_position_advance('pos-a', 'orders', 0, 0, 20)$$);
+-- from_position: a stored position (9) above the first message applied
+-- is refused, whatever the position given; one at or below it (a gap)
+-- advances as without it
+BEGIN;
+SELECT pos_error($$SELECT idem_position_advance('pos-a', 'orders', 0, 12, NULL, 8)$$);
+SELECT pos_error($$SELECT idem_position_advance('pos-a', 'orders', 0, 12, NULL, 13)$$);
+SELECT pos_error($$SELECT idem_position_advance('pos-a', 'orders', 0, 12, NULL, -1)$$);
+SELECT idem_position_advance('pos-a', 'orders', 0, 10, NULL, 9);
+SELECT idem_position_advance('pos-a', 'orders', 0, 12, 15, 11);
+ROLLBACK;
 -- an advance is part of the caller's transaction
 BEGIN;
 SELECT idem_position_advance('pos-a', 'orders', 0, 12);

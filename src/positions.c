@@ -251,12 +251,17 @@ lock_or_insert_position(Datum *args, const char *nulls, int64 *stored)
 
 /*
  * idem_position_advance(consumer, topic, partition, position
- * [, log_end_offset]): moves the consumer's position on the partition to
- * position, which is the offset of the next message to read, in the
- * caller's transaction.  A position equal to the stored one moves nothing
- * (and reports the log-end offset); one below it is refused with IP001,
- * the transaction's work with it.  Returns the position before, NULL for
- * the partition's first.  The consumer is created on first use, as by
+ * [, log_end_offset [, from_position]]): moves the consumer's position on
+ * the partition to position, which is the offset of the next message to
+ * read, in the caller's transaction.  A position equal to the stored one
+ * moves nothing (and reports the log-end offset); one below it is refused
+ * with IP001, the transaction's work with it.  from_position, when given,
+ * is the offset of the first message the caller applies with this
+ * advance: a stored position above it is refused with IP001 too, as
+ * another member applied some of those messages.  A caller that sends its
+ * batch statement without waiting for the position before relies on it
+ * (node/lib/kafka.js).  Returns the position before, NULL for the
+ * partition's first.  The consumer is created on first use, as by
  * idem_apply.
  */
 Datum
@@ -264,6 +269,7 @@ idem_position_advance(PG_FUNCTION_ARGS)
 {
 	PositionKey key;
 	int64		position;
+	int64		from = -1;
 	int64		stored = 0;
 	bool		found;
 	Datum		args[5];
@@ -275,6 +281,16 @@ idem_position_advance(PG_FUNCTION_ARGS)
 		(void) get_offset_arg(fcinfo, 4, "log_end_offset");
 	else
 		nulls[4] = 'n';
+	if (PG_NARGS() > 5 && !PG_ARGISNULL(5))
+	{
+		from = get_offset_arg(fcinfo, 5, "from_position");
+		if (from > position)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("from_position must not be above position"),
+					 errdetail("The position given is " INT64_FORMAT "; from_position is " INT64_FORMAT ".",
+							   position, from)));
+	}
 	inflight_check_none("idem_position_advance");
 
 	SPI_connect();
@@ -287,11 +303,15 @@ idem_position_advance(PG_FUNCTION_ARGS)
 	found = lock_or_insert_position(args, nulls, &stored);
 	if (found)
 	{
-		if (position < stored)
+		/* from_position, given, is at most position */
+		if ((from >= 0 ? from : position) < stored)
 			ereport(ERROR,
 					(errcode(ERRCODE_POSITION_BACKWARDS),
 					 errmsg("position of consumer \"%s\" on partition %d of topic \"%s\" cannot move backwards",
 							key.consumer, key.partition, text_to_cstring(key.topic)),
+					 from >= 0 ?
+					 errdetail("The stored position is " INT64_FORMAT "; the messages given start at " INT64_FORMAT ".",
+							   stored, from) :
 					 errdetail("The stored position is " INT64_FORMAT "; the position given is " INT64_FORMAT ".",
 							   stored, position),
 					 errhint("The messages below the stored position are applied: skip them.  An operator moves a position back with idem_position_rewind().")));

@@ -7,6 +7,8 @@
 // own offset commit is optional.
 'use strict';
 
+const { pipelinedTransaction } = require('./retry');
+const { batchParams } = require('./apply');
 
 // Resolves at the stream's next 'readable', 'end' or 'close', leaving no
 // listener behind.
@@ -19,8 +21,19 @@ function readable(stream) {
     for (const e of ['readable', 'end', 'close']) stream.on(e, done);
   });
 }
-const { transaction } = require('./retry');
-const { batchParams } = require('./apply');
+
+// Up to max messages of a messages stream that are there now; waits for
+// one if none, unless stopped() or the stream ended.
+async function readBatch(stream, max, stopped) {
+  for (;;) {
+    const batch = [];
+    let m;
+    while (batch.length < max && (m = stream.read()) !== null) batch.push(m);
+    if (batch.length > 0 || stopped()) return batch;
+    if (stream.readableEnded || stream.destroyed) return batch;
+    await readable(stream);
+  }
+}
 
 // A position would move backwards: another member of the group applied
 // further while this one held stale messages.
@@ -28,10 +41,14 @@ const BACKWARDS = 'IP001';
 
 // One statement moves every partition of a batch, in the order of the
 // arrays, which are sorted by topic and partition so that two members
-// lock the rows of the partitions they share in the same order.
-const ADVANCE = `SELECT idem_position_advance($1, u.topic, u.partition, u.position, u.log_end) AS before
-  FROM unnest($2::text[], $3::integer[], $4::bigint[], $5::bigint[]) WITH ORDINALITY
-       AS u (topic, partition, position, log_end, n)
+// lock the rows of the partitions they share in the same order.  Each
+// partition moves from the first offset of the batch (from_position): a
+// position stored past it, by another member meanwhile, refuses the whole
+// (IP001), so that the batch statement, sent in the same round trip, needs
+// no answer of the advance first.
+const ADVANCE = `SELECT idem_position_advance($1, u.topic, u.partition, u.position, u.log_end, u.from_position)
+  FROM unnest($2::text[], $3::integer[], $4::bigint[], $5::bigint[], $6::bigint[]) WITH ORDINALITY
+       AS u (topic, partition, position, log_end, from_position, n)
  ORDER BY u.n`;
 const POSITIONS = 'SELECT topic, "partition", "position" FROM idem_positions($1)';
 
@@ -55,10 +72,11 @@ function checkOptions(o) {
 
 // Consume opts.topics with opts.kafka (a @platformatic/kafka Consumer,
 // created by the caller with its groupId, brokers and deserializers) into
-// opts.db.  Each batch of messages runs, in one transaction:
+// opts.db.  Each batch of messages runs, in one transaction sent in one
+// round trip:
 //   SELECT idem_position_advance(...)  for each partition of the batch
 //   opts.sql with $1 = opts.consumer, $2 = the keys, $3 ... = opts.columns
-// on the messages at or above the positions before.  Returns
+// on the messages at or above the positions known here.  Returns
 // { done, close, counts }: done settles when the run stops (rejects on
 // an error of the broker or the database), close() stops it.
 function consumeKafka(options) {
@@ -73,9 +91,9 @@ function consumeKafka(options) {
   let logEndAt = 0;
   let logEndRefresh = null;
   // skipped: below the position known here, a second copy of an offset or
-  // of a key in the batch, all without a query; overtaken:
-  // below the position another member stored meanwhile, which the advance
-  // returned; backwards: batches refused whole (IP001) and read again;
+  // of a key in the batch, all without a query; overtaken: below the
+  // position another member stored meanwhile, which refused the advance;
+  // backwards: batches refused (IP001), the positions read again;
   // streamRestarts: streams opened again after one ended or failed
   const counts = { batches: 0, messages: 0, skipped: 0, overtaken: 0, applied: 0, assignments: 0, backwards: 0,
     streamRestarts: 0 };
@@ -132,12 +150,17 @@ function consumeKafka(options) {
       (a.topic < b.topic ? -1 : a.topic > b.topic ? 1 : a.partition - b.partition));
   }
 
-  // One transaction: advance every partition, keep the messages at or
-  // above each position before, each key once, apply them.  Resolves to
-  // the messages applied and those below the positions before, or null
-  // when a position was further than the batch (IP001): nothing was done.
+  // One transaction in one round trip: advance every partition from the
+  // first message of its part, and apply each key once (a key published
+  // twice can land in one batch: the batch statement gets it once, so
+  // that it need not take each key once itself).  Resolves to the count
+  // applied, or null when a position was past the batch's first message
+  // (IP001): nothing was done.
   async function applyParts(parts) {
-    const arrays = [[], [], [], []];
+    const arrays = [[], [], [], [], []];
+    const batch = [];
+    const keyOf = new Map();                  // message -> its key, each key once
+    const seen = new Set();
     for (const part of parts) {
       const next = part.messages[part.messages.length - 1].offset + 1n;
       const end = logEnds.get(partitionKey(part.topic, part.partition));
@@ -145,76 +168,79 @@ function consumeKafka(options) {
       arrays[1].push(part.partition);
       arrays[2].push(next.toString());
       arrays[3].push(end === undefined ? null : (end > next ? end : next).toString());
+      arrays[4].push(part.messages[0].offset.toString());
       part.next = next;
+      for (const m of part.messages) {
+        const k = o.key(m);
+        if (seen.has(k)) continue;
+        seen.add(k);
+        keyOf.set(m, k);
+        batch.push(m);
+      }
     }
+    const statements = [
+      { text: ADVANCE, values: [consumer, ...arrays] },
+      { text: o.sql, values: [consumer, ...batchParams(batch, (m) => keyOf.get(m), o.columns || [])] },
+    ];
+    const inside = o.onApplied ? ([, result]) => o.onApplied(batch, result) : undefined;
     try {
-      return await transaction(db, async (client) => {
-        const { rows } = await client.query(ADVANCE, [consumer, ...arrays]);
-        // a key published twice can land in one batch: the batch statement
-        // gets it once, so that it need not take each key once itself
-        const batch = [];
-        const keys = new Set();
-        let overtaken = 0;
-        parts.forEach((part, i) => {
-          const before = rows[i].before === null ? -1n : BigInt(rows[i].before);
-          for (const m of part.messages) {
-            if (m.offset < before) { overtaken++; continue; }
-            const k = o.key(m);
-            if (!keys.has(k)) batch.push(m);
-            keys.add(k);
-          }
-        });
-        if (batch.length > 0) {
-          const result = await client.query(o.sql, [consumer, ...batchParams(batch, o.key, o.columns || [])]);
-          if (o.onApplied) o.onApplied(batch, result);
-        }
-        return { applied: batch.length, overtaken };
-      }, o.retry);
+      await pipelinedTransaction(db, statements, o.retry, inside);
+      return batch.length;
     } catch (err) {
       if (err && err.code === BACKWARDS) return null;
       throw err;
     }
   }
 
+  // The broker's offsets, a copy of the positions for the tools that read
+  // the group's: committed in the background, not awaited by the batches,
+  // the latest of each partition, one commit at a time.
+  const toCommit = new Map();
+  let committing = null;
+  function commitOffsets(parts) {
+    for (const part of parts)
+      toCommit.set(partitionKey(part.topic, part.partition), part.messages[part.messages.length - 1]);
+    if (!committing) committing = commitLoop();
+  }
+  async function commitLoop() {
+    while (toCommit.size > 0) {
+      const last = [...toCommit.values()];
+      toCommit.clear();
+      await Promise.all(last.map((m) => m.commit().catch(() => {})));
+    }
+    committing = null;
+  }
+
+  const partsSize = (parts) => parts.reduce((n, part) => n + part.messages.length, 0);
+
   async function handleBatch(messages) {
     counts.batches++;
     counts.messages += messages.length;
     refreshLogEnds();
-    let done = null;
-    for (let attempt = 0; ; attempt++) {
-      const parts = byPartition(messages);
-      if (parts.length === 0) break;
-      done = await applyParts(parts);
+    let applied = 0;
+    let overtaken = 0;
+    let parts = byPartition(messages);
+    for (let attempt = 0; parts.length > 0; attempt++) {
+      const done = await applyParts(parts);
       if (done !== null) {
+        applied = done;
         for (const part of parts) positions.set(partitionKey(part.topic, part.partition), part.next);
-        if (o.commitOffsets)
-          await Promise.all(parts.map((part) => part.messages[part.messages.length - 1].commit()
-            .catch(() => {})));     // the database holds the positions; the broker's is a copy
+        if (o.commitOffsets) commitOffsets(parts);
         break;
       }
       // another member went further: read where, and skip what it applied
       counts.backwards++;
       if (attempt >= o.maxBackwardsRetries) throw new Error('positions kept moving past this batch');
       await readPositions();
+      const before = partsSize(parts);
+      parts = byPartition(messages);
+      overtaken += before - partsSize(parts);
     }
-    const { applied, overtaken } = done || { applied: 0, overtaken: 0 };
     const batch = { messages: messages.length, applied, skipped: messages.length - applied - overtaken, overtaken };
     counts.applied += batch.applied;
     counts.skipped += batch.skipped;
     counts.overtaken += batch.overtaken;
     if (o.onBatch) o.onBatch(batch);
-  }
-
-  // Up to maxBatch messages that are there now; waits for one if none.
-  async function nextBatch() {
-    for (;;) {
-      const batch = [];
-      let m;
-      while (batch.length < o.maxBatch && (m = stream.read()) !== null) batch.push(m);
-      if (batch.length > 0 || closing) return batch;
-      if (stream.readableEnded || stream.destroyed) return batch;
-      await readable(stream);
-    }
   }
 
   // The stored positions of the topics, as the stream's starting offsets.
@@ -244,7 +270,7 @@ function consumeKafka(options) {
     stream.on('readable', () => {});
     try {
       while (!closing) {
-        const batch = await nextBatch();
+        const batch = await readBatch(stream, o.maxBatch, () => closing);
         if (joinError) throw fatal(joinError);
         if (batch.length > 0) await handleBatch(batch).catch((err) => { throw fatal(err); });
         else if (stream.readableEnded || stream.destroyed) break;
@@ -308,8 +334,9 @@ function consumeKafka(options) {
       closing = true;
       if (stream) await stream.close().catch(() => {});
       await done.catch(() => {});
+      await committing;
     },
   };
 }
 
-module.exports = { consumeKafka, BACKWARDS };
+module.exports = { consumeKafka, readBatch, BACKWARDS };

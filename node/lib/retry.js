@@ -4,6 +4,7 @@
 'use strict';
 
 const { withTraceComment } = require('./trace');
+const { pipeline } = require('./pipeline');
 
 // SQLSTATEs after which the same work, in a fresh transaction, may succeed.
 const RETRYABLE = new Set(['40001', '40P01']);
@@ -95,16 +96,29 @@ function statement(db, query, opts) {
 
 const ISOLATION = new Set(['read committed', 'repeatable read', 'serializable']);
 
+// The statement that opens a transaction at o.isolationLevel.
+function beginStatement(o) {
+  if (!o.isolationLevel) return 'BEGIN';
+  const level = String(o.isolationLevel).toLowerCase();
+  if (!ISOLATION.has(level)) throw new TypeError(`unknown isolation level: ${o.isolationLevel}`);
+  return `BEGIN ISOLATION LEVEL ${level.toUpperCase()}`;
+}
+
+// Roll back after err, and rethrow it.
+async function rollback(client, err) {
+  try {
+    await client.query('ROLLBACK');
+  } catch (_) {
+    // the connection is gone; the original error says why
+  }
+  throw err;
+}
+
 // Run fn(client) between BEGIN and COMMIT; on 40001 or 40P01 (from fn or
 // from COMMIT) roll back, wait, and run fn again in a new transaction.
 async function transaction(db, fn, opts) {
   const o = options(opts);
-  let begin = 'BEGIN';
-  if (o.isolationLevel) {
-    const level = String(o.isolationLevel).toLowerCase();
-    if (!ISOLATION.has(level)) throw new TypeError(`unknown isolation level: ${o.isolationLevel}`);
-    begin += ` ISOLATION LEVEL ${level.toUpperCase()}`;
-  }
+  const begin = beginStatement(o);
   return withClient(db, (client) => retrying(async () => {
     await client.query(begin);
     let result;
@@ -112,15 +126,31 @@ async function transaction(db, fn, opts) {
       result = await fn(client);
       await client.query('COMMIT');
     } catch (err) {
-      try {
-        await client.query('ROLLBACK');
-      } catch (_) {
-        // the connection is gone; the original error says why
-      }
-      throw err;
+      await rollback(client, err);
     }
     return result;
   }, o));
 }
 
-module.exports = { isRetryable, isPool, withClient, statement, transaction, DEFAULTS };
+// Run statements ({ text, values }) between BEGIN and COMMIT in one round
+// trip (lib/pipeline.js), retried as transaction() is, and resolve to
+// their results.  inside(results), when given, runs before the COMMIT,
+// which is then a round trip of its own.
+async function pipelinedTransaction(db, statements, opts, inside) {
+  const o = options(opts);
+  const begin = { text: beginStatement(o) };
+  const commit = { text: 'COMMIT' };
+  return withClient(db, (client) => retrying(async () => {
+    try {
+      const results = await pipeline(client, inside ? [begin, ...statements] : [begin, ...statements, commit]);
+      if (!inside) return results.slice(1, -1);
+      await inside(results.slice(1));
+      await client.query(commit);
+      return results.slice(1);
+    } catch (err) {
+      return rollback(client, err);
+    }
+  }, o));
+}
+
+module.exports = { isRetryable, isPool, withClient, statement, transaction, pipelinedTransaction, DEFAULTS };

@@ -112,19 +112,22 @@ test('a run reads from the stored positions, skips below them and applies the re
   const again = await push(kafka.message(0, 6), kafka.message(0, 7), kafka.message(1, 1));
   assert.deepStrictEqual(again, { messages: 3, applied: 0, skipped: 3, overtaken: 0 });
 
-  // another member stored 10 on partition 0 meanwhile: 8 and 9 are its
+  // another member stored 10 on partition 0 meanwhile: 8 and 9 are its;
+  // the batch from 8 is refused (IP001), the positions read again, and
+  // the rest applied
   const lag = await db.query("SELECT idem_position_advance($1, 'orders', 0, 10)", [CONSUMER]);
   assert.strictEqual(Number(lag.rows[0].idem_position_advance), 8);
   const overtaken = await push(kafka.message(0, 8), kafka.message(0, 9), kafka.message(0, 10),
     kafka.message(0, 11));
   assert.deepStrictEqual(overtaken, { messages: 4, applied: 2, skipped: 0, overtaken: 2 });
+  assert.strictEqual(run.counts.backwards, 1);
 
   // another member stored 20 on partition 1: the batch, wholly below it,
-  // is refused (IP001), read again and skipped
+  // is refused, read again and skipped
   await other.query("SELECT idem_position_advance($1, 'orders', 1, 20)", [CONSUMER]);
   const behind = await push(kafka.message(1, 2), kafka.message(1, 3));
-  assert.deepStrictEqual(behind, { messages: 2, applied: 0, skipped: 2, overtaken: 0 });
-  assert.strictEqual(run.counts.backwards, 1);
+  assert.deepStrictEqual(behind, { messages: 2, applied: 0, skipped: 0, overtaken: 2 });
+  assert.strictEqual(run.counts.backwards, 2);
   assert.deepStrictEqual(await positions(), { 0: 12, 1: 20 });
   assert.deepStrictEqual(await ledger(), ['0:5', '0:6', '0:7', '0:10', '0:11', '1:0', '1:1']);
 
@@ -158,6 +161,54 @@ test('commitOffsets commits each partition after COMMIT, at the next offset to r
   await push(kafka.message(0, 14), kafka.message(0, 15), kafka.message(1, 20));
   assert.deepStrictEqual(kafka.commits.sort(), [[0, 16n], [1, 21n]]);
   await run.close();
+});
+
+test('a batch is one round trip to the database: advance, batch statement and COMMIT together', async () => {
+  const kafka = new FakeKafka([{ topic: 'orders', partitions: [0, 1] }]);
+  // every query the run sends, once its start has read the positions
+  const sent = [];
+  const counting = Object.create(db);
+  counting.query = (...args) => { sent.push(args[0]); return db.query(...args); };
+  const { run, push } = start(kafka, { db: counting });
+  const first = await push(kafka.message(0, 30), kafka.message(0, 31), kafka.message(1, 40));
+  assert.deepStrictEqual(first, { messages: 3, applied: 3, skipped: 0, overtaken: 0 });
+  sent.length = 0;
+  const second = await push(kafka.message(0, 32), kafka.message(1, 41), kafka.message(1, 42));
+  assert.deepStrictEqual(second, { messages: 3, applied: 3, skipped: 0, overtaken: 0 });
+  assert.strictEqual(sent.length, 1, 'one query per batch');
+  assert.deepStrictEqual((await positions()), { 0: 33, 1: 43, 2: 7 });
+  // a failing batch statement leaves nothing behind, and the client usable
+  await run.close();
+  const failing = start(new FakeKafka([{ topic: 'orders', partitions: [0] }]),
+    { db: counting, sql: 'SELECT $1::text, 1 / 0 FROM unnest($2::text[], $3::integer[], $4::bigint[])' });
+  failing.push(kafka.message(0, 33)).catch(() => {});
+  await assert.rejects(failing.run.done, { code: '22012' });
+  assert.deepStrictEqual((await positions())[0], 33);
+  assert.strictEqual((await db.query('SELECT 1 AS one')).rows[0].one, 1);
+
+  // onApplied runs inside the transaction, with the batch statement's
+  // result, and the COMMIT waits for it: a second round trip
+  const called = [];
+  const applying = start(new FakeKafka([{ topic: 'orders', partitions: [0] }]), { db: counting,
+    onApplied: (messages, result) => called.push([messages.length, result.rowCount, db.getTransactionStatus()]) });
+  await applying.push(kafka.message(0, 33));
+  sent.length = 0;
+  const third = await applying.push(kafka.message(0, 34), kafka.message(0, 35));
+  assert.deepStrictEqual(third, { messages: 2, applied: 2, skipped: 0, overtaken: 0 });
+  assert.deepStrictEqual(called, [[1, 1, 'T'], [2, 2, 'T']]);
+  assert.strictEqual(sent.length, 2, 'the statements, then COMMIT');
+  await applying.run.close();
+
+  // a client without node-postgres's protocol connection (as pg-native)
+  // gets the same statements one after the other
+  const plain = { query: (...args) => { sent.push(args[0]); return db.query(...args); } };
+  const sequential = start(new FakeKafka([{ topic: 'orders', partitions: [0] }]), { db: plain });
+  const fourth = await sequential.push(kafka.message(0, 36), kafka.message(0, 37));
+  assert.deepStrictEqual(fourth, { messages: 2, applied: 2, skipped: 0, overtaken: 0 });
+  assert.deepStrictEqual(sent.slice(-4).map((q) => (q.text || q).trim().split(/\s/)[0]),
+    ['BEGIN', 'SELECT', 'INSERT', 'COMMIT']);
+  assert.deepStrictEqual((await positions())[0], 38);
+  await sequential.run.close();
 });
 
 test('consumeKafka refuses bad options before anything runs', () => {
