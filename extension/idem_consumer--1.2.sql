@@ -1616,12 +1616,13 @@ SELECT pg_catalog.pg_extension_config_dump('idem_consumer.position_rewinds', '')
 SELECT pg_catalog.pg_extension_config_dump('idem_consumer.position_rewinds_rewind_id_seq', '');
 
 CREATE FUNCTION idem_position_advance(consumer text, topic text, "partition" integer,
-                                      "position" bigint, log_end_offset bigint DEFAULT NULL)
+                                      "position" bigint, log_end_offset bigint DEFAULT NULL,
+                                      from_position bigint DEFAULT NULL)
 RETURNS bigint
 AS 'MODULE_PATHNAME', 'idem_position_advance'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_position_advance(text, text, integer, bigint, bigint) IS
-    'moves a consumer''s position on a partition forward in this transaction, never backwards; returns the position before';
+COMMENT ON FUNCTION idem_position_advance(text, text, integer, bigint, bigint, bigint) IS
+    'moves a consumer''s position on a partition forward in this transaction, never backwards nor past from_position; returns the position before';
 
 CREATE FUNCTION idem_position_rewind(consumer text, topic text, "partition" integer,
                                      "position" bigint, reason text)
@@ -1660,7 +1661,7 @@ CREATE VIEW idem_positions WITH (security_barrier) AS
 COMMENT ON VIEW idem_positions IS
     'the positions of the consumers the current role may act on, with their lag';
 
-REVOKE ALL ON FUNCTION idem_position_advance(text, text, integer, bigint, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_position_advance(text, text, integer, bigint, bigint, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_position_rewind(text, text, integer, bigint, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_positions(text, text, integer) FROM PUBLIC;
 REVOKE ALL ON idem_positions FROM PUBLIC;
