@@ -194,6 +194,12 @@ read_position(const PositionCacheKey *ckey, text *topic, int64 *position)
 	bool		found = false;
 	bool		cacheable = false;
 
+	if (position_cache_relid != RelationGetRelid(rel))
+	{
+		/* another table (the extension made anew): nothing cached is its */
+		position_cache_relid = RelationGetRelid(rel);
+		position_inval_count++;
+	}
 	/* the lock taken above accepted them once; now as late as can be */
 	AcceptInvalidationMessages();
 	inval_count = position_inval_count;
@@ -214,14 +220,6 @@ read_position(const PositionCacheKey *ckey, text *topic, int64 *position)
 	}
 	systable_endscan(scan);
 	UnregisterSnapshot(snapshot);
-
-	if (cacheable && position_cache_relid != RelationGetRelid(rel))
-	{
-		/* from another table (the extension made anew): start again */
-		position_cache_relid = RelationGetRelid(rel);
-		position_inval_count++;
-		cacheable = false;
-	}
 	table_close(rel, AccessShareLock);
 
 	if (cacheable && inval_count == position_inval_count)
