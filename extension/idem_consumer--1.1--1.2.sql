@@ -1400,6 +1400,8 @@ ALTER TABLE idem_consumer.positions ENABLE ALWAYS TRIGGER positions_lowered;
 ALTER TABLE idem_consumer.positions ENABLE ALWAYS TRIGGER positions_deleted;
 ALTER TABLE idem_consumer.positions ENABLE ALWAYS TRIGGER positions_truncated;
 
+-- VOLATILE, as idem_is_processed: it answers for the moment of each call,
+-- under a snapshot of its own.
 CREATE FUNCTION idem_position_passed(consumer text, topic text, "partition" integer,
                                      "offset" bigint)
 RETURNS boolean

@@ -69,7 +69,6 @@
 #include "access/xact.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
-#include "storage/lmgr.h"
 #include "utils/builtins.h"
 #include "utils/hsearch.h"
 #include "utils/inval.h"
