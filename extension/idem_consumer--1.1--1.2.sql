@@ -1378,9 +1378,10 @@ REVOKE ALL ON idem_positions FROM PUBLIC;
 -- (src/position_check.c): whether the position has passed the message's
 -- offset, answered by each session from a cache of the positions it read,
 -- which only a position that goes down or away can make wrong.  These
--- triggers tell every session of each of those (a rewind, a change by
--- hand, a restore, a logical subscriber's apply) once it commits; an
--- advance fires none.  Enabled ALWAYS, so that the apply fires them.
+-- triggers tell every session of each of those (a rewind, an UPDATE,
+-- DELETE or TRUNCATE by hand or by a logical subscriber's apply) once it
+-- commits; an advance fires none.  Enabled ALWAYS, so that the apply
+-- fires them.
 --
 CREATE TRIGGER positions_lowered
     AFTER UPDATE ON idem_consumer.positions
