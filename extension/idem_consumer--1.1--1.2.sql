@@ -1378,3 +1378,42 @@ REVOKE ALL ON FUNCTION idem_position_advance(text, text, integer, bigint, bigint
 REVOKE ALL ON FUNCTION idem_position_rewind(text, text, integer, bigint, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_positions(text, text, integer) FROM PUBLIC;
 REVOKE ALL ON idem_positions FROM PUBLIC;
+
+--
+-- The check of a redelivered message against its partition's position
+-- (src/position_check.c): whether the position has passed the message's
+-- offset, answered by each session from a cache of the positions it read,
+-- which only a position that goes down or away can make wrong.  These
+-- triggers tell every session of each of those (a rewind, an UPDATE,
+-- DELETE or TRUNCATE by hand or by a logical subscriber's apply) once it
+-- commits; an advance fires none.  Enabled ALWAYS, so that the apply
+-- fires them.
+--
+CREATE TRIGGER positions_lowered
+    AFTER UPDATE ON idem_consumer.positions
+    FOR EACH ROW
+    WHEN (NEW."position" OPERATOR(pg_catalog.<) OLD."position"
+          OR NEW.consumer_id OPERATOR(pg_catalog.<>) OLD.consumer_id
+          OR NEW.topic OPERATOR(pg_catalog.<>) OLD.topic
+          OR NEW."partition" OPERATOR(pg_catalog.<>) OLD."partition")
+    EXECUTE FUNCTION idem_consumer.storage_changed();
+CREATE TRIGGER positions_deleted
+    AFTER DELETE ON idem_consumer.positions
+    FOR EACH ROW EXECUTE FUNCTION idem_consumer.storage_changed();
+CREATE TRIGGER positions_truncated
+    AFTER TRUNCATE ON idem_consumer.positions
+    FOR EACH STATEMENT EXECUTE FUNCTION idem_consumer.storage_changed();
+ALTER TABLE idem_consumer.positions ENABLE ALWAYS TRIGGER positions_lowered;
+ALTER TABLE idem_consumer.positions ENABLE ALWAYS TRIGGER positions_deleted;
+ALTER TABLE idem_consumer.positions ENABLE ALWAYS TRIGGER positions_truncated;
+
+-- VOLATILE, as idem_is_processed: it answers for the moment of each call,
+-- under a snapshot of its own.
+CREATE FUNCTION idem_position_passed(consumer text, topic text, "partition" integer,
+                                     "offset" bigint)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_position_passed'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_position_passed(text, text, integer, bigint) IS
+    'whether a consumer''s position on a partition has passed offset: the message there is applied, its redelivery a duplicate';
+REVOKE ALL ON FUNCTION idem_position_passed(text, text, integer, bigint) FROM PUBLIC;

@@ -471,6 +471,24 @@ keystore_consumer_id_and_fp_check(const char *consumer, bool create,
 }
 
 /*
+ * keystore_consumer_id() of a consumer this backend has cached, without a
+ * statement (and so without SPI): returns false if it is not cached, and
+ * raises 42501 for one the current role may not act on.
+ */
+bool
+keystore_cached_consumer_id(const char *consumer, int32 *consumer_id)
+{
+	ConsumerIdEntry *entry = hash_search(consumer_id_cache(), consumer,
+										 HASH_FIND, NULL);
+
+	if (entry == NULL)
+		return false;
+	check_consumer_access(consumer, entry->owner);
+	*consumer_id = entry->consumer_id;
+	return true;
+}
+
+/*
  * Tells whether the current role may act on the consumer of this id, for
  * the functions that name a consumer by one of its rows (a dead-letter
  * entry): they treat a row of another team's consumer as one that does not

@@ -19,6 +19,7 @@
 #include "utils/guc.h"
 
 #include "idem_consumer.h"
+#include "positions.h"
 
 PG_MODULE_MAGIC;
 
@@ -40,6 +41,7 @@ _PG_init(void)
 	keygen_init();
 	routed_init();
 	fingerprint_init();
+	position_check_init();
 
 	MarkGUCPrefixReserved("idem_consumer");
 

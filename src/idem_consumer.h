@@ -145,6 +145,7 @@ extern void keystore_read_purgeable(KeystoreTable table, Datum consumer_ids,
 /* consumers.c */
 extern void consumers_init(void);
 extern int32 keystore_consumer_id(const char *consumer, bool create);
+extern bool keystore_cached_consumer_id(const char *consumer, int32 *consumer_id);
 extern int32 keystore_consumer_id_and_fp_check(const char *consumer,
 												bool create,
 												bool *check_fingerprint);

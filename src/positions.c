@@ -6,6 +6,8 @@
  *	  idem_consumer.positions and moved in the caller's transaction
  *	  (idem_position_advance, idem_position_rewind), read by
  *	  idem_positions() and its view, and the lag idem_metrics() shows.
+ *	  The check of one message, idem_position_passed(), is
+ *	  position_check.c's.
  *
  * A position moves forward only.  The row is locked (SELECT ... FOR
  * UPDATE) before it is compared, so that two sessions advancing one
@@ -56,12 +58,10 @@
 #include "utils/tuplestore.h"
 
 #include "idem_consumer.h"
+#include "positions.h"
 
 /* a position would move backwards */
 #define ERRCODE_POSITION_BACKWARDS	MAKE_SQLSTATE('I','P','0','0','1')
-
-/* Kafka's limit on the length of a topic's name */
-#define KAFKA_MAX_TOPIC_BYTES		249
 
 /* rows fetched from the cursor of the view at a time */
 #define POSITIONS_BATCH				1000
@@ -163,15 +163,11 @@ PG_FUNCTION_INFO_V1(idem_position_advance);
 PG_FUNCTION_INFO_V1(idem_position_rewind);
 PG_FUNCTION_INFO_V1(idem_positions);
 
-/* The arguments that name a position: consumer, topic, partition. */
-typedef struct PositionKey
-{
-	char	   *consumer;
-	text	   *topic;
-	int32		partition;
-} PositionKey;
-
-static void
+/*
+ * Reads and checks the arguments 0 to 2 of the position functions: the
+ * consumer, the topic and the partition.
+ */
+void
 get_position_key(FunctionCallInfo fcinfo, PositionKey *key)
 {
 	key->consumer = get_consumer_arg(fcinfo, 0);
@@ -191,7 +187,7 @@ get_position_key(FunctionCallInfo fcinfo, PositionKey *key)
 /*
  * Returns a non-null offset argument of at least 0.
  */
-static int64
+int64
 get_offset_arg(FunctionCallInfo fcinfo, int argno, const char *argname)
 {
 	int64		value;
@@ -399,24 +395,46 @@ idem_position_rewind(PG_FUNCTION_ARGS)
 }
 
 /*
- * The columns of idem_consumer.positions, in the order of the table, which
- * positions_of_consumer() reads directly.
+ * Opens idem_consumer.positions with AccessShareLock and returns it, with
+ * its primary key's index in *index, after checking that it is the table
+ * this library reads.
  */
-enum PositionColumn
+Relation
+positions_open(Oid *index)
 {
-	PC_CONSUMER_ID,
-	PC_TOPIC,
-	PC_PARTITION,
-	PC_POSITION,
-	PC_ADVANCED_AT,
-	PC_LOG_END_OFFSET,
-	PC_LOG_END_AT,
-	PC_REWINDS,
-	PC_LAST_REWOUND_AT,
-	PC_LAST_REWOUND_BY,
-	PC_LAST_REWIND_REASON,
-	PC_NUM_COLUMNS
-};
+	Oid			nspid = get_namespace_oid(STORAGE_SCHEMA, false);
+	Relation	rel = table_open(get_relname_relid("positions", nspid), AccessShareLock);
+
+	*index = get_relname_relid("positions_pkey", nspid);
+	if (RelationGetDescr(rel)->natts != PC_NUM_COLUMNS || !OidIsValid(*index))
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("the table %s.positions is not the one this library reads", STORAGE_SCHEMA),
+				 errhint("Update the extension with ALTER EXTENSION idem_consumer UPDATE.")));
+	return rel;
+}
+
+/*
+ * Sets skey[0..*nkeys) to the keys of a scan of the primary key: the
+ * consumer's positions, of one topic unless topic is NULL, of one
+ * partition of it unless partition is negative.
+ */
+void
+position_scankeys(ScanKeyData *skey, int *nkeys, int32 consumer_id,
+				  text *topic, int32 partition)
+{
+	*nkeys = 1;
+	ScanKeyInit(&skey[0], PC_CONSUMER_ID + 1, BTEqualStrategyNumber, F_INT4EQ,
+				Int32GetDatum(consumer_id));
+	if (topic == NULL)
+		return;
+	/* the column's collation, "C" */
+	ScanKeyEntryInitialize(&skey[(*nkeys)++], 0, PC_TOPIC + 1, BTEqualStrategyNumber,
+						   InvalidOid, C_COLLATION_OID, F_TEXTEQ, PointerGetDatum(topic));
+	if (partition >= 0)
+		ScanKeyInit(&skey[(*nkeys)++], PC_PARTITION + 1, BTEqualStrategyNumber, F_INT4EQ,
+					Int32GetDatum(partition));
+}
 
 /* The columns of idem_positions(), in order. */
 enum PositionsOut
@@ -440,20 +458,19 @@ enum PositionsOut
  * Puts the positions of one consumer into the function's tuplestore, in
  * the order of the primary key (topic, partition), read through that
  * index under the query's snapshot instead of by a statement: this is the
- * read of a consumer on each assignment, and the check of a message
- * against its partition's position, which should cost about what the
- * round trip of a bare SELECT costs (test/bench/positions).  The caller
- * has checked that the current role may act on the consumer.
+ * read of a consumer on each assignment.  The check of one message
+ * against its partition's position is idem_position_passed()
+ * (position_check.c).  The caller has checked that the current role may
+ * act on the consumer.
  */
 static void
 positions_of_consumer(ReturnSetInfo *rsinfo, int32 consumer_id, Datum name,
 					  text *topic, int32 partition)
 {
-	Oid			nspid = get_namespace_oid(STORAGE_SCHEMA, false);
-	Relation	rel = table_open(get_relname_relid("positions", nspid), AccessShareLock);
-	Oid			index = get_relname_relid("positions_pkey", nspid);
+	Oid			index;
+	Relation	rel = positions_open(&index);
 	ScanKeyData skey[3];
-	int			nkeys = 1;
+	int			nkeys;
 	SysScanDesc scan;
 	HeapTuple	tuple;
 	Datum		in[PC_NUM_COLUMNS];
@@ -461,22 +478,7 @@ positions_of_consumer(ReturnSetInfo *rsinfo, int32 consumer_id, Datum name,
 	Datum		out[PO_NUM_COLUMNS];
 	bool		out_nulls[PO_NUM_COLUMNS];
 
-	if (RelationGetDescr(rel)->natts != PC_NUM_COLUMNS || !OidIsValid(index))
-		ereport(ERROR,
-				(errcode(ERRCODE_DATATYPE_MISMATCH),
-				 errmsg("the table %s.positions is not the one this library reads", STORAGE_SCHEMA),
-				 errhint("Update the extension with ALTER EXTENSION idem_consumer UPDATE.")));
-	ScanKeyInit(&skey[0], PC_CONSUMER_ID + 1, BTEqualStrategyNumber, F_INT4EQ,
-				Int32GetDatum(consumer_id));
-	if (topic != NULL)
-	{
-		/* the column's collation, "C" */
-		ScanKeyEntryInitialize(&skey[nkeys++], 0, PC_TOPIC + 1, BTEqualStrategyNumber,
-							   InvalidOid, C_COLLATION_OID, F_TEXTEQ, PointerGetDatum(topic));
-		if (partition >= 0)
-			ScanKeyInit(&skey[nkeys++], PC_PARTITION + 1, BTEqualStrategyNumber, F_INT4EQ,
-						Int32GetDatum(partition));
-	}
+	position_scankeys(skey, &nkeys, consumer_id, topic, partition);
 	scan = systable_beginscan(rel, index, true, GetActiveSnapshot(), nkeys, skey);
 	while (HeapTupleIsValid(tuple = systable_getnext(scan)))
 	{

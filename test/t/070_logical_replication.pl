@@ -5,7 +5,8 @@
 # the extension receives them.  Forgetting and purging keys on the
 # publisher works and the deletes reach the subscriber (which has its own
 # identity index for them).  An owner given on the publisher reaches a
-# session already connected to the subscriber.  Then the subscriber takes
+# session already connected to the subscriber, and so does a position
+# rewound there.  Then the subscriber takes
 # over and goes back to the full row as identity: it creates consumers and
 # parks messages (new ids, none taken by a replicated row), every message
 # the publisher applied is a duplicate there (the balances do not move),
@@ -200,6 +201,23 @@ $pub->wait_for_catchup('idem');
 is($member->query_safe(q{SELECT may_read('handed')}), 'allowed',
 	'and allowed again once the owner is given back');
 $member->quit;
+
+# A position rewound on the publisher reaches a session already connected
+# to the subscriber, which had it cached: the apply worker's update fires
+# a trigger enabled ALWAYS, and the session's next check reads the row
+# again (src/position_check.c).  A stale answer would skip the message.
+$pub->safe_psql('postgres', q{SELECT idem_position_advance('handed', 'orders', 0, 100)});
+$pub->wait_for_catchup('idem');
+my $checker = $sub->background_psql('postgres', on_error_stop => 1);
+is($checker->query_safe(q{SELECT idem_position_passed('handed', 'orders', 0, 50)}), 't',
+	'a session connected to the subscriber finds offset 50 below the position');
+$pub->safe_psql('postgres', q{SELECT idem_position_rewind('handed', 'orders', 0, 10, 'replay')});
+$pub->wait_for_catchup('idem');
+is($sub->safe_psql('postgres', q{SELECT "position" FROM idem_consumer.positions WHERE topic = 'orders'}),
+	'10', 'the rewind is replicated');
+is($checker->query_safe(q{SELECT idem_position_passed('handed', 'orders', 0, 50)}), 'f',
+	'the session connected there sees it at once');
+$checker->quit;
 
 # Take over: the subscription stops for good, the publisher is gone.
 $sub->safe_psql('postgres', q{
