@@ -24,7 +24,7 @@ CREATE ROLE pc_team_a;
 CREATE ROLE pc_team_b;
 CREATE ROLE pc_member NOINHERIT IN ROLE pc_team_a;
 GRANT EXECUTE ON FUNCTION idem_position_passed(text, text, integer, bigint),
-                          idem_position_advance(text, text, integer, bigint, bigint),
+                          idem_position_advance(text, text, integer, bigint, bigint, bigint),
                           idem_position_rewind(text, text, integer, bigint, text)
    TO pc_team_a, pc_team_b, pc_member;
 SELECT idem_consumer_create('pc-a', 'pc_team_a');
