@@ -7,6 +7,10 @@
 //               transaction in one round trip that advances the positions,
 //               records the keys (idem_record_batch) and applies the new
 //               events
+//   positions_only  consumeKafka as above with positions alone: the
+//               batch statement is the business update, no key recorded,
+//               as a consumer may run when the log holds no business
+//               duplicates (docs/brokers.md, positions alone)
 //   no_dedup    the reference: the same batches, formed by consumeKafka's
 //               own readBatch(), each one statement of the business update
 //               alone (its own transaction, one round trip), the broker's
@@ -47,13 +51,17 @@ const PER_MESSAGE = Number(process.env.BENCH_PER_MESSAGE || 1000);
 const BATCH = Number(process.env.BENCH_BATCH || 500);
 const ROUNDS = Number(process.env.BENCH_ROUNDS || 5);
 const PARTITIONS = 6;
-const VARIANTS = (process.env.BENCH_VARIANTS || 'positions no_dedup key_floor per_message').split(' ');
+const VARIANTS = (process.env.BENCH_VARIANTS || 'positions positions_only no_dedup key_floor per_message').split(' ');
 
 const LEDGER = `INSERT INTO ledger (event_id, account, amount)
 SELECT m.key, m.account, m.amount FROM unnest($1::text[], $2::integer[], $3::bigint[]) AS m (key, account, amount)`;
 const WITH_KEYS = `INSERT INTO ledger (event_id, account, amount)
 SELECT m.key, m.account, m.amount FROM unnest($2::text[], $3::integer[], $4::bigint[]) AS m (key, account, amount)
  WHERE m.key IN (SELECT k FROM idem_record_batch($1, $2::text[]) AS k)`;
+// positions alone: $1, the consumer, is not needed without keys
+const POSITIONS_ONLY = `INSERT INTO ledger (event_id, account, amount)
+SELECT m.key, m.account, m.amount FROM unnest($2::text[], $3::integer[], $4::bigint[]) AS m (key, account, amount)
+ WHERE $1::text IS NOT NULL`;
 const PLAIN_KEYS = `WITH k AS (
     INSERT INTO plain_keys (key) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING RETURNING key
 )
@@ -102,13 +110,13 @@ const first = () => { if (firstAt === null) firstAt = process.hrtime.bigint(); }
 const key = (m) => { first(); return JSON.parse(m.value).id; };
 const columns = [(m) => JSON.parse(m.value).account, (m) => JSON.parse(m.value).amount];
 
-async function positions(pool, topic, group, count) {
+async function positions(pool, topic, group, count, sql = WITH_KEYS) {
   const kafka = newConsumer(group);
   let applied = 0;
   let resolve;
   const finished = new Promise((r) => { resolve = r; });
   const run = idem.consumeKafka({
-    kafka, db: pool, consumer: group, topics: [topic], key, columns, sql: WITH_KEYS, maxBatch: BATCH,
+    kafka, db: pool, consumer: group, topics: [topic], key, columns, sql, maxBatch: BATCH,
     onBatch: (b) => { applied += b.applied; if (applied >= count) { last(); resolve(); } },
   });
   await Promise.race([finished, run.done]);
@@ -192,7 +200,8 @@ async function main() {
   await admin.query('CREATE TABLE IF NOT EXISTS plain_keys (key text COLLATE "C" PRIMARY KEY)');
   const { rows: [settings] } = await admin.query("SELECT current_setting('fsync') AS f, current_setting('synchronous_commit') AS c");
   const pool = new Pool({ max: 2 });
-  const run = { positions, no_dedup: noDedup, key_floor: keyFloor, per_message: perMessage };
+  const positionsOnly = (pool, topic, group, count) => positions(pool, topic, group, count, POSITIONS_ONLY);
+  const run = { positions, positions_only: positionsOnly, no_dedup: noDedup, key_floor: keyFloor, per_message: perMessage };
   const topic = `bench-${Date.now()}`;
   const t = process.hrtime.bigint();
   await fill(topic, MESSAGES);
@@ -225,8 +234,8 @@ async function main() {
   }
   // ratios within each round, then their median
   const ratio = (a, b) => median(rates[a].map((x, i) => x / rates[b][i]));
-  const goals = [['positions', 'no_dedup', 0.95], ['positions', 'per_message', 2], ['key_floor', 'no_dedup', null],
-    ['positions', 'key_floor', null]];
+  const goals = [['positions', 'no_dedup', 0.95], ['positions_only', 'no_dedup', 0.95], ['positions', 'per_message', 2],
+    ['key_floor', 'no_dedup', null], ['positions', 'key_floor', null]];
   for (const [a, b, goal] of goals) {
     if (!rates[a] || !rates[b]) continue;
     const r = ratio(a, b);
