@@ -44,7 +44,7 @@ OBJS = \
 	src/dead_letter_resolve.o \
 	src/dead_letter_sql.o \
 	src/try_apply.o \
-	src/keyplace.o \
+	src/key_place_resolve.o \
 	src/expect_rows.o \
 	src/retention.o \
 	src/retention_api.o \

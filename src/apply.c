@@ -5,7 +5,7 @@
  *	  idem_forget(), and the reader of the arguments of a message that
  *	  idem_apply() and idem_try_apply() share.  Puts the argument
  *	  validators (args.c), the key store, at the place a call's key lives
- *	  (keyplace.c: the node's keys, or routed.c's for a call with a
+ *	  (key_place.h: the node's keys, or routed.c's for a call with a
  *	  route), and business plans together.
  *
  * idem_apply() checks everything that can be checked before it records the

@@ -5,7 +5,7 @@
  *	  whose business SQL failed permanently, in the node's queue,
  *	  dead_letters, or, where keys are routed (routed.c), beside its key in
  *	  routed_dead_letters, and the status of a key's entry, each the local
- *	  or the routed place's operation (keyplace.c); and the labels of
+ *	  or the routed place's operation (key_place.h); and the labels of
  *	  idem_outcome, which the apply functions and the replays return.
  *
  * An entry keeps what a replay needs to run the message again as it first

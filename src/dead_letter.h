@@ -2,16 +2,17 @@
  *
  * dead_letter.h
  *	  What try_apply.c, dead_letter.c, dead_letter_entry.c,
- *	  dead_letter_resolve.c, replay_locks.c and keyplace.c share, with the
- *	  statements of dead_letter_sql.c (dead_letter_sql.h) and the runner
- *	  of business_run.c (business_run.h).
+ *	  dead_letter_resolve.c, replay_locks.c and key_place_resolve.c
+ *	  share, with the statements of dead_letter_sql.c (dead_letter_sql.h)
+ *	  and the runner of business_run.c (business_run.h).
  *
- * Calls run downwards: try_apply.c uses dead_letter.c, keyplace.c's
- * operations and business_run.c; dead_letter_resolve.c uses
- * dead_letter.c, dead_letter_entry.c, replay_locks.c, which wraps
- * business_run.c, and keyplace.c's operations, whose dead-letter ones are
- * dead_letter.c's and dead_letter_entry.c's; those use dead_letter_sql.c
- * and business_run.c, which use none of the others.
+ * Calls run downwards: try_apply.c uses dead_letter.c, the key places'
+ * operations (key_place.h) and business_run.c; dead_letter_resolve.c
+ * uses dead_letter.c, dead_letter_entry.c, replay_locks.c, which wraps
+ * business_run.c, and the key places' operations, whose dead-letter ones
+ * are dead_letter.c's and dead_letter_entry.c's, put in their tables by
+ * key_place_resolve.c; those use dead_letter_sql.c and business_run.c,
+ * which use none of the others.
  *
  * Copyright (c) 2025-2026, idem_consumer maintainers
  *

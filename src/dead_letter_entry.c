@@ -7,7 +7,7 @@
  *	  reading an entry, re-arming its dead effect, the role its SQL runs
  *	  as, recording its key again, and marking it replayed, failed again
  *	  or discarded.  Each is the local or the routed place's operation
- *	  (keyplace.c); dead_letter_resolve.c calls them through the place.
+ *	  (key_place.h); dead_letter_resolve.c calls them through the place.
  *
  * An entry of another team's consumer is, to the caller, one that does
  * not exist: it is read unlocked first, so that a role never waits for
@@ -270,9 +270,7 @@ dead_letter_rearm_local(const DeadLetterEntry *entry)
 bool
 dead_letter_rearm_routed(const DeadLetterEntry *entry)
 {
-	return entry->is_effect &&
-		effects_rearm_routed(entry->place.route, entry->place.route_type,
-							 entry->place.consumer, entry->key);
+	return entry->is_effect && effects_rearm_routed(&entry->place, entry->key);
 }
 
 /*

@@ -7,7 +7,7 @@
  *	  each node's own.  Parking the entries is dead_letter.c's business;
  *	  locking, reading and marking them, in the node's queue or beside
  *	  routed keys, is dead_letter_entry.c's, through the entry's place
- *	  (keyplace.c).
+ *	  (key_place.h).
  *
  * Replays lock their entry FOR NO KEY UPDATE before running it, so no two
  * sessions replay one entry; a batch replay skips the entries others hold.

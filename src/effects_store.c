@@ -129,8 +129,8 @@ routed_effect_execute(EffectStmt stmt, const EffectPlace *place, Datum *args,
 	char		nulls[STORAGE_MAX_ARGS];
 
 	Assert(nargs + 3 <= STORAGE_MAX_ARGS);
-	values[0] = place->route;
-	values[1] = CStringGetTextDatum(place->consumer);
+	values[0] = place->at.route;
+	values[1] = CStringGetTextDatum(place->at.consumer);
 	values[2] = PointerGetDatum(place->key);
 	memset(nulls, ' ', sizeof(nulls));
 	for (int i = 0; i < nargs; i++)
@@ -139,7 +139,7 @@ routed_effect_execute(EffectStmt stmt, const EffectPlace *place, Datum *args,
 		if (argnulls != NULL)
 			nulls[3 + i] = argnulls[i];
 	}
-	effects_execute_routed(stmt, place->route_type, values, nulls);
+	effects_execute_routed(stmt, place->at.route_type, values, nulls);
 }
 
 /*
@@ -150,7 +150,7 @@ bool
 effects_fetch(EffectStmt stmt, const EffectPlace *place, Datum *args,
 			  const char *argnulls, int nargs, EffectRow *row)
 {
-	if (place->routed)
+	if (key_place_routed(&place->at))
 		routed_effect_execute(stmt, place, args, argnulls, nargs);
 	else
 	{
@@ -158,7 +158,7 @@ effects_fetch(EffectStmt stmt, const EffectPlace *place, Datum *args,
 		char		nulls[6];
 
 		Assert(nargs + 2 <= lengthof(values));
-		values[0] = Int32GetDatum(place->consumer_id);
+		values[0] = Int32GetDatum(place->at.consumer_id);
 		values[1] = PointerGetDatum(place->key);
 		memset(nulls, ' ', sizeof(nulls));
 		for (int i = 0; i < nargs; i++)
@@ -177,6 +177,25 @@ effects_fetch(EffectStmt stmt, const EffectPlace *place, Datum *args,
 }
 
 /*
+ * Stores result as the outcome of the lease under fence; returns false if
+ * fence is not the effect's current lease, changing nothing.  A local
+ * effect is completed without the executor in the plain case; EF_COMPLETE
+ * decides the rest.
+ */
+bool
+effects_complete(const EffectPlace *place, int64 fence, Jsonb *result)
+{
+	Datum		args[2] = {PointerGetDatum(result), Int64GetDatum(fence)};
+	char		argnulls[2] = {result == NULL ? 'n' : ' ', ' '};
+
+	if (!key_place_routed(&place->at) &&
+		effects_fast_complete(effects_table_oid(), place->at.consumer_id, place->key,
+							  fence, result))
+		return true;
+	return effects_fetch(EF_COMPLETE, place, args, argnulls, 2, NULL);
+}
+
+/*
  * Inserts a new inline effect leased to fence 1 for lease, and fills row
  * as EFFECT_COLUMNS would read it; returns false, row untouched, when the
  * key has a row already.  Only the provider key is read back: reading the
@@ -190,11 +209,11 @@ effects_insert_leased(const EffectPlace *place, Jsonb *request,
 	MemoryContext oldcxt;
 
 	/* the plain case without the executor; the statement decides the rest */
-	if (!place->routed)
+	if (!key_place_routed(&place->at))
 	{
 		oldcxt = MemoryContextSwitchTo(row->cxt);
 		provider_key = effects_fast_insert_leased(effects_table_oid(),
-												  place->consumer_id, place->key,
+												  place->at.consumer_id, place->key,
 												  request, interval_to_us(lease));
 		MemoryContextSwitchTo(oldcxt);
 	}
@@ -236,17 +255,17 @@ effects_lock_due(const EffectPlace *place, int32 max_count)
 {
 	Datum		values[3];
 
-	if (!place->routed)
+	if (!key_place_routed(&place->at))
 	{
-		values[0] = Int32GetDatum(place->consumer_id);
+		values[0] = Int32GetDatum(place->at.consumer_id);
 		values[1] = Int32GetDatum(max_count);
 		effects_execute(EF_LOCK_DUE, values, NULL, 0);
 		return;
 	}
-	values[0] = place->route;
-	values[1] = CStringGetTextDatum(place->consumer);
+	values[0] = place->at.route;
+	values[1] = CStringGetTextDatum(place->at.consumer);
 	values[2] = Int32GetDatum(max_count);
-	effects_execute_routed(EF_LOCK_DUE, place->route_type, values, NULL);
+	effects_execute_routed(EF_LOCK_DUE, place->at.route_type, values, NULL);
 }
 
 /*
@@ -333,11 +352,11 @@ effects_park(const EffectPlace *place, const char *message, const char *detail,
 	values[3] = CStringGetTextDatum(GetUserNameFromId(GetUserId(), false));
 	*entry_id = 0;
 	/* ids past replicated entries, as for a message's (dead_letter.c) */
-	if (!place->routed)
+	if (!key_place_routed(&place->at))
 		keystore_dead_letter_ids_past_rows();
 	if (!effects_fetch(EF_PARK, place, values, NULL, 4, NULL))
 		return false;
-	if (!place->routed)
+	if (!key_place_routed(&place->at))
 		*entry_id = DatumGetInt64(column_value(0, 1, &isnull));
 	return true;
 }
@@ -358,14 +377,13 @@ effects_rearm(int64 dead_letter_id)
 }
 
 /*
- * Re-arms the dead routed effect of a routed effect's entry; returns
- * false if the effect is not dead.
+ * Re-arms the dead routed effect of key at place, an effect's entry;
+ * returns false if the effect is not dead.
  */
 bool
-effects_rearm_routed(Datum route, Oid route_type, const char *consumer, text *key)
+effects_rearm_routed(const KeyPlace *at, text *key)
 {
-	EffectPlace place = {.consumer = consumer, .key = key, .routed = true,
-	.route = route, .route_type = route_type};
+	EffectPlace place = {.at = *at, .key = key};
 
 	return effects_fetch(EF_REARM, &place, NULL, NULL, 0, NULL);
 }

@@ -26,6 +26,7 @@
 #include "utils/timestamp.h"
 
 #include "compat.h"
+#include "key_place.h"
 
 /* The schema of the storage tables, fixed by the install script. */
 #define STORAGE_SCHEMA "idem_consumer"
@@ -347,7 +348,7 @@ extern uint64 routed_purge(const char *consumer);
 extern void routed_init(void);
 extern Oid	routed_keys_relid(void);
 extern Oid	routed_route_type(void);
-extern void routed_refuse_unrouted(void);
+extern void routed_refuse_unrouted(const char *effect_function);
 extern bool routed_get_route_arg(FunctionCallInfo fcinfo, int argno, Datum *route,
 								 Oid *route_type);
 extern bool routed_get_routes_arg(FunctionCallInfo fcinfo, int argno, int nkeys,
@@ -355,119 +356,6 @@ extern bool routed_get_routes_arg(FunctionCallInfo fcinfo, int argno, int nkeys,
 extern void routed_stmts_retype(StorageStmtSet *set, StorageStmt *defs,
 								Oid *plans_type, Oid route_type);
 extern bool routed_purge_cutoffs(RetentionWindows *windows, Datum *args);
-
-/*
- * keyplace.c: where a message's key lives, and the one interface over
- * the key store, local (keystore.c: the consumer's id and the seeded
- * hash, in generations; dead_letters) or routed (routed.c: the route, the
- * consumer's name and the key; routed_dead_letters).  A call resolves the
- * place once, from its arguments (key_place_resolve), and then calls the
- * operations of the place's ops, the local or the routed ones, through
- * the functions below: nothing above the key store asks which it is.
- */
-typedef struct KeyPlace KeyPlace;
-typedef struct DeadLetterEntry DeadLetterEntry;
-
-typedef struct KeyPlaceOps
-{
-	bool		routed;			/* the routed keys' */
-	const char *dead_letters_view;	/* where an operator finds the entries */
-	/* refuses business SQL run as role where the place cannot have it */
-	void		(*admit_role) (const KeyPlace *place, const char *function_name,
-							   Oid role);
-	bool		(*record) (const KeyPlace *place, text *key,
-						   const int32 *fingerprint, RecordedKey *recorded);
-	void		(*record_batch) (const KeyPlace *place, Datum *keys, Datum *routes,
-								 int nkeys, const int32 *fingerprints,
-								 const bool *has_fingerprint, bool *isnew,
-								 bool *repeated, RecordedKey *recorded);
-	bool		(*exists) (const KeyPlace *place, text *key);
-	bool		(*forget) (const KeyPlace *place, text *key);
-	/* the dead letters (dead_letter.c, dead_letter_entry.c) */
-	void		(*park) (const KeyPlace *place, text *key, const char *sql,
-						 ArrayType *params, NullableDatum event_time,
-						 ErrorData *edata, int64 expect_rows);
-	char	   *(*entry_status) (const KeyPlace *place, text *key);
-	bool		(*lock_entry) (const KeyPlace *place, text *key,
-							   const char *function_name, const char *action,
-							   DeadLetterEntry *entry);
-	bool		(*entry_rearm) (const DeadLetterEntry *entry);
-	Oid			(*entry_run_as) (const DeadLetterEntry *entry, char **consumer);
-	int64		(*entry_record_key) (const DeadLetterEntry *entry,
-									 const char *consumer);
-	void		(*entry_mark_run) (const DeadLetterEntry *entry, ErrorData *edata);
-	void		(*entry_discard) (const DeadLetterEntry *entry, text *reason);
-} KeyPlaceOps;
-
-struct KeyPlace
-{
-	const KeyPlaceOps *ops;
-	const char *consumer;
-	int32		consumer_id;	/* this node's id; 0 until looked up */
-	Datum		route;			/* where keys are routed */
-	Oid			route_type;		/* where keys are routed */
-};
-
-/* What a call without its route is where keys are routed. */
-typedef enum KeyPlaceUnrouted
-{
-	UNROUTED_REFUSED,			/* refused: a key without its route */
-	UNROUTED_LOCAL				/* the node's own: the dead letters of a key */
-} KeyPlaceUnrouted;
-
-extern void key_place_resolve(FunctionCallInfo fcinfo, int route_argno,
-							  const char *consumer, KeyPlaceUnrouted unrouted,
-							  KeyPlace *place);
-extern void key_place_resolve_routes(FunctionCallInfo fcinfo, int routes_argno,
-									 int nkeys, const char *consumer,
-									 Datum **routes, KeyPlace *place);
-extern void key_place_local(int32 consumer_id, const char *consumer,
-							KeyPlace *place);
-
-static inline bool
-key_place_routed(const KeyPlace *place)
-{
-	return place->ops->routed;
-}
-
-static inline void
-key_place_admit_role(const KeyPlace *place, const char *function_name, Oid role)
-{
-	place->ops->admit_role(place, function_name, role);
-}
-
-static inline bool
-key_place_record(const KeyPlace *place, text *key, const int32 *fingerprint,
-				 RecordedKey *recorded)
-{
-	return place->ops->record(place, key, fingerprint, recorded);
-}
-
-static inline bool
-key_place_exists(const KeyPlace *place, text *key)
-{
-	return place->ops->exists(place, key);
-}
-
-static inline bool
-key_place_forget(const KeyPlace *place, text *key)
-{
-	return place->ops->forget(place, key);
-}
-
-static inline void
-key_place_park(const KeyPlace *place, text *key, const char *sql,
-			   ArrayType *params, NullableDatum event_time, ErrorData *edata,
-			   int64 expect_rows)
-{
-	place->ops->park(place, key, sql, params, event_time, edata, expect_rows);
-}
-
-static inline char *
-key_place_entry_status(const KeyPlace *place, text *key)
-{
-	return place->ops->entry_status(place, key);
-}
 
 /* args.c */
 extern text *get_name_arg(FunctionCallInfo fcinfo, int argno, const char *argname,
@@ -565,8 +453,7 @@ extern bool fastpath_enabled(void);
 extern void effects_init(void);
 extern bool effects_storage_exists(void);
 extern bool effects_rearm(int64 dead_letter_id);
-extern bool effects_rearm_routed(Datum route, Oid route_type, const char *consumer,
-								 text *key);
+extern bool effects_rearm_routed(const KeyPlace *at, text *key);
 extern uint64 effects_purge(int32 only_consumer, int default_retention_secs);
 extern uint64 effects_purge_routed(const char *consumer, RetentionWindows *windows);
 

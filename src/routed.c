@@ -9,7 +9,7 @@
  *	  probing, forgetting and purging routed keys, and the statements on
  *	  the routed dead letters (idem_consumer.routed_dead_letters, keyed
  *	  like the keys, used by dead_letter.c and dead_letter_entry.c): the
- *	  routed place's operations (keyplace.c).
+ *	  routed place's operations (key_place.h).
  *	  Whether keys are routed, the route arguments, and the refusal of
  *	  calls that would record or look up a key without its route once keys
  *	  are routed are routing.c's.

@@ -1,9 +1,9 @@
 /*-------------------------------------------------------------------------
  *
- * keyplace.c
+ * key_place_resolve.c
  *	  Where a message's key lives, resolved once per call from the call's
  *	  arguments, and the two implementations of the key store's interface
- *	  (KeyPlaceOps, idem_consumer.h): the local keys of keystore.c, under
+ *	  (KeyPlaceOps, key_place.h): the local keys of keystore.c, under
  *	  this node's consumer id, with the node's dead-letter queue, and the
  *	  routed keys of routed.c, under the route, for Citus, with the routed
  *	  dead letters.  Owns the choice between them and the refusal of a
@@ -18,7 +18,7 @@
  * Copyright (c) 2025-2026, idem_consumer maintainers
  *
  * IDENTIFICATION
- *	  src/keyplace.c
+ *	  src/key_place_resolve.c
  *
  *-------------------------------------------------------------------------
  */
@@ -163,21 +163,66 @@ key_place_local(int32 consumer_id, const char *consumer, KeyPlace *place)
  * route_argno (the last argument of the 1.2 functions; past the end for
  * the older ones): beside its route where the call gives one and keys are
  * routed in this database, else the node's own.  A route of a type the
- * keys' route cannot take is refused (routed_get_route_arg); so is a call
- * without a route where keys are routed, unless unrouted says that such a
- * call is the node's own.
+ * keys' route cannot take is refused (routed_get_route_arg).  Returns
+ * whether the call gave a route that is used.
  */
-void
-key_place_resolve(FunctionCallInfo fcinfo, int route_argno, const char *consumer,
-				  KeyPlaceUnrouted unrouted, KeyPlace *place)
+static bool
+resolve_route(FunctionCallInfo fcinfo, int route_argno, const char *consumer,
+			  KeyPlace *place)
 {
 	key_place_local(0, consumer, place);
 	/* the usual call has no route: it costs no call (test/bench/instructions) */
 	if (route_argno < PG_NARGS() && !PG_ARGISNULL(route_argno) &&
 		routed_get_route_arg(fcinfo, route_argno, &place->route, &place->route_type))
+	{
 		place->ops = &routed_ops;
-	else if (unrouted == UNROUTED_REFUSED)
-		routed_refuse_unrouted();
+		return true;
+	}
+	return false;
+}
+
+/*
+ * Resolves where the key of a call on consumer lives (resolve_route),
+ * refusing a call without its route where keys are routed, unless
+ * unrouted says that such a call is the node's own.
+ */
+void
+key_place_resolve(FunctionCallInfo fcinfo, int route_argno, const char *consumer,
+				  KeyPlaceUnrouted unrouted, KeyPlace *place)
+{
+	if (!resolve_route(fcinfo, route_argno, consumer, place) &&
+		unrouted == UNROUTED_REFUSED)
+		routed_refuse_unrouted(NULL);
+}
+
+/*
+ * Resolves where the effect of a call of function_name on consumer lives,
+ * beside its key: refuses an effect without its route where keys are
+ * routed.
+ */
+void
+key_place_resolve_effect(FunctionCallInfo fcinfo, int route_argno,
+						 const char *consumer, const char *function_name,
+						 KeyPlace *place)
+{
+	if (!resolve_route(fcinfo, route_argno, consumer, place))
+		routed_refuse_unrouted(function_name);
+}
+
+/*
+ * Sets place to every route of consumer, with the routes' type and no
+ * route, where keys are routed, and returns true; else to the node's own
+ * place, returning false.
+ */
+bool
+key_place_every_route(const char *consumer, KeyPlace *place)
+{
+	key_place_local(0, consumer, place);
+	place->route_type = routed_route_type();
+	if (!OidIsValid(place->route_type))
+		return false;
+	place->ops = &routed_ops;
+	return true;
 }
 
 /*
@@ -200,6 +245,18 @@ key_place_resolve_routes(FunctionCallInfo fcinfo, int routes_argno, int nkeys,
 		/* read only to be checked: where keys are not routed, ignored */
 		*routes = NULL;
 		if (nkeys > 0)
-			routed_refuse_unrouted();
+			routed_refuse_unrouted(NULL);
 	}
+}
+
+/*
+ * This node's id of the place's consumer, 0 if it has none; where keys are
+ * routed the consumer is registered here if this node has not seen it:
+ * routed keys, entries and effects are in their shards whatever node
+ * registered their consumer.
+ */
+int32
+key_place_consumer_id(const KeyPlace *place)
+{
+	return keystore_consumer_id(place->consumer, place->ops->routed);
 }
