@@ -97,6 +97,24 @@ extern bool effects_policy(int32 consumer_id, EffectPolicy *policy);
 extern bool effects_park(const EffectPlace *place, const char *message,
 						 const char *detail, int64 *entry_id);
 extern void effects_lock_due(const EffectPlace *place, int32 max_count);
+
+/* effects_store.c: the local and the routed place's operations (key_place.h) */
+extern void effects_execute_local(int stmt, const KeyPlace *at, text *key,
+								  Datum *args, const char *argnulls, int nargs);
+extern void effects_execute_routed_at(int stmt, const KeyPlace *at, text *key,
+									  Datum *args, const char *argnulls, int nargs);
+extern text *effects_fast_insert_local(const KeyPlace *at, text *key,
+									   Jsonb *request, int64 lease_us);
+extern text *effects_fast_insert_none(const KeyPlace *at, text *key,
+									  Jsonb *request, int64 lease_us);
+extern bool effects_fast_complete_local(const KeyPlace *at, text *key, int64 fence,
+										Jsonb *result);
+extern bool effects_fast_complete_none(const KeyPlace *at, text *key, int64 fence,
+									   Jsonb *result);
+extern bool effects_park_local(const KeyPlace *at, text *key, Datum *values,
+							   int64 *entry_id);
+extern bool effects_park_routed(const KeyPlace *at, text *key, Datum *values,
+								int64 *entry_id);
 extern uint64 effects_routed_due(const char *consumer, int32 max_count,
 								 Datum **routes, text ***keys);
 

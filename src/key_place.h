@@ -27,6 +27,7 @@
 
 #include "fmgr.h"
 #include "utils/array.h"
+#include "utils/jsonb.h"
 
 struct RecordedKey;
 
@@ -62,6 +63,15 @@ typedef struct KeyPlaceOps
 									 const char *consumer);
 	void		(*entry_mark_run) (const DeadLetterEntry *entry, ErrorData *edata);
 	void		(*entry_discard) (const DeadLetterEntry *entry, text *reason);
+	/* the effects of the place's keys (effects_store.c) */
+	void		(*effect_execute) (int stmt, const KeyPlace *place, text *key,
+								   Datum *args, const char *argnulls, int nargs);
+	text	   *(*effect_fast_insert) (const KeyPlace *place, text *key,
+									   Jsonb *request, int64 lease_us);
+	bool		(*effect_fast_complete) (const KeyPlace *place, text *key,
+										 int64 fence, Jsonb *result);
+	bool		(*effect_park) (const KeyPlace *place, text *key, Datum *args,
+								int64 *entry_id);
 } KeyPlaceOps;
 
 struct KeyPlace

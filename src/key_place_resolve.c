@@ -27,6 +27,7 @@
 #include "fmgr.h"
 
 #include "dead_letter.h"
+#include "effects_store.h"
 
 /* Business SQL of any role may run beside a local key. */
 static void
@@ -123,6 +124,10 @@ static const KeyPlaceOps local_ops = {
 	.entry_record_key = dead_letter_record_key_local,
 	.entry_mark_run = dead_letter_mark_run_local,
 	.entry_discard = dead_letter_discard_local,
+	.effect_execute = effects_execute_local,
+	.effect_fast_insert = effects_fast_insert_local,
+	.effect_fast_complete = effects_fast_complete_local,
+	.effect_park = effects_park_local,
 };
 
 static const KeyPlaceOps routed_ops = {
@@ -141,6 +146,10 @@ static const KeyPlaceOps routed_ops = {
 	.entry_record_key = dead_letter_record_key_routed,
 	.entry_mark_run = dead_letter_mark_run_routed,
 	.entry_discard = dead_letter_discard_routed,
+	.effect_execute = effects_execute_routed_at,
+	.effect_fast_insert = effects_fast_insert_none,
+	.effect_fast_complete = effects_fast_complete_none,
+	.effect_park = effects_park_routed,
 };
 
 /*
