@@ -27,11 +27,12 @@
  *
  * Where keys are routed (routed.c, routed_record_keys), a batch's keys are
  * spread over the shards of their routes, and the order that keeps two
- * batches from deadlocking is taken over the whole cluster: route by route, in the
- * order of the routes, each route's keys in the order of their bytes, one
- * statement per key, which Citus sends to the key's shard.  One statement
- * for the whole batch would let Citus write its shards in parallel, in no
- * order, and two batches could then each hold a key the other waits for.
+ * batches from deadlocking is taken over the whole cluster: route by
+ * route, in the order of the routes, each route's keys in the order of
+ * their bytes, one statement per key, which Citus sends to the key's
+ * shard.  One statement for the whole batch would let Citus write its
+ * shards in parallel, in no order, and two batches could then each hold a
+ * key the other waits for.
  *
  * Copyright (c) 2025-2026, idem_consumer maintainers
  *
@@ -51,7 +52,6 @@
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/tuplestore.h"
-#include "utils/typcache.h"
 
 #include "idem_consumer.h"
 

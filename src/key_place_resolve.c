@@ -58,9 +58,9 @@ routed_record(const KeyPlace *place, text *key, const int32 *fingerprint,
 
 /*
  * Records the keys of a batch in the order of the unique index
- * (keystore_batch.c); routes are not used.  No key is marked repeated: the
- * key store records a repeated key once and finds it recorded the other
- * times, by this very call, which the caller counts as a duplicate.
+ * (keystore_batch.c); routes are not used.  No key is marked repeated
+ * here: the key store handles a key repeated in the batch itself
+ * (keystore_record_keys).
  */
 static void
 local_record_batch(const KeyPlace *place, Datum *keys, Datum *routes, int nkeys,
