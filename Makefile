@@ -40,9 +40,11 @@ OBJS = \
 	src/metrics.o \
 	src/business_run.o \
 	src/dead_letter.o \
+	src/dead_letter_entry.o \
 	src/dead_letter_resolve.o \
 	src/dead_letter_sql.o \
 	src/try_apply.o \
+	src/key_place_resolve.o \
 	src/expect_rows.o \
 	src/retention.o \
 	src/retention_api.o \

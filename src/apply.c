@@ -4,8 +4,9 @@
  *	  The SQL-callable API: idem_apply(), idem_is_processed() and
  *	  idem_forget(), and the reader of the arguments of a message that
  *	  idem_apply() and idem_try_apply() share.  Puts the argument
- *	  validators (args.c), the key store (or routed.c's keys, for a call
- *	  with a route) and business plans together.
+ *	  validators (args.c), the key store, at the place a call's key lives
+ *	  (key_place.h: the node's keys, or routed.c's for a call with a
+ *	  route), and business plans together.
  *
  * idem_apply() checks everything that can be checked before it records the
  * key (arguments, the SQL text, the parameter values), so that a bad call
@@ -69,9 +70,7 @@ get_message_args(FunctionCallInfo fcinfo, MessageArgs *args)
 				 errmsg("expect_rows must not be negative"),
 				 errdetail("The value given is " INT64_FORMAT ".", args->expect_rows),
 				 errhint("Pass NULL to demand no rows.")));
-	/* the usual call has no route: it costs no call (test/bench/instructions) */
-	args->routed = nargs > 7 && !PG_ARGISNULL(7) &&
-		routed_get_route_arg(fcinfo, 7, &args->route, &args->route_type);
+	key_place_resolve(fcinfo, 7, args->consumer, UNROUTED_REFUSED, &args->place);
 }
 
 /*
@@ -117,17 +116,10 @@ idem_apply(PG_FUNCTION_ARGS)
 												bound_params);
 	inflight_check_key(consumer_id, args.consumer, args.key, "record");
 	inflight_check_call(fcinfo);
-	if (args.routed)
-	{
-		routed_refuse_two_roles("idem_apply", args.consumer, GetUserId());
-		applied = routed_record_key(args.route, args.route_type, args.consumer,
-									args.key, check_fingerprint ? &fingerprint : NULL,
-									&recorded);
-	}
-	else
-		applied = keystore_record_key_fp(consumer_id, args.key,
-										 check_fingerprint ? &fingerprint : NULL,
-										 &recorded);
+	args.place.consumer_id = consumer_id;
+	key_place_admit_role(&args.place, "idem_apply", GetUserId());
+	applied = key_place_record(&args.place, args.key,
+							   check_fingerprint ? &fingerprint : NULL, &recorded);
 	if (applied)
 	{
 		uint64		rows = inflight_execute(consumer_id, args.consumer, args.key,
@@ -153,21 +145,17 @@ idem_apply(PG_FUNCTION_ARGS)
 
 /*
  * Reads the key, consumer and route of idem_is_processed or idem_forget,
- * the route last where the function has one (1.2 on); returns whether the
- * key is routed, refusing one without its route where keys are routed.
+ * the route last where the function has one (1.2 on), and resolves where
+ * the key lives, refusing a key without its route where keys are routed.
  */
-static bool
-key_args(FunctionCallInfo fcinfo, text **key, char **consumer, Datum *route,
-		 Oid *route_type)
+static text *
+key_args(FunctionCallInfo fcinfo, KeyPlace *place)
 {
-	bool		routed;
+	text	   *key = get_key_arg(fcinfo, 0);
 
-	*key = get_key_arg(fcinfo, 0);
-	*consumer = get_consumer_arg(fcinfo, 1);
-	routed = routed_get_route_arg(fcinfo, 2, route, route_type);
-	if (!routed)
-		routed_refuse_unrouted();
-	return routed;
+	key_place_resolve(fcinfo, 2, get_consumer_arg(fcinfo, 1), UNROUTED_REFUSED,
+					  place);
+	return key;
 }
 
 /*
@@ -177,19 +165,14 @@ key_args(FunctionCallInfo fcinfo, text **key, char **consumer, Datum *route,
 Datum
 idem_is_processed(PG_FUNCTION_ARGS)
 {
-	text	   *key;
-	char	   *consumer;
-	Datum		route = (Datum) 0;
-	Oid			route_type = InvalidOid;
-	bool		routed = key_args(fcinfo, &key, &consumer, &route, &route_type);
-	int32		consumer_id;
+	KeyPlace	place;
+	text	   *key = key_args(fcinfo, &place);
 	bool		exists = false;
 
 	SPI_connect();
-	consumer_id = keystore_consumer_id(consumer, false);
-	if (consumer_id != 0)
-		exists = routed ? routed_key_exists(route, route_type, consumer, key) :
-			keystore_key_exists(consumer_id, key);
+	place.consumer_id = keystore_consumer_id(place.consumer, false);
+	if (place.consumer_id != 0)
+		exists = key_place_exists(&place, key);
 	SPI_finish();
 	PG_RETURN_BOOL(exists);
 }
@@ -204,22 +187,17 @@ idem_is_processed(PG_FUNCTION_ARGS)
 Datum
 idem_forget(PG_FUNCTION_ARGS)
 {
-	text	   *key;
-	char	   *consumer;
-	Datum		route = (Datum) 0;
-	Oid			route_type = InvalidOid;
-	bool		routed = key_args(fcinfo, &key, &consumer, &route, &route_type);
-	int32		consumer_id;
+	KeyPlace	place;
+	text	   *key = key_args(fcinfo, &place);
 	bool		removed = false;
 
 	SPI_connect();
-	consumer_id = keystore_consumer_id(consumer, false);
-	if (consumer_id != 0)
-		inflight_check_key(consumer_id, consumer, key, "forget");
+	place.consumer_id = keystore_consumer_id(place.consumer, false);
+	if (place.consumer_id != 0)
+		inflight_check_key(place.consumer_id, place.consumer, key, "forget");
 	inflight_check_none("idem_forget");
-	if (consumer_id != 0)
-		removed = routed ? routed_forget_key(route, route_type, consumer, key) :
-			keystore_forget_key(consumer_id, key);
+	if (place.consumer_id != 0)
+		removed = key_place_forget(&place, key);
 	SPI_finish();
 	PG_RETURN_BOOL(removed);
 }

@@ -25,13 +25,14 @@
  * Only such keys, hash collisions in practice, go through the per-key path
  * of idem_apply().
  *
- * Where keys are routed (routed.c), a batch's keys are spread over the
- * shards of their routes, and the order that keeps two batches from
- * deadlocking is taken over the whole cluster: route by route, in the
- * order of the routes, each route's keys in the order of their bytes, one
- * statement per key, which Citus sends to the key's shard.  One statement
- * for the whole batch would let Citus write its shards in parallel, in no
- * order, and two batches could then each hold a key the other waits for.
+ * Where keys are routed (routed.c, routed_record_keys), a batch's keys are
+ * spread over the shards of their routes, and the order that keeps two
+ * batches from deadlocking is taken over the whole cluster: route by
+ * route, in the order of the routes, each route's keys in the order of
+ * their bytes, one statement per key, which Citus sends to the key's
+ * shard.  One statement for the whole batch would let Citus write its
+ * shards in parallel, in no order, and two batches could then each hold a
+ * key the other waits for.
  *
  * Copyright (c) 2025-2026, idem_consumer maintainers
  *
@@ -51,7 +52,6 @@
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/tuplestore.h"
-#include "utils/typcache.h"
 
 #include "idem_consumer.h"
 
@@ -210,85 +210,6 @@ idem_record_batch(PG_FUNCTION_ARGS)
 	return (Datum) 0;
 }
 
-/* A key of a batch with fingerprints, its place in the batch and its route. */
-typedef struct BatchKey
-{
-	Datum		route;			/* where keys are routed */
-	text	   *key;
-	int			place;
-} BatchKey;
-
-/*
- * Compares two keys of a routed batch by their routes, in the type's
- * order, then by the bytes of the keys.
- */
-static int
-routed_batch_key_cmp(const void *a, const void *b, void *arg)
-{
-	TypeCacheEntry *typentry = (TypeCacheEntry *) arg;
-	const BatchKey *ka = (const BatchKey *) a;
-	const BatchKey *kb = (const BatchKey *) b;
-	int			cmp;
-	int			la = VARSIZE_ANY_EXHDR(ka->key);
-	int			lb = VARSIZE_ANY_EXHDR(kb->key);
-
-	cmp = DatumGetInt32(FunctionCall2Coll(&typentry->cmp_proc_finfo,
-										  typentry->typcollation,
-										  ka->route, kb->route));
-	if (cmp != 0)
-		return cmp;
-	cmp = memcmp(VARDATA_ANY(ka->key), VARDATA_ANY(kb->key), Min(la, lb));
-	return cmp != 0 ? cmp : (la > lb) - (la < lb);
-}
-
-/*
- * Records a routed batch's keys under their routes, in the order that
- * keeps two batches from deadlocking over the whole cluster (see the
- * header): sorted by route, then by the bytes of the key.  A key repeated
- * under one route is one message: only its first place is recorded, the
- * others are marked neither new nor reused.  Fills isnew and recorded by
- * the keys' places.
- */
-static void
-record_batch_routed(const char *consumer, Datum *elems, Datum *routes,
-					Oid route_type, int nkeys, const int32 *fingerprints,
-					const bool *has_fingerprint, bool *isnew, bool *repeated,
-					RecordedKey *recorded)
-{
-	TypeCacheEntry *typentry;
-	BatchKey   *batch;
-
-	typentry = lookup_type_cache(route_type, TYPECACHE_CMP_PROC_FINFO);
-	if (!OidIsValid(typentry->cmp_proc_finfo.fn_oid))
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_FUNCTION),
-				 errmsg("routes of type %s cannot be ordered", format_type_be(route_type)),
-				 errhint("Pass the routes with the type of the distribution column.")));
-	batch = palloc(nkeys * sizeof(BatchKey));
-	for (int i = 0; i < nkeys; i++)
-	{
-		batch[i].route = routes[i];
-		batch[i].key = DatumGetTextPP(elems[i]);
-		batch[i].place = i;
-	}
-	qsort_arg(batch, nkeys, sizeof(BatchKey), routed_batch_key_cmp, typentry);
-
-	for (int i = 0; i < nkeys; i++)
-	{
-		int			place = batch[i].place;
-
-		CHECK_FOR_INTERRUPTS();
-		repeated[place] = i > 0 &&
-			routed_batch_key_cmp(&batch[i - 1], &batch[i], typentry) == 0;
-		if (repeated[place])
-			continue;
-		isnew[place] = routed_record_key(batch[i].route, route_type, consumer,
-										 batch[i].key,
-										 has_fingerprint[place] ? &fingerprints[place] : NULL,
-										 &recorded[place]);
-	}
-}
-
 /*
  * idem_record_batch(consumer, keys, fingerprints, routes): records every
  * key of the batch with the fingerprint of its message, where keys are
@@ -311,14 +232,12 @@ idem_record_batch_fingerprinted(PG_FUNCTION_ARGS)
 	int			nkeys;
 	int32	   *fingerprints;
 	bool	   *has_fingerprint;
-	Datum	   *routes = NULL;
-	Oid			route_type = InvalidOid;
-	bool		routed;
+	Datum	   *routes;
+	KeyPlace	place;
 	bool		check_fingerprint;
 	bool	   *isnew;
 	bool	   *repeated;
 	RecordedKey *recorded;
-	int32		consumer_id;
 	int			nnew = 0;
 	int			nreused = 0;
 	int			call;
@@ -330,19 +249,18 @@ idem_record_batch_fingerprinted(PG_FUNCTION_ARGS)
 	fingerprints = palloc(Max(nkeys, 1) * sizeof(int32));
 	has_fingerprint = palloc(Max(nkeys, 1) * sizeof(bool));
 	get_fingerprints_arg(fcinfo, 2, nkeys, fingerprints, has_fingerprint);
-	routed = routed_get_routes_arg(fcinfo, 3, nkeys, &routes, &route_type);
+	key_place_resolve_routes(fcinfo, 3, nkeys, consumer, &routes, &place);
 
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 	if (keys == NULL)
 		return (Datum) 0;
 
 	SPI_connect();
-	consumer_id = keystore_consumer_id_and_fp_check(consumer, true,
-													&check_fingerprint);
-	inflight_check_keys(consumer_id, consumer, elems, nkeys, "record");
+	place.consumer_id = keystore_consumer_id_and_fp_check(consumer, true,
+														  &check_fingerprint);
+	inflight_check_keys(place.consumer_id, consumer, elems, nkeys, "record");
 	inflight_check_call(fcinfo);
-	if (routed)
-		routed_refuse_two_roles("idem_record_batch", consumer, GetUserId());
+	key_place_admit_role(&place, "idem_record_batch", GetUserId());
 	call = stats_call_begin(consumer);
 	if (!check_fingerprint)
 		memset(has_fingerprint, 0, nkeys * sizeof(bool));
@@ -350,28 +268,19 @@ idem_record_batch_fingerprinted(PG_FUNCTION_ARGS)
 	isnew = palloc0(nkeys * sizeof(bool));
 	repeated = palloc0(nkeys * sizeof(bool));
 	recorded = palloc0(nkeys * sizeof(RecordedKey));
-	if (routed)
+	place.ops->record_batch(&place, elems, routes, nkeys, fingerprints,
+							has_fingerprint, isnew, repeated, recorded);
+	if (routes != NULL)
 	{
 		bool		isvarlena;
 
-		record_batch_routed(consumer, elems, routes, route_type, nkeys,
-							fingerprints, has_fingerprint, isnew, repeated, recorded);
-		getTypeOutputInfo(route_type, &route_out, &isvarlena);
-	}
-	else
-	{
-		text	  **key_texts = palloc(nkeys * sizeof(text *));
-
-		for (int i = 0; i < nkeys; i++)
-			key_texts[i] = DatumGetTextPP(elems[i]);
-		keystore_record_keys(consumer_id, key_texts, nkeys, fingerprints,
-							 has_fingerprint, false, isnew, recorded);
+		getTypeOutputInfo(place.route_type, &route_out, &isvarlena);
 	}
 
 	for (int i = 0; i < nkeys; i++)
 	{
 		Datum		values[3];
-		bool		nulls[3] = {false, false, !routed};
+		bool		nulls[3] = {false, false, routes == NULL};
 
 		if (isnew[i])
 			nnew++;
@@ -382,7 +291,7 @@ idem_record_batch_fingerprinted(PG_FUNCTION_ARGS)
 			continue;
 		values[0] = elems[i];
 		values[1] = BoolGetDatum(!isnew[i]);
-		if (routed)
+		if (routes != NULL)
 			values[2] = CStringGetTextDatum(OidOutputFunctionCall(route_out, routes[i]));
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 		if (!isnew[i])

@@ -4,14 +4,16 @@
  *	  Parking messages in the dead-letter queue: the entry of a message
  *	  whose business SQL failed permanently, in the node's queue,
  *	  dead_letters, or, where keys are routed (routed.c), beside its key in
- *	  routed_dead_letters; the status of a key's entry; and the labels of
+ *	  routed_dead_letters, and the status of a key's entry, each the local
+ *	  or the routed place's operation (key_place.h); and the labels of
  *	  idem_outcome, which the apply functions and the replays return.
  *
  * An entry keeps what a replay needs to run the message again as it first
  * ran: its SQL, parameters and settings, the error, and the role whose
  * business SQL failed, by id in the node's queue and by name beside a
  * routed key, which Citus gives the same role on every node.  Replaying
- * and discarding entries is dead_letter_resolve.c's business.
+ * and discarding entries is dead_letter_resolve.c's business, and the
+ * entries they act on dead_letter_entry.c's.
  *
  * Copyright (c) 2025-2026, idem_consumer maintainers
  *
@@ -112,66 +114,42 @@ dead_letter_error_values(ErrorData *edata, Datum *values, char *nulls)
 }
 
 /*
- * Stores a routed message whose business SQL failed permanently as a new
- * pending entry beside its key, with the rows it demands (0: none).  The
- * role its SQL runs as on a replay is kept by name, which Citus gives the
- * same role on every node.
+ * Fills values and nulls, whose nulls are ' ', with what both queues keep
+ * of a parked message, in the order of their statements: its SQL,
+ * parameters, event time and settings, the error (five columns), and the
+ * name of the current user.
  */
 static void
-routed_dead_letter_insert(const DeadLetterPlace *place, text *key, const char *sql,
-						  ArrayType *params, NullableDatum event_time,
-						  ErrorData *edata, int64 expect_rows)
+message_values(const char *sql, ArrayType *params, NullableDatum event_time,
+			   ErrorData *edata, Datum *values, char *nulls)
 {
-	Datum		values[STORAGE_MAX_ARGS];
-	char		nulls[STORAGE_MAX_ARGS];
-
-	memset(nulls, ' ', sizeof(nulls));
-	values[0] = place->route;
-	values[1] = CStringGetTextDatum(place->consumer);
-	values[2] = PointerGetDatum(key);
-	values[3] = CStringGetTextDatum(sql);
-	values[4] = PointerGetDatum(params);
-	nulls[4] = params != NULL ? ' ' : 'n';
-	values[5] = event_time.value;
-	nulls[5] = event_time.isnull ? 'n' : ' ';
-	values[6] = PointerGetDatum(business_run_capture_settings());
-	dead_letter_error_values(edata, &values[7], &nulls[7]);
-	values[12] = dead_letter_current_user();
-	values[13] = Int64GetDatum(expect_rows);
-	nulls[13] = expect_rows > 0 ? ' ' : 'n';
-	routed_execute(RK_DL_INSERT, place->route_type, values, nulls);
+	values[0] = CStringGetTextDatum(sql);
+	values[1] = PointerGetDatum(params);
+	nulls[1] = params != NULL ? ' ' : 'n';
+	values[2] = event_time.value;
+	nulls[2] = event_time.isnull ? 'n' : ' ';
+	values[3] = PointerGetDatum(business_run_capture_settings());
+	dead_letter_error_values(edata, &values[4], &nulls[4]);
+	values[9] = dead_letter_current_user();
 }
 
 /*
  * Stores a message whose business SQL failed permanently as a new pending
- * dead-letter entry, with the rows it demands (0: none).
+ * entry of the node's dead-letter queue, with the rows it demands (0:
+ * none); the local place's park.
  */
 void
-dead_letter_insert(const DeadLetterPlace *place, text *key, const char *sql,
-				   ArrayType *params, NullableDatum event_time,
-				   ErrorData *edata, int64 expect_rows)
+dead_letter_park_local(const KeyPlace *place, text *key, const char *sql,
+					   ArrayType *params, NullableDatum event_time,
+					   ErrorData *edata, int64 expect_rows)
 {
 	Datum		values[STORAGE_MAX_ARGS];
 	char		nulls[STORAGE_MAX_ARGS];
 
-	if (place->routed)
-	{
-		routed_dead_letter_insert(place, key, sql, params, event_time, edata,
-								  expect_rows);
-		return;
-	}
-
 	memset(nulls, ' ', sizeof(nulls));
 	values[0] = Int32GetDatum(place->consumer_id);
 	values[1] = PointerGetDatum(key);
-	values[2] = CStringGetTextDatum(sql);
-	values[3] = PointerGetDatum(params);
-	nulls[3] = params != NULL ? ' ' : 'n';
-	values[4] = event_time.value;
-	nulls[4] = event_time.isnull ? 'n' : ' ';
-	values[5] = PointerGetDatum(business_run_capture_settings());
-	dead_letter_error_values(edata, &values[6], &nulls[6]);
-	values[11] = dead_letter_current_user();
+	message_values(sql, params, event_time, edata, &values[2], &nulls[2]);
 	values[12] = ObjectIdGetDatum(GetUserId());
 
 	values[13] = Int64GetDatum(expect_rows);
@@ -197,29 +175,66 @@ dead_letter_insert(const DeadLetterPlace *place, text *key, const char *sql,
 }
 
 /*
- * Returns the status of a key's dead-letter entry, or NULL if it has none.
+ * Stores a routed message whose business SQL failed permanently as a new
+ * pending entry beside its key, with the rows it demands (0: none); the
+ * routed place's park.  The role its SQL runs as on a replay is kept by
+ * name, which Citus gives the same role on every node.
  */
-char *
-dead_letter_status(const DeadLetterPlace *place, text *key)
+void
+dead_letter_park_routed(const KeyPlace *place, text *key, const char *sql,
+						ArrayType *params, NullableDatum event_time,
+						ErrorData *edata, int64 expect_rows)
 {
-	Datum		args[3];
+	Datum		values[STORAGE_MAX_ARGS];
+	char		nulls[STORAGE_MAX_ARGS];
+
+	memset(nulls, ' ', sizeof(nulls));
+	values[0] = place->route;
+	values[1] = CStringGetTextDatum(place->consumer);
+	values[2] = PointerGetDatum(key);
+	message_values(sql, params, event_time, edata, &values[3], &nulls[3]);
+	values[13] = Int64GetDatum(expect_rows);
+	nulls[13] = expect_rows > 0 ? ' ' : 'n';
+	routed_execute(RK_DL_INSERT, place->route_type, values, nulls);
+}
+
+/*
+ * Returns the status of the first row of the last statement's result, or
+ * NULL if it returned none.
+ */
+static char *
+status_of_result(void)
+{
 	bool		isnull;
 
-	if (place->routed)
-	{
-		args[0] = place->route;
-		args[1] = CStringGetTextDatum(place->consumer);
-		args[2] = PointerGetDatum(key);
-		routed_execute(RK_DL_STATUS, place->route_type, args, NULL);
-	}
-	else
-	{
-		args[0] = Int32GetDatum(place->consumer_id);
-		args[1] = PointerGetDatum(key);
-		dead_letter_execute(DL_KEY_STATUS, args, NULL, 1);
-	}
 	if (SPI_processed == 0)
 		return NULL;
 	return TextDatumGetCString(SPI_getbinval(SPI_tuptable->vals[0],
 											 SPI_tuptable->tupdesc, 1, &isnull));
+}
+
+/*
+ * Returns the status of a key's entry in the node's queue, or NULL if it
+ * has none.
+ */
+char *
+dead_letter_status_local(const KeyPlace *place, text *key)
+{
+	Datum		args[2] = {Int32GetDatum(place->consumer_id), PointerGetDatum(key)};
+
+	dead_letter_execute(DL_KEY_STATUS, args, NULL, 1);
+	return status_of_result();
+}
+
+/*
+ * Returns the status of a routed key's entry, or NULL if it has none.
+ */
+char *
+dead_letter_status_routed(const KeyPlace *place, text *key)
+{
+	Datum		args[3] = {place->route, CStringGetTextDatum(place->consumer),
+	PointerGetDatum(key)};
+
+	routed_execute(RK_DL_STATUS, place->route_type, args, NULL);
+	return status_of_result();
 }

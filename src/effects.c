@@ -197,7 +197,7 @@ effect_check_fence(const char *consumer, text *key, const EffectRow *row, int64 
 }
 
 /*
- * Sets place->consumer_id to the id of an existing consumer, or raises
+ * Sets place->at.consumer_id to the id of an existing consumer, or raises
  * the error of an effect that does not exist.  A routed effect is in its
  * shard whatever node registered its consumer (a begin on the
  * coordinator, a completion delegated to the worker), so its consumer is
@@ -207,13 +207,13 @@ effect_check_fence(const char *consumer, text *key, const EffectRow *row, int64 
 void
 effect_consumer_id(EffectPlace *place)
 {
-	place->consumer_id = keystore_consumer_id(place->consumer, place->routed);
-	if (place->consumer_id == 0)
+	place->at.consumer_id = key_place_consumer_id(&place->at);
+	if (place->at.consumer_id == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("effect \"%s\" of consumer \"%s\" does not exist",
-						text_to_cstring(place->key), place->consumer),
-				 errdetail("Consumer \"%s\" has no effects.", place->consumer),
+						text_to_cstring(place->key), place->at.consumer),
+				 errdetail("Consumer \"%s\" has no effects.", place->at.consumer),
 				 errhint("Call idem_effect_begin first.")));
 }
 
@@ -228,8 +228,8 @@ effect_lock(const EffectPlace *place, EffectRow *row)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("effect \"%s\" of consumer \"%s\" does not exist",
-						text_to_cstring(place->key), place->consumer),
-				 place->routed ?
+						text_to_cstring(place->key), place->at.consumer),
+				 key_place_routed(&place->at) ?
 				 errdetail("No effect of the key is stored under this route.") : 0,
 				 errhint("Call idem_effect_begin first.")));
 }
@@ -283,14 +283,14 @@ effect_kill(const EffectPlace *place, const char *message, const char *detail,
 		ereport(ERROR,
 				(errcode(ERRCODE_UNIQUE_VIOLATION),
 				 errmsg("cannot dead-letter effect \"%s\" of consumer \"%s\"",
-						text_to_cstring(place->key), place->consumer),
+						text_to_cstring(place->key), place->at.consumer),
 				 errdetail("A dead-lettered message of the consumer has the same key."),
 				 errhint("Give effects keys of their own, for example with a prefix such as \"charge:\".")));
 	args[0] = CStringGetTextDatum(message);
 	args[1] = Int64GetDatum(entry_id);
 	args[2] = BoolGetDatum(unknown);
 	effects_fetch(EF_DEAD, place, args, NULL, 3, NULL);
-	stats_count_effect(place->consumer, EFFECT_DEAD);
+	stats_count_effect(place->at.consumer, EFFECT_DEAD);
 }
 
 /*
@@ -308,9 +308,9 @@ effect_take_lease(const EffectPlace *place, EffectRow *row, int64 lease_us)
 
 	if (unknown)
 	{
-		EffectPolicy policy = effect_policy(place->consumer_id);
+		EffectPolicy policy = effect_policy(place->at.consumer_id);
 
-		stats_count_effect(place->consumer, EFFECT_UNKNOWN_OUTCOME);
+		stats_count_effect(place->at.consumer, EFFECT_UNKNOWN_OUTCOME);
 		if (row->attempts >= policy.max_attempts)
 		{
 			effect_kill(place, "lease expired with the outcome unknown",
@@ -326,7 +326,7 @@ effect_take_lease(const EffectPlace *place, EffectRow *row, int64 lease_us)
 	args[1] = BoolGetDatum(unknown);
 	args[2] = effect_interval(lease_us);
 	effects_fetch(EF_LEASE, place, args, NULL, 3, row);
-	stats_count_effect(place->consumer, EFFECT_EXECUTED);
+	stats_count_effect(place->at.consumer, EFFECT_EXECUTED);
 	return ACTION_EXECUTE;
 }
 

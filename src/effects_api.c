@@ -68,23 +68,6 @@ require_own_transaction(const char *funcname)
 }
 
 /*
- * Raises an error if keys, and so effects, are routed in this database:
- * an effect without its route would be stored apart from the business
- * rows its completion writes.
- */
-static void
-refuse_unrouted(const char *funcname)
-{
-	if (OidIsValid(routed_keys_relid()))
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("%s cannot act on an effect without its route: the keys of this database are routed",
-						funcname),
-				 errdetail("idem_citus_distribute() made effects live beside the business rows of their route."),
-				 errhint("Pass route => the business row's distribution column value.")));
-}
-
-/*
  * Reads the consumer and key, the first two arguments, and the route at
  * route_argno, the last of the 1.2 function (the 1.1 one has none), into
  * place; where keys are not routed the route is not needed, and the place
@@ -95,13 +78,10 @@ static void
 effect_place_args(FunctionCallInfo fcinfo, int route_argno, const char *funcname,
 				  EffectPlace *place)
 {
-	memset(place, 0, sizeof(*place));
-	place->consumer = get_consumer_arg(fcinfo, 0);
+	char	   *consumer = get_consumer_arg(fcinfo, 0);
+
 	place->key = get_key_arg(fcinfo, 1);
-	place->routed = routed_get_route_arg(fcinfo, route_argno, &place->route,
-										 &place->route_type);
-	if (!place->routed)
-		refuse_unrouted(funcname);
+	key_place_resolve_effect(fcinfo, route_argno, consumer, funcname, &place->at);
 }
 
 /*
@@ -119,7 +99,7 @@ begin_action(const EffectPlace *place, Jsonb *request, int64 lease_us, EffectRow
 		if (effects_insert_leased(place, request,
 								  DatumGetIntervalP(effect_interval(lease_us)), row))
 		{
-			stats_count_effect(place->consumer, EFFECT_EXECUTED);
+			stats_count_effect(place->at.consumer, EFFECT_EXECUTED);
 			action = ACTION_EXECUTE;
 			break;
 		}
@@ -127,12 +107,12 @@ begin_action(const EffectPlace *place, Jsonb *request, int64 lease_us, EffectRow
 		if (!effects_fetch(EF_LOCK, place, NULL, NULL, 0, row))
 			continue;
 
-		effect_check_request(place->consumer, place->key, row, request);
+		effect_check_request(place->at.consumer, place->key, row, request);
 		switch (row->state)
 		{
 			case ES_COMPLETED:
 				action = ACTION_REPLAY;
-				stats_count_effect(place->consumer, EFFECT_REPLAYED);
+				stats_count_effect(place->at.consumer, EFFECT_REPLAYED);
 				break;
 			case ES_DEAD:
 				action = ACTION_DEAD;
@@ -141,7 +121,7 @@ begin_action(const EffectPlace *place, Jsonb *request, int64 lease_us, EffectRow
 				if (row->lease_live)
 				{
 					action = ACTION_BUSY;
-					stats_count_effect(place->consumer, EFFECT_BUSY);
+					stats_count_effect(place->at.consumer, EFFECT_BUSY);
 				}
 				else
 					action = effect_take_lease(place, row, lease_us);
@@ -225,7 +205,7 @@ idem_effect_begin(PG_FUNCTION_ARGS)
 		elog(ERROR, "return type must be a row type");
 
 	SPI_connect();
-	place.consumer_id = keystore_consumer_id(place.consumer, true);
+	place.at.consumer_id = keystore_consumer_id(place.at.consumer, true);
 	action = begin_action(&place, request, lease_us, &row);
 	SPI_finish();
 
@@ -248,9 +228,6 @@ idem_effect_complete(PG_FUNCTION_ARGS)
 	EffectRow	row = {.cxt = CurrentMemoryContext};
 	BusinessPlan *bplan = NULL;
 	ParamListInfo bound_params = NULL;
-	Datum		args[2] = {PointerGetDatum(result), Int64GetDatum(fence)};
-	char		argnulls[2] = {result == NULL ? 'n' : ' ', ' '};
-	bool		completed;
 
 	inflight_check_call(fcinfo);
 	effect_place_args(fcinfo, 6, "idem_effect_complete", &place);
@@ -261,8 +238,7 @@ idem_effect_complete(PG_FUNCTION_ARGS)
 		bplan = business_plan_get(get_sql_arg(fcinfo, sql_argno));
 		bound_params = business_plan_bind(bplan, PG_ARGISNULL(sql_argno + 1) ? NULL :
 										  PG_GETARG_ARRAYTYPE_P(sql_argno + 1));
-		if (place.routed)
-			routed_refuse_two_roles("idem_effect_complete", place.consumer, GetUserId());
+		key_place_admit_role(&place.at, "idem_effect_complete", GetUserId());
 	}
 	else if (!PG_ARGISNULL(sql_argno + 1))
 		ereport(ERROR,
@@ -270,20 +246,16 @@ idem_effect_complete(PG_FUNCTION_ARGS)
 				 errmsg("params given without sql")));
 
 	effect_consumer_id(&place);
-	/* the plain case without the executor; EF_COMPLETE decides the rest */
-	completed = !place.routed &&
-		effects_fast_complete(effects_table_oid(), place.consumer_id, place.key,
-							  fence, result);
-	if (!completed && !effects_fetch(EF_COMPLETE, &place, args, argnulls, 2, NULL))
+	if (!effects_complete(&place, fence, result))
 	{
 		/* not the current lease: find out why, and say so */
 		effect_lock(&place, &row);
-		effect_check_fence(place.consumer, place.key, &row, fence);
+		effect_check_fence(place.at.consumer, place.key, &row, fence);
 		elog(ERROR, "effect was in flight under fence %lld but could not be completed",
 			 (long long) fence);
 	}
 	if (bplan != NULL)
-		inflight_execute(place.consumer_id, place.consumer, place.key, bplan, bound_params);
+		inflight_execute(place.at.consumer_id, place.at.consumer, place.key, bplan, bound_params);
 	SPI_finish();
 
 	PG_RETURN_VOID();
@@ -310,8 +282,8 @@ idem_effect_fail(PG_FUNCTION_ARGS)
 	SPI_connect();
 	effect_consumer_id(&place);
 	effect_lock(&place, &row);
-	effect_check_fence(place.consumer, place.key, &row, fence);
-	policy = effect_policy(place.consumer_id);
+	effect_check_fence(place.at.consumer, place.key, &row, fence);
+	policy = effect_policy(place.at.consumer_id);
 
 	if (retryable && row.attempts < policy.max_attempts)
 	{
@@ -358,7 +330,7 @@ idem_effect_heartbeat(PG_FUNCTION_ARGS)
 	effect_consumer_id(&place);
 	effect_lock(&place, &row);
 	if (fence > row.fence)
-		effect_check_fence(place.consumer, place.key, &row, fence);	/* raises */
+		effect_check_fence(place.at.consumer, place.key, &row, fence);	/* raises */
 	if (fence == row.fence && row.state == ES_IN_FLIGHT)
 	{
 		Datum		arg = effect_interval(extend_us);
@@ -394,11 +366,11 @@ idem_effect_enqueue(PG_FUNCTION_ARGS)
 	effect_place_args(fcinfo, 3, "idem_effect_enqueue", &place);
 
 	SPI_connect();
-	place.consumer_id = keystore_consumer_id(place.consumer, true);
+	place.at.consumer_id = keystore_consumer_id(place.at.consumer, true);
 	enqueued = effects_fetch(EF_ENQUEUE, &place, &arg, NULL, 1, NULL);
 	/* a duplicate's request must match too; a row still invisible cannot be read */
 	if (!enqueued && effects_fetch(EF_READ, &place, NULL, NULL, 0, &row))
-		effect_check_request(place.consumer, place.key, &row, request);
+		effect_check_request(place.at.consumer, place.key, &row, request);
 	SPI_finish();
 	PG_RETURN_BOOL(enqueued);
 }
@@ -413,7 +385,7 @@ claim_one(ReturnSetInfo *rsinfo, const EffectPlace *place, EffectRow *row,
 		  int64 lease_us)
 {
 	Datum		out[7];
-	bool		outnulls[7] = {false, false, false, false, false, false, !place->routed};
+	bool		outnulls[7] = {false, false, false, false, false, false, !key_place_routed(&place->at)};
 
 	if (effect_take_lease(place, row, lease_us) != ACTION_EXECUTE)
 		return;
@@ -424,13 +396,13 @@ claim_one(ReturnSetInfo *rsinfo, const EffectPlace *place, EffectRow *row,
 	out[3] = PointerGetDatum(row->provider_key);
 	out[4] = Int32GetDatum(row->attempts);
 	out[5] = BoolGetDatum(row->outcome_unknown);
-	if (place->routed && rsinfo->setDesc->natts > 6)
+	if (key_place_routed(&place->at) && rsinfo->setDesc->natts > 6)
 	{
 		Oid			output;
 		bool		isvarlena;
 
-		getTypeOutputInfo(place->route_type, &output, &isvarlena);
-		out[6] = CStringGetTextDatum(OidOutputFunctionCall(output, place->route));
+		getTypeOutputInfo(place->at.route_type, &output, &isvarlena);
+		out[6] = CStringGetTextDatum(OidOutputFunctionCall(output, place->at.route));
 	}
 	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, out, outnulls);
 }
@@ -460,34 +432,32 @@ claim_locked(ReturnSetInfo *rsinfo, EffectPlace *place, int64 lease_us)
 
 /*
  * Reads the route of a claim, at argno (the 1.1 function has none): a
- * claim of one route, where keys are routed, sets place->routed and the
- * route; a NULL of the routes' type (route => NULL::bigint) is a claim of
- * every route, which sets place->routed and returns true.  A claim
- * without a route (NULL, untyped: the default) is refused where keys are
- * routed.
+ * claim of one route, where keys are routed, sets place to it; a NULL of
+ * the routes' type (route => NULL::bigint) is a claim of every route,
+ * which sets place to every route and returns true.  A claim without a
+ * route (NULL, untyped: the default) is refused where keys are routed.
  */
 static bool
-claim_route_arg(FunctionCallInfo fcinfo, int argno, EffectPlace *place)
+claim_route_arg(FunctionCallInfo fcinfo, int argno, const char *consumer,
+				EffectPlace *place)
 {
+	place->key = NULL;
 	if (argno < PG_NARGS() && PG_ARGISNULL(argno) &&
 		get_fn_expr_argtype(fcinfo->flinfo, argno) != UNKNOWNOID)
 	{
 		Oid			argtype = get_fn_expr_argtype(fcinfo->flinfo, argno);
 
 		/* every route: the routes read are returned as they are stored */
-		place->route_type = routed_route_type();
-		place->routed = OidIsValid(place->route_type);
-		if (place->routed && argtype != place->route_type)
+		if (key_place_every_route(consumer, &place->at) &&
+			argtype != place->at.route_type)
 			ereport(ERROR,
 					(errcode(ERRCODE_DATATYPE_MISMATCH),
 					 errmsg("a claim of every route takes a NULL route of the routes' type, %s",
-							format_type_be(place->route_type)),
-					 errhint("Pass route => NULL::%s.", format_type_be(place->route_type))));
-		return place->routed;
+							format_type_be(place->at.route_type)),
+					 errhint("Pass route => NULL::%s.", format_type_be(place->at.route_type))));
+		return key_place_routed(&place->at);
 	}
-	place->routed = routed_get_route_arg(fcinfo, argno, &place->route, &place->route_type);
-	if (!place->routed)
-		refuse_unrouted("idem_effect_claim");
+	key_place_resolve_effect(fcinfo, argno, consumer, "idem_effect_claim", &place->at);
 	return false;
 }
 
@@ -510,16 +480,17 @@ Datum
 idem_effect_claim(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	EffectPlace place = {0};
+	EffectPlace place;
+	char	   *consumer;
 	int32		max_count;
 	int64		lease_us;
 	bool		every_route;
 
-	place.consumer = get_consumer_arg(fcinfo, 0);
+	consumer = get_consumer_arg(fcinfo, 0);
 	max_count = get_count_arg(fcinfo, 1, "max_count");
 	lease_us = get_duration_arg(fcinfo, 2, "lease", MAX_LEASE_US);
 	/* a call without its route is refused first, as the mistake it is */
-	every_route = claim_route_arg(fcinfo, 3, &place);
+	every_route = claim_route_arg(fcinfo, 3, consumer, &place);
 	require_own_transaction("idem_effect_claim");
 	inflight_check_call(fcinfo);
 	InitMaterializedSRF(fcinfo, 0);
@@ -531,24 +502,24 @@ idem_effect_claim(PG_FUNCTION_ARGS)
 	 * consumer: a claim on a node that has not seen the consumer yet
 	 * registers it, as a begin does, instead of finding nothing.
 	 */
-	place.consumer_id = keystore_consumer_id(place.consumer, place.routed);
-	if (place.consumer_id != 0 && !every_route)
+	place.at.consumer_id = key_place_consumer_id(&place.at);
+	if (place.at.consumer_id != 0 && !every_route)
 	{
 		/* the unrouted outbox, or one route's */
 		effects_lock_due(&place, max_count);
 		claim_locked(rsinfo, &place, lease_us);
 	}
-	else if (place.consumer_id != 0)
+	else if (place.at.consumer_id != 0)
 	{
 		Datum	   *routes;
 		text	  **keys;
-		uint64		n = effects_routed_due(place.consumer, max_count, &routes, &keys);
+		uint64		n = effects_routed_due(place.at.consumer, max_count, &routes, &keys);
 
 		for (uint64 i = 0; i < n; i++)
 		{
 			EffectRow	row = {.cxt = rsinfo->econtext->ecxt_per_query_memory};
 
-			place.route = routes[i];
+			place.at.route = routes[i];
 			place.key = keys[i];
 			if (!effects_fetch(EF_LOCK_DUE_ONE, &place, NULL, NULL, 0, &row))
 				continue;

@@ -8,9 +8,13 @@
  *	  outbox, retry policies, and parking a dead effect in the dead-letter
  *	  queue and re-arming it.
  *
- * What the states mean is effects.c's business; an inline effect's insert
- * tries the fast path first (effects_fastpath.c), and the rest of the rows
- * go through the executor as the storage's owner.
+ * Each statement on one effect runs at the place of its key (key_place.h):
+ * the local and the routed place's operations here name the effect by its
+ * consumer's id or by its route and consumer's name, and a local effect's
+ * insert and completion try the fast path first (effects_fastpath.c); the
+ * callers never ask which it is.  The rest of the rows go through the
+ * executor as the storage's owner.  What the states mean is effects.c's
+ * business.
  *
  * The caller must be connected to SPI.
  *
@@ -118,28 +122,60 @@ effect_row_read(uint64 i, EffectRow *row)
 }
 
 /*
- * Runs a routed statement on one effect: $1 the route, $2 the consumer,
- * $3 the key, then args.
+ * Runs an effect statement with values, whose first nplace name the
+ * place, then the key unless it is NULL (EF_LOCK_DUE names none), then
+ * args, on the node's effects or, with a route type, on the routed ones.
  */
 static void
-routed_effect_execute(EffectStmt stmt, const EffectPlace *place, Datum *args,
-					  const char *argnulls, int nargs)
+execute_at(int stmt, Datum *values, int nplace, Oid route_type, text *key,
+		   Datum *args, const char *argnulls, int nargs)
 {
-	Datum		values[STORAGE_MAX_ARGS];
 	char		nulls[STORAGE_MAX_ARGS];
+	int			n = nplace;
 
-	Assert(nargs + 3 <= STORAGE_MAX_ARGS);
-	values[0] = place->route;
-	values[1] = CStringGetTextDatum(place->consumer);
-	values[2] = PointerGetDatum(place->key);
+	Assert(nplace + 1 + nargs <= STORAGE_MAX_ARGS);
+	if (key != NULL)
+		values[n++] = PointerGetDatum(key);
 	memset(nulls, ' ', sizeof(nulls));
 	for (int i = 0; i < nargs; i++)
 	{
-		values[3 + i] = args[i];
+		values[n + i] = args[i];
 		if (argnulls != NULL)
-			nulls[3 + i] = argnulls[i];
+			nulls[n + i] = argnulls[i];
 	}
-	effects_execute_routed(stmt, place->route_type, values, nulls);
+	if (OidIsValid(route_type))
+		effects_execute_routed((EffectStmt) stmt, route_type, values, nulls);
+	else
+		effects_execute((EffectStmt) stmt, values, nulls, 0);
+}
+
+/*
+ * Runs an effect statement on the node's effects: $1 the consumer's id,
+ * then the key and args; the local place's effect_execute.
+ */
+void
+effects_execute_local(int stmt, const KeyPlace *at, text *key, Datum *args,
+					  const char *argnulls, int nargs)
+{
+	Datum		values[STORAGE_MAX_ARGS];
+
+	values[0] = Int32GetDatum(at->consumer_id);
+	execute_at(stmt, values, 1, InvalidOid, key, args, argnulls, nargs);
+}
+
+/*
+ * Runs an effect statement on the routed effects: $1 the route, $2 the
+ * consumer's name, then the key and args; the routed place's.
+ */
+void
+effects_execute_routed_at(int stmt, const KeyPlace *at, text *key, Datum *args,
+						  const char *argnulls, int nargs)
+{
+	Datum		values[STORAGE_MAX_ARGS];
+
+	values[0] = at->route;
+	values[1] = CStringGetTextDatum(at->consumer);
+	execute_at(stmt, values, 2, at->route_type, key, args, argnulls, nargs);
 }
 
 /*
@@ -150,30 +186,63 @@ bool
 effects_fetch(EffectStmt stmt, const EffectPlace *place, Datum *args,
 			  const char *argnulls, int nargs, EffectRow *row)
 {
-	if (place->routed)
-		routed_effect_execute(stmt, place, args, argnulls, nargs);
-	else
-	{
-		Datum		values[6];
-		char		nulls[6];
-
-		Assert(nargs + 2 <= lengthof(values));
-		values[0] = Int32GetDatum(place->consumer_id);
-		values[1] = PointerGetDatum(place->key);
-		memset(nulls, ' ', sizeof(nulls));
-		for (int i = 0; i < nargs; i++)
-		{
-			values[2 + i] = args[i];
-			if (argnulls != NULL)
-				nulls[2 + i] = argnulls[i];
-		}
-		effects_execute(stmt, values, nulls, 0);
-	}
+	place->at.ops->effect_execute(stmt, &place->at, place->key, args, argnulls, nargs);
 	if (SPI_processed == 0)
 		return false;
 	if (row != NULL)
 		effect_row_read(0, row);
 	return true;
+}
+
+/*
+ * The fast paths of the node's effects, without the executor in the plain
+ * case (effects_fastpath.c); the routed effects have none.
+ */
+text *
+effects_fast_insert_local(const KeyPlace *at, text *key, Jsonb *request,
+						  int64 lease_us)
+{
+	return effects_fast_insert_leased(effects_table_oid(), at->consumer_id, key,
+									  request, lease_us);
+}
+
+text *
+effects_fast_insert_none(const KeyPlace *at, text *key, Jsonb *request,
+						 int64 lease_us)
+{
+	return NULL;
+}
+
+bool
+effects_fast_complete_local(const KeyPlace *at, text *key, int64 fence,
+							Jsonb *result)
+{
+	return effects_fast_complete(effects_table_oid(), at->consumer_id, key,
+								 fence, result);
+}
+
+bool
+effects_fast_complete_none(const KeyPlace *at, text *key, int64 fence,
+						   Jsonb *result)
+{
+	return false;
+}
+
+/*
+ * Stores result as the outcome of the lease under fence; returns false if
+ * fence is not the effect's current lease, changing nothing.  A local
+ * effect is completed without the executor in the plain case; EF_COMPLETE
+ * decides the rest.
+ */
+bool
+effects_complete(const EffectPlace *place, int64 fence, Jsonb *result)
+{
+	Datum		args[2] = {PointerGetDatum(result), Int64GetDatum(fence)};
+	char		argnulls[2] = {result == NULL ? 'n' : ' ', ' '};
+
+	if (place->at.ops->effect_fast_complete(&place->at, place->key, fence, result))
+		return true;
+	return effects_fetch(EF_COMPLETE, place, args, argnulls, 2, NULL);
 }
 
 /*
@@ -190,14 +259,10 @@ effects_insert_leased(const EffectPlace *place, Jsonb *request,
 	MemoryContext oldcxt;
 
 	/* the plain case without the executor; the statement decides the rest */
-	if (!place->routed)
-	{
-		oldcxt = MemoryContextSwitchTo(row->cxt);
-		provider_key = effects_fast_insert_leased(effects_table_oid(),
-												  place->consumer_id, place->key,
-												  request, interval_to_us(lease));
-		MemoryContextSwitchTo(oldcxt);
-	}
+	oldcxt = MemoryContextSwitchTo(row->cxt);
+	provider_key = place->at.ops->effect_fast_insert(&place->at, place->key, request,
+													 interval_to_us(lease));
+	MemoryContextSwitchTo(oldcxt);
 	if (provider_key == NULL)
 	{
 		Datum		args[2] = {PointerGetDatum(request), IntervalPGetDatum(lease)};
@@ -234,19 +299,9 @@ effects_insert_leased(const EffectPlace *place, Jsonb *request,
 void
 effects_lock_due(const EffectPlace *place, int32 max_count)
 {
-	Datum		values[3];
+	Datum		arg = Int32GetDatum(max_count);
 
-	if (!place->routed)
-	{
-		values[0] = Int32GetDatum(place->consumer_id);
-		values[1] = Int32GetDatum(max_count);
-		effects_execute(EF_LOCK_DUE, values, NULL, 0);
-		return;
-	}
-	values[0] = place->route;
-	values[1] = CStringGetTextDatum(place->consumer);
-	values[2] = Int32GetDatum(max_count);
-	effects_execute_routed(EF_LOCK_DUE, place->route_type, values, NULL);
+	place->at.ops->effect_execute(EF_LOCK_DUE, &place->at, NULL, &arg, NULL, 1);
 }
 
 /*
@@ -325,21 +380,42 @@ effects_park(const EffectPlace *place, const char *message, const char *detail,
 			 int64 *entry_id)
 {
 	Datum		values[4];
-	bool		isnull;
 
 	values[0] = CStringGetTextDatum(unpack_sql_state(ERRCODE_EFFECT_FAILED));
 	values[1] = CStringGetTextDatum(message);
 	values[2] = CStringGetTextDatum(detail);
 	values[3] = CStringGetTextDatum(GetUserNameFromId(GetUserId(), false));
+	return place->at.ops->effect_park(&place->at, place->key, values, entry_id);
+}
+
+/*
+ * Parks a dead effect in the node's queue; the local place's effect_park.
+ */
+bool
+effects_park_local(const KeyPlace *at, text *key, Datum *values, int64 *entry_id)
+{
+	bool		isnull;
+
 	*entry_id = 0;
 	/* ids past replicated entries, as for a message's (dead_letter.c) */
-	if (!place->routed)
-		keystore_dead_letter_ids_past_rows();
-	if (!effects_fetch(EF_PARK, place, values, NULL, 4, NULL))
+	keystore_dead_letter_ids_past_rows();
+	effects_execute_local(EF_PARK, at, key, values, NULL, 4);
+	if (SPI_processed == 0)
 		return false;
-	if (!place->routed)
-		*entry_id = DatumGetInt64(column_value(0, 1, &isnull));
+	*entry_id = DatumGetInt64(column_value(0, 1, &isnull));
 	return true;
+}
+
+/*
+ * Parks a dead routed effect beside its key, its entry named by the key;
+ * the routed place's effect_park.
+ */
+bool
+effects_park_routed(const KeyPlace *at, text *key, Datum *values, int64 *entry_id)
+{
+	*entry_id = 0;
+	effects_execute_routed_at(EF_PARK, at, key, values, NULL, 4);
+	return SPI_processed > 0;
 }
 
 /*
@@ -358,14 +434,13 @@ effects_rearm(int64 dead_letter_id)
 }
 
 /*
- * Re-arms the dead routed effect of a routed effect's entry; returns
- * false if the effect is not dead.
+ * Re-arms the dead routed effect of key at place, an effect's entry;
+ * returns false if the effect is not dead.
  */
 bool
-effects_rearm_routed(Datum route, Oid route_type, const char *consumer, text *key)
+effects_rearm_routed(const KeyPlace *at, text *key)
 {
-	EffectPlace place = {.consumer = consumer, .key = key, .routed = true,
-	.route = route, .route_type = route_type};
+	EffectPlace place = {.at = *at, .key = key};
 
 	return effects_fetch(EF_REARM, &place, NULL, NULL, 0, NULL);
 }

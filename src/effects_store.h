@@ -22,6 +22,7 @@
 #include "datatype/timestamp.h"
 #include "utils/jsonb.h"
 
+#include "idem_consumer.h"
 #include "effects_store_sql.h"
 
 /*
@@ -65,19 +66,15 @@ typedef struct EffectRow
 } EffectRow;
 
 /*
- * Where an effect is: its consumer and key and, where keys are routed
- * (routed.c), its route, which puts it in idem_consumer.routed_effects
- * beside the business rows of the route.  consumer_id is this node's id
- * of the consumer, for its retry policy.
+ * Where an effect is: its key, and the place of its key (key_place.h): its
+ * consumer, with this node's id of it for its retry policy, and, where
+ * keys are routed (routed.c), its route, which puts it in
+ * idem_consumer.routed_effects beside the business rows of the route.
  */
 typedef struct EffectPlace
 {
-	const char *consumer;
-	int32		consumer_id;
+	KeyPlace	at;				/* its key's (key_place.h) */
 	text	   *key;
-	bool		routed;
-	Datum		route;			/* if routed */
-	Oid			route_type;		/* if routed */
 } EffectPlace;
 
 typedef struct EffectPolicy
@@ -92,6 +89,7 @@ extern bool effects_fetch(EffectStmt stmt, const EffectPlace *place,
 						  Datum *args, const char *argnulls, int nargs,
 						  EffectRow *row);
 extern void effect_row_read(uint64 i, EffectRow *row);
+extern bool effects_complete(const EffectPlace *place, int64 fence, Jsonb *result);
 extern bool effects_insert_leased(const EffectPlace *place, Jsonb *request,
 								  Interval *lease, EffectRow *row);
 extern const char *effect_state_name(EffectState state);
@@ -99,6 +97,24 @@ extern bool effects_policy(int32 consumer_id, EffectPolicy *policy);
 extern bool effects_park(const EffectPlace *place, const char *message,
 						 const char *detail, int64 *entry_id);
 extern void effects_lock_due(const EffectPlace *place, int32 max_count);
+
+/* effects_store.c: the local and the routed place's operations (key_place.h) */
+extern void effects_execute_local(int stmt, const KeyPlace *at, text *key,
+								  Datum *args, const char *argnulls, int nargs);
+extern void effects_execute_routed_at(int stmt, const KeyPlace *at, text *key,
+									  Datum *args, const char *argnulls, int nargs);
+extern text *effects_fast_insert_local(const KeyPlace *at, text *key,
+									   Jsonb *request, int64 lease_us);
+extern text *effects_fast_insert_none(const KeyPlace *at, text *key,
+									  Jsonb *request, int64 lease_us);
+extern bool effects_fast_complete_local(const KeyPlace *at, text *key, int64 fence,
+										Jsonb *result);
+extern bool effects_fast_complete_none(const KeyPlace *at, text *key, int64 fence,
+									   Jsonb *result);
+extern bool effects_park_local(const KeyPlace *at, text *key, Datum *values,
+							   int64 *entry_id);
+extern bool effects_park_routed(const KeyPlace *at, text *key, Datum *values,
+								int64 *entry_id);
 extern uint64 effects_routed_due(const char *consumer, int32 max_count,
 								 Datum **routes, text ***keys);
 

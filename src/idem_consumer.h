@@ -26,6 +26,7 @@
 #include "utils/timestamp.h"
 
 #include "compat.h"
+#include "key_place.h"
 
 /* The schema of the storage tables, fixed by the install script. */
 #define STORAGE_SCHEMA "idem_consumer"
@@ -334,6 +335,10 @@ extern void routed_refuse_two_roles(const char *function_name,
 extern bool routed_record_key(Datum route, Oid route_type, const char *consumer,
 							  text *key, const int32 *fingerprint,
 							  RecordedKey *recorded);
+extern void routed_record_keys(const char *consumer, Datum *elems, Datum *routes,
+							   Oid route_type, int nkeys, const int32 *fingerprints,
+							   const bool *has_fingerprint, bool *isnew,
+							   bool *repeated, RecordedKey *recorded);
 extern bool routed_key_exists(Datum route, Oid route_type, const char *consumer,
 							  text *key);
 extern bool routed_forget_key(Datum route, Oid route_type, const char *consumer,
@@ -344,7 +349,7 @@ extern uint64 routed_purge(const char *consumer);
 extern void routed_init(void);
 extern Oid	routed_keys_relid(void);
 extern Oid	routed_route_type(void);
-extern void routed_refuse_unrouted(void);
+extern void routed_refuse_unrouted(const char *effect_function);
 extern bool routed_get_route_arg(FunctionCallInfo fcinfo, int argno, Datum *route,
 								 Oid *route_type);
 extern bool routed_get_routes_arg(FunctionCallInfo fcinfo, int argno, int nkeys,
@@ -388,9 +393,7 @@ typedef struct MessageArgs
 	NullableDatum event_time;
 	text	   *fingerprint;	/* the caller's, NULL if none */
 	int64		expect_rows;	/* 0: no demand */
-	bool		routed;			/* a route given where keys are routed */
-	Datum		route;
-	Oid			route_type;
+	KeyPlace	place;			/* consumer_id left 0 */
 } MessageArgs;
 
 extern void get_message_args(FunctionCallInfo fcinfo, MessageArgs *args);
@@ -451,8 +454,7 @@ extern bool fastpath_enabled(void);
 extern void effects_init(void);
 extern bool effects_storage_exists(void);
 extern bool effects_rearm(int64 dead_letter_id);
-extern bool effects_rearm_routed(Datum route, Oid route_type, const char *consumer,
-								 text *key);
+extern bool effects_rearm_routed(const KeyPlace *at, text *key);
 extern uint64 effects_purge(int32 only_consumer, int default_retention_secs);
 extern uint64 effects_purge_routed(const char *consumer, RetentionWindows *windows);
 

@@ -487,7 +487,7 @@ keystore_record_key_fp(int32 consumer_id, text *key, const int32 *fingerprint,
 	bool		isnew = false;
 	GateWait	wait = {InvalidTransactionId, 0};
 
-	routed_refuse_unrouted();
+	routed_refuse_unrouted(NULL);
 	inflight_note_recording();
 	processed_at = keystore_processed_at_now();
 	for (;;)
@@ -554,7 +554,7 @@ keystore_key_exists(int32 consumer_id, text *key)
 	const KeyGenState *st;
 	KeyGenSlot	slot;
 
-	routed_refuse_unrouted();
+	routed_refuse_unrouted(NULL);
 	st = keygen_state_latest();
 	slot = st->current;
 	if (recorded_before(st, consumer_id, key, NULL, false, NULL))

@@ -156,7 +156,7 @@ keystore_record_keys(int32 consumer_id, text **keys, int nkeys,
 	bool		any_new = false;
 	GateWait	wait = {InvalidTransactionId, 0};
 
-	routed_refuse_unrouted();
+	routed_refuse_unrouted(NULL);
 	inflight_note_recording();
 
 	slot = keygen_gate_enter();
@@ -259,7 +259,7 @@ keystore_insert_batch(int32 consumer_id, ArrayType *keys)
 {
 	Datum		args[3];
 
-	routed_refuse_unrouted();
+	routed_refuse_unrouted(NULL);
 	inflight_note_recording();
 	args[0] = Int32GetDatum(consumer_id);
 	args[1] = Int32GetDatum(keystore_processed_at_now());

@@ -230,7 +230,7 @@ keystore_forget_key(int32 consumer_id, text *key)
 	Datum		key_args[2];
 	const KeyGenState *st;
 
-	routed_refuse_unrouted();
+	routed_refuse_unrouted(NULL);
 	key_args[0] = Int32GetDatum(consumer_id);
 	key_args[1] = PointerGetDatum(key);
 	refuse_forget_recorded_here(consumer_id, key, key_args);

@@ -4,10 +4,12 @@
  *	  Routed keys, for Citus: keys stored with a route, the value of the
  *	  distribution column of the business row they protect, in
  *	  idem_consumer.routed_keys, which idem_citus_distribute() (SQL) makes
- *	  and distributes colocated with the business table.  Owns recording,
+ *	  and distributes colocated with the business table.  Owns recording
+ *	  (a key, or a batch's keys in the order batch.c's header gives),
  *	  probing, forgetting and purging routed keys, and the statements on
  *	  the routed dead letters (idem_consumer.routed_dead_letters, keyed
- *	  like the keys, used by dead_letter.c and dead_letter_resolve.c).
+ *	  like the keys, used by dead_letter.c and dead_letter_entry.c): the
+ *	  routed place's operations (key_place.h).
  *	  Whether keys are routed, the route arguments, and the refusal of
  *	  calls that would record or look up a key without its route once keys
  *	  are routed are routing.c's.
@@ -69,6 +71,7 @@
 #include "utils/lsyscache.h"
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
+#include "utils/typcache.h"
 
 #include "keystore_internal.h"
 
@@ -310,6 +313,85 @@ routed_record_key(Datum route, Oid route_type, const char *consumer, text *key,
 														 SPI_tuptable->tupdesc, 2,
 														 &isnull));
 	return false;
+}
+
+/* A key of a batch with fingerprints, its place in the batch and its route. */
+typedef struct RoutedBatchKey
+{
+	Datum		route;			/* where keys are routed */
+	text	   *key;
+	int			place;
+} RoutedBatchKey;
+
+/*
+ * Compares two keys of a routed batch by their routes, in the type's
+ * order, then by the bytes of the keys.
+ */
+static int
+routed_batch_key_cmp(const void *a, const void *b, void *arg)
+{
+	TypeCacheEntry *typentry = (TypeCacheEntry *) arg;
+	const RoutedBatchKey *ka = (const RoutedBatchKey *) a;
+	const RoutedBatchKey *kb = (const RoutedBatchKey *) b;
+	int			cmp;
+	int			la = VARSIZE_ANY_EXHDR(ka->key);
+	int			lb = VARSIZE_ANY_EXHDR(kb->key);
+
+	cmp = DatumGetInt32(FunctionCall2Coll(&typentry->cmp_proc_finfo,
+										  typentry->typcollation,
+										  ka->route, kb->route));
+	if (cmp != 0)
+		return cmp;
+	cmp = memcmp(VARDATA_ANY(ka->key), VARDATA_ANY(kb->key), Min(la, lb));
+	return cmp != 0 ? cmp : (la > lb) - (la < lb);
+}
+
+/*
+ * Records a routed batch's keys under their routes, in the order that
+ * keeps two batches from deadlocking over the whole cluster (batch.c's
+ * header says why): sorted by route, then by the bytes of the key.  A key repeated
+ * under one route is one message: only its first place is recorded, the
+ * others are marked neither new nor reused.  Fills isnew and recorded by
+ * the keys' places.
+ */
+void
+routed_record_keys(const char *consumer, Datum *elems, Datum *routes,
+					Oid route_type, int nkeys, const int32 *fingerprints,
+					const bool *has_fingerprint, bool *isnew, bool *repeated,
+					RecordedKey *recorded)
+{
+	TypeCacheEntry *typentry;
+	RoutedBatchKey   *batch;
+
+	typentry = lookup_type_cache(route_type, TYPECACHE_CMP_PROC_FINFO);
+	if (!OidIsValid(typentry->cmp_proc_finfo.fn_oid))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_FUNCTION),
+				 errmsg("routes of type %s cannot be ordered", format_type_be(route_type)),
+				 errhint("Pass the routes with the type of the distribution column.")));
+	batch = palloc(nkeys * sizeof(RoutedBatchKey));
+	for (int i = 0; i < nkeys; i++)
+	{
+		batch[i].route = routes[i];
+		batch[i].key = DatumGetTextPP(elems[i]);
+		batch[i].place = i;
+	}
+	qsort_arg(batch, nkeys, sizeof(RoutedBatchKey), routed_batch_key_cmp, typentry);
+
+	for (int i = 0; i < nkeys; i++)
+	{
+		int			place = batch[i].place;
+
+		CHECK_FOR_INTERRUPTS();
+		repeated[place] = i > 0 &&
+			routed_batch_key_cmp(&batch[i - 1], &batch[i], typentry) == 0;
+		if (repeated[place])
+			continue;
+		isnew[place] = routed_record_key(batch[i].route, route_type, consumer,
+										 batch[i].key,
+										 has_fingerprint[place] ? &fingerprints[place] : NULL,
+										 &recorded[place]);
+	}
 }
 
 /*

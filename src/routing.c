@@ -5,7 +5,9 @@
  *	  idem_consumer.routed_keys exists, as each backend last looked it up
  *	  (forgotten when any session creates, drops or renames a table), and
  *	  the type of its route; the refusal of calls that would record or
- *	  look up a key without its route once keys are routed; the route
+ *	  look up a key, or act on an effect, without its route once keys are
+ *	  routed (key_place_resolve.c resolves every call's place through
+ *	  it); the route
  *	  arguments of the calls; and what the routed keys (routed.c) and the
  *	  routed effects (effects_store_sql.c) share: the route type of their
  *	  statements and the cutoffs of their purge.
@@ -113,19 +115,30 @@ routed_route_type(void)
 }
 
 /*
- * Raises an error if keys are routed in this database.  Every entry of the
- * key store that records, looks up or forgets a key without its route
- * calls it.
+ * Raises an error if keys are routed in this database: a key, or the
+ * effect of effect_function (NULL: a key), without its route would be
+ * stored or looked up apart from the business rows it protects.  Every
+ * call without a route is resolved through it (key_place_resolve.c),
+ * and every entry of the key store that records, looks up or forgets a
+ * key calls it too.
  */
 void
-routed_refuse_unrouted(void)
+routed_refuse_unrouted(const char *effect_function)
 {
-	if (OidIsValid(routed_keys_relid()))
+	if (!OidIsValid(routed_keys_relid()))
+		return;
+	if (effect_function != NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("a key cannot be recorded, looked up or forgotten without its route: the keys of this database are routed"),
-				 errdetail("idem_citus_distribute() made the keys live beside the business rows they protect; a key without its route would be recorded or looked up apart from them."),
+				 errmsg("%s cannot act on an effect without its route: the keys of this database are routed",
+						effect_function),
+				 errdetail("idem_citus_distribute() made effects live beside the business rows of their route."),
 				 errhint("Pass route => the business row's distribution column value.")));
+	ereport(ERROR,
+			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+			 errmsg("a key cannot be recorded, looked up or forgotten without its route: the keys of this database are routed"),
+			 errdetail("idem_citus_distribute() made the keys live beside the business rows they protect; a key without its route would be recorded or looked up apart from them."),
+			 errhint("Pass route => the business row's distribution column value.")));
 }
 
 /*

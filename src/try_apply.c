@@ -115,12 +115,12 @@ fingerprint_of_try_call(text *explicit_fingerprint, const char *sql,
  * when it made the entry.
  */
 static Outcome
-park_key_reuse(const DeadLetterPlace *place, text *key,
+park_key_reuse(const KeyPlace *place, text *key,
 			   const char *sql, ArrayType *params, NullableDatum event_time,
 			   int64 expect_rows, int32 fingerprint,
 			   const RecordedKey *recorded, bool *redelivered)
 {
-	char	   *status = dead_letter_status(place, key);
+	char	   *status = key_place_entry_status(place, key);
 	ErrorData  *edata;
 
 	/*
@@ -131,7 +131,7 @@ park_key_reuse(const DeadLetterPlace *place, text *key,
 		return redelivery_outcome(status);
 
 	edata = fingerprint_key_reuse_error(place->consumer, key, fingerprint, recorded);
-	dead_letter_insert(place, key, sql, params, event_time, edata, expect_rows);
+	key_place_park(place, key, sql, params, event_time, edata, expect_rows);
 	*redelivered = false;
 	return OUTCOME_DEAD_LETTERED;
 }
@@ -150,7 +150,7 @@ Datum
 idem_try_apply(PG_FUNCTION_ARGS)
 {
 	MessageArgs args;
-	DeadLetterPlace place = {0};
+	KeyPlace   *place = &args.place;
 	bool		check_fingerprint;
 	int32		fingerprint;
 	RecordedKey recorded = {0};
@@ -159,51 +159,40 @@ idem_try_apply(PG_FUNCTION_ARGS)
 	int			call;
 
 	get_message_args(fcinfo, &args);
-	place.consumer = args.consumer;
-	place.routed = args.routed;
-	place.route = args.route;
-	place.route_type = args.route_type;
 	if (args.params != NULL)
 		business_params_check(args.params);
 	business_sql_check(args.sql);
 	expect_rows_check_sql(args.expect_rows, args.sql);
 
 	SPI_connect();
-	place.consumer_id = keystore_consumer_id_and_fp_check(args.consumer, true,
+	place->consumer_id = keystore_consumer_id_and_fp_check(args.consumer, true,
 														  &check_fingerprint);
 	call = stats_call_begin(args.consumer);
 
 	if (check_fingerprint)
 		fingerprint = fingerprint_of_try_call(args.fingerprint, args.sql, args.params);
-	inflight_check_key(place.consumer_id, args.consumer, args.key, "record");
+	inflight_check_key(place->consumer_id, args.consumer, args.key, "record");
 	inflight_check_call(fcinfo);
-	if (place.routed)
-	{
-		routed_refuse_two_roles("idem_try_apply", args.consumer, GetUserId());
-		redelivered = !routed_record_key(place.route, place.route_type, args.consumer,
-										 args.key, check_fingerprint ? &fingerprint : NULL,
-										 &recorded);
-	}
-	else
-		redelivered = !keystore_record_key_fp(place.consumer_id, args.key,
-											  check_fingerprint ? &fingerprint : NULL,
-											  &recorded);
+	key_place_admit_role(place, "idem_try_apply", GetUserId());
+	redelivered = !key_place_record(place, args.key,
+									check_fingerprint ? &fingerprint : NULL,
+									&recorded);
 	if (redelivered && check_fingerprint &&
 		!fingerprint_admits(args.fingerprint, fingerprint, &recorded,
 							args.sql, args.params))
 	{
 		/* another message under the key: a permanent failure of its own */
 		stats_call_key_reuse(call);
-		outcome = park_key_reuse(&place, args.key, args.sql, args.params,
+		outcome = park_key_reuse(place, args.key, args.sql, args.params,
 								 args.event_time, args.expect_rows, fingerprint,
 								 &recorded, &redelivered);
 	}
 	else if (redelivered)
-		outcome = redelivery_outcome(dead_letter_status(&place, args.key));
+		outcome = redelivery_outcome(key_place_entry_status(place, args.key));
 	else
 	{
 		uint64		rows;
-		ErrorData  *edata = business_run(place.consumer_id, args.consumer, args.key,
+		ErrorData  *edata = business_run(place->consumer_id, args.consumer, args.key,
 										 args.sql, args.params, NULL, InvalidOid,
 										 args.expect_rows, &rows);
 
@@ -211,8 +200,8 @@ idem_try_apply(PG_FUNCTION_ARGS)
 			outcome = OUTCOME_APPLIED;
 		else
 		{
-			dead_letter_insert(&place, args.key, args.sql, args.params,
-							   args.event_time, edata, args.expect_rows);
+			key_place_park(place, args.key, args.sql, args.params,
+						   args.event_time, edata, args.expect_rows);
 			outcome = OUTCOME_DEAD_LETTERED;
 		}
 	}
