@@ -23,6 +23,7 @@
 #include "storage/block.h"
 #include "storage/itemptr.h"
 #include "utils/array.h"
+#include "utils/inval.h"
 #include "utils/timestamp.h"
 
 #include "compat.h"
@@ -75,6 +76,7 @@ typedef int KeystoreTable;
 #define KS_NUM_TABLES (2 * 17)
 
 extern void storage_init(void);
+extern void storage_relcache_subscribe(RelcacheCallbackFunction callback);
 
 /*
  * storage.c: what versions after 1.0 of the SQL objects add to the

@@ -25,7 +25,6 @@
 #include "access/table.h"
 #include "catalog/pg_type.h"
 #include "storage/bufmgr.h"
-#include "utils/inval.h"
 #include "utils/snapmgr.h"
 
 #include "keygen_state.h"
@@ -84,7 +83,7 @@ keygen_relcache_callback(Datum arg, Oid relid)
 void
 keygen_state_init(void)
 {
-	CacheRegisterRelcacheCallback(keygen_relcache_callback, (Datum) 0);
+	storage_relcache_subscribe(keygen_relcache_callback);
 }
 
 /*

@@ -44,7 +44,6 @@
 #include "catalog/pg_type.h"
 #include "executor/executor.h"
 #include "utils/fmgroids.h"
-#include "utils/inval.h"
 #include "utils/rel.h"
 #include "utils/snapshot.h"
 #include "utils/snapmgr.h"
@@ -155,7 +154,7 @@ key_table_usable_cached(KeyGenSlot slot, Relation keys, Oid hash_index)
 
 	if (!verdict_callback_registered)
 	{
-		CacheRegisterRelcacheCallback(verdict_relcache_callback, (Datum) 0);
+		storage_relcache_subscribe(verdict_relcache_callback);
 		verdict_callback_registered = true;
 	}
 	invalidations = verdict_invalidations;

@@ -71,7 +71,6 @@
 #include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/hsearch.h"
-#include "utils/inval.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
@@ -124,7 +123,7 @@ position_relcache_callback(Datum arg, Oid relid)
 void
 position_check_init(void)
 {
-	CacheRegisterRelcacheCallback(position_relcache_callback, (Datum) 0);
+	storage_relcache_subscribe(position_relcache_callback);
 }
 
 /*

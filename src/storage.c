@@ -123,12 +123,49 @@ storage_relcache_callback(Datum arg, Oid relid)
 }
 
 /*
- * Registers the invalidation callback; called once from _PG_init.
+ * The relcache callbacks of the modules above, which the one callback of
+ * the library calls.  The server has room for ten relcache callbacks in
+ * a process, for every library it loads: a walsender that loads Citus and
+ * pgoutput beside this library ran out of them when each module took a
+ * slot of its own, and a Citus shard move then waited forever for its
+ * logical replication.
+ */
+#define STORAGE_MAX_SUBSCRIBERS 8
+
+static RelcacheCallbackFunction storage_subscribers[STORAGE_MAX_SUBSCRIBERS];
+static int	storage_nsubscribers = 0;
+
+/*
+ * Calls the storage's own callback, then every module's.
+ */
+static void
+storage_relcache_dispatch(Datum arg, Oid relid)
+{
+	storage_relcache_callback(arg, relid);
+	for (int i = 0; i < storage_nsubscribers; i++)
+		storage_subscribers[i] (arg, relid);
+}
+
+/*
+ * Has callback called at every relcache invalidation, as
+ * CacheRegisterRelcacheCallback would, without a slot of its own.
+ */
+void
+storage_relcache_subscribe(RelcacheCallbackFunction callback)
+{
+	if (storage_nsubscribers >= STORAGE_MAX_SUBSCRIBERS)
+		elog(FATAL, "out of idem_consumer relcache callback slots");
+	storage_subscribers[storage_nsubscribers++] = callback;
+}
+
+/*
+ * Registers the library's one relcache callback; called once from
+ * _PG_init.
  */
 void
 storage_init(void)
 {
-	CacheRegisterRelcacheCallback(storage_relcache_callback, (Datum) 0);
+	CacheRegisterRelcacheCallback(storage_relcache_dispatch, (Datum) 0);
 }
 
 

@@ -1,4 +1,5 @@
-# The installed idem_consumer.so exports its entry points and nothing else.
+# The installed idem_consumer.so exports its entry points and nothing else,
+# and takes one of the server's few relcache callback slots.
 # The server loads a library with RTLD_GLOBAL, so any other global symbol
 # (a helper named business_run, a hash table named stats_hash) can bind to,
 # or be bound by, another library's symbol of the same name.  What must stay
@@ -56,5 +57,15 @@ is(scalar(@unexpected), 0,
   or diag('exported but not an entry point: ' . join(' ', @unexpected));
 is(scalar(@missing), 0, 'every entry point is exported')
   or diag('entry point not exported: ' . join(' ', @missing));
+
+# A process has room for ten relcache callbacks, for every library it
+# loads: a walsender of a Citus worker loads Citus and pgoutput beside
+# this library, and ran out of them (a shard move then waited forever for
+# its logical replication) when the modules each registered their own.
+# The library registers one, which calls the modules' (storage.c).
+IPC::Run::run([ 'objdump', '-d', $library ], '>', \$out, '2>', \$err)
+  or die "objdump -d $library failed: $err";
+my @sites = $out =~ /\b(?:call|jmp)\s+\S+\s+<CacheRegisterRelcacheCallback\@plt>/g;
+is(scalar(@sites), 1, 'the library registers one relcache callback');
 
 done_testing();
