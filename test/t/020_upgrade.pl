@@ -221,6 +221,13 @@ my @legacy_only = (
 	qr/^extension \| dumps idem_consumer\.processed_keys where $/,
 	qr/^extension \| dumps idem_consumer\.key_collisions where $/,
 );
+# the row types of the legacy tables and their arrays, which PostgreSQL 17
+# and later list as members of the extension beside the tables (15 does
+# not): legacy too, where they are listed
+my @legacy_row_types = (
+	qr/^type idem_consumer\.processed_keys(\[\])? \| /,
+	qr/^type idem_consumer\.key_collisions(\[\])? \| /,
+);
 my $legacy_branches = qr/SELECT processed_keys\.processed_at FROM idem_consumer\.processed_keys WHERE \(processed_keys\.consumer_id = c\.consumer_id\) UNION ALL SELECT key_collisions\.processed_at FROM idem_consumer\.key_collisions WHERE \(key_collisions\.consumer_id = c\.consumer_id\) UNION ALL /;
 
 # legacy_difference(updated, new install): checks that the updated
@@ -240,8 +247,10 @@ sub legacy_difference
 		"$label: idem_consumers counts the keys of the legacy tables");
 	ok(!(grep { /^view idem_consumers \| view: / && $_ =~ $legacy_branches } @$fresh),
 		'a new install: idem_consumers counts the keys of the ring alone');
+	ok(!(grep { my $line = $_; grep { $line =~ $_ } @legacy_row_types } @$fresh),
+		'a new install has no row type of a legacy table');
 	my @kept = map { s/$legacy_branches//r }
-	  grep { my $line = $_; !grep { $line =~ $_ } @legacy_only } @$updated;
+	  grep { my $line = $_; !grep { $line =~ $_ } @legacy_only, @legacy_row_types } @$updated;
 	return difference(\@kept, $fresh);
 }
 
