@@ -10,6 +10,7 @@ OBJS = \
 	src/storage_stmt.o \
 	src/keystore_sql.o \
 	src/fastpath.o \
+	src/positions_fastpath.o \
 	src/keystore_fastpath.o \
 	src/keystore.o \
 	src/keystore_batch.o \
@@ -67,7 +68,7 @@ EXTENSION = idem_consumer
 DATA = $(wildcard extension/idem_consumer--*.sql)
 PGFILEDESC = "idem_consumer - idempotent message consumption"
 
-REGRESS = hash_width apply bad_input plan_cache security collisions storage batch dead_letter stats stats_readers metrics_dead_letters retention retention_dead_letters retention_chunks effects effects_fastpath ownership key_reuse dead_letter_roles dead_letter_expiry own_key fastpath_fallback spi_results interval_bounds function_labels partitioned_storage view_barriers view_leaks business_settings replay_locks dlq_in_flight key_store_guard create_rights membership consumer_names foreign_messages typed_fingerprints typed_params expect_rows api_surface call_shapes key_generations key_generation_retention routed_keys routed_dead_letters routed_effects trigger_guard hostile_search_path plan_cache_memory positions position_check
+REGRESS = hash_width apply bad_input plan_cache security collisions storage batch dead_letter stats stats_readers metrics_dead_letters retention retention_dead_letters retention_chunks effects effects_fastpath ownership key_reuse dead_letter_roles dead_letter_expiry own_key fastpath_fallback spi_results interval_bounds function_labels partitioned_storage view_barriers view_leaks business_settings replay_locks dlq_in_flight key_store_guard create_rights membership consumer_names foreign_messages typed_fingerprints typed_params expect_rows api_surface call_shapes key_generations key_generation_retention routed_keys routed_dead_letters routed_effects trigger_guard hostile_search_path plan_cache_memory positions positions_fastpath position_check
 REGRESS_OPTS = --load-extension=idem_consumer
 
 ISOLATION = narrow_hash apply_concurrency collision_concurrency batch_deadlock dlq_replay purge_concurrency effects_begin effects_takeover effects_claim effects_fastpath ownership_cache dlq_replay_rr collision_fingerprints consumer_ids old_generation key_generation_switch key_generation_drop key_generation_filter key_generation_collisions key_generation_carry key_generation_gate routed_dlq_replay routed_refusal consumer_row_changes position_advance position_check

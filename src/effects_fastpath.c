@@ -196,30 +196,6 @@ index_is_outbox(Relation index)
 }
 
 /*
- * Inserts the index entries a new row version needs, as ExecUpdate does:
- * all of them after an update that was not HOT, and from 16 those of the
- * summarizing indexes after a HOT one.
- */
-static void
-insert_index_entries(Relation rel, TupleTableSlot *slot,
-					 CompatIndexUpdate index_update)
-{
-	EState	   *estate = CreateExecutorState();
-	ResultRelInfo *rinfo = makeNode(ResultRelInfo);
-
-	/*
-	 * No range table: ExecInsertIndexTuples then takes the update for one
-	 * that changed no indexed column, which is true, and hints so to the
-	 * btree code as UPDATE would.
-	 */
-	InitResultRelInfo(rinfo, rel, 0, NULL, 0);
-	ExecOpenIndices(rinfo, false);
-	compat_insert_index_entries(rinfo, slot, estate, index_update);
-	ExecCloseIndices(rinfo);
-	FreeExecutorState(estate);
-}
-
-/*
  * Tells whether the defaults an insert of a new inline effect relies on
  * are the ones the 1.1 script gives, and no other column has one: the
  * fast insert computes them itself.
@@ -408,10 +384,7 @@ effects_fast_complete(Oid relid, int32 consumer_id, text *key, int64 fence,
 			TM_Result	res;
 
 			/* EF_COMPLETE's SET list */
-			slot_getallattrs(oldslot);
-			ExecClearTuple(newslot);
-			memcpy(newslot->tts_values, oldslot->tts_values, EFFECTS_NATTS * sizeof(Datum));
-			memcpy(newslot->tts_isnull, oldslot->tts_isnull, EFFECTS_NATTS * sizeof(bool));
+			fastpath_slot_copy(newslot, oldslot);
 			newslot->tts_values[ATT_STATE - 1] = CStringGetTextDatum("completed");
 			newslot->tts_values[ATT_RESULT - 1] = PointerGetDatum(result);
 			newslot->tts_isnull[ATT_RESULT - 1] = result == NULL;
@@ -431,7 +404,7 @@ effects_fast_complete(Oid relid, int32 consumer_id, text *key, int64 fence,
 			if (res == TM_Ok)
 			{
 				if (index_update != COMPAT_INDEXES_NONE)
-					insert_index_entries(rel, newslot, index_update);
+					fastpath_insert_index_entries(rel, newslot, index_update);
 				done = true;
 			}
 		}

@@ -4,7 +4,8 @@
  *	  What the fast paths of keys and of external effects share:
  *	  idem_consumer.fast_path, the check that a table has exactly the
  *	  columns the install script creates, the snapshot an SPI statement
- *	  would take, and the speculative insertion through a unique index.
+ *	  would take, the speculative insertion through a unique index, and
+ *	  the index entries of an updated row.
  *
  * A fast path forms its tuples from the values it is given and runs none
  * of the executor's checks, so it may write only to a table that is
@@ -28,7 +29,9 @@
 #include "access/genam.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "catalog/index.h"
 #include "catalog/pg_collation.h"
+#include "executor/executor.h"
 #include "storage/lmgr.h"
 #include "utils/guc.h"
 #include "utils/snapmgr.h"
@@ -131,4 +134,43 @@ fastpath_insert_speculative(Relation rel, TupleTableSlot *slot,
 	table_tuple_complete_speculative(rel, slot, token, inserted);
 	SpeculativeInsertionLockRelease(xid);
 	return inserted;
+}
+
+/*
+ * Inserts the index entries a new row version needs, as ExecUpdate does:
+ * all of them after an update that was not HOT, and from 16 those of the
+ * summarizing indexes after a HOT one.
+ */
+void
+fastpath_insert_index_entries(Relation rel, TupleTableSlot *slot,
+							  CompatIndexUpdate index_update)
+{
+	EState	   *estate = CreateExecutorState();
+	ResultRelInfo *rinfo = makeNode(ResultRelInfo);
+
+	/*
+	 * No range table: ExecInsertIndexTuples then takes the update for one
+	 * that changed no indexed column, which is true, and hints so to the
+	 * btree code as UPDATE would.
+	 */
+	InitResultRelInfo(rinfo, rel, 0, NULL, 0);
+	ExecOpenIndices(rinfo, false);
+	compat_insert_index_entries(rinfo, slot, estate, index_update);
+	ExecCloseIndices(rinfo);
+	FreeExecutorState(estate);
+}
+
+/*
+ * Makes the empty slot dst hold the values of the row in src, to be
+ * changed before ExecStoreVirtualTuple: the new version of an update.
+ */
+void
+fastpath_slot_copy(TupleTableSlot *dst, TupleTableSlot *src)
+{
+	int			natts = src->tts_tupleDescriptor->natts;
+
+	slot_getallattrs(src);
+	ExecClearTuple(dst);
+	memcpy(dst->tts_values, src->tts_values, natts * sizeof(Datum));
+	memcpy(dst->tts_isnull, src->tts_isnull, natts * sizeof(bool));
 }

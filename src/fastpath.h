@@ -19,6 +19,8 @@
 #include "utils/rel.h"
 #include "utils/snapshot.h"
 
+#include "compat.h"
+
 /*
  * A column as the install script creates it; name NULL and type
  * InvalidOid are not compared.
@@ -37,5 +39,8 @@ extern Snapshot fastpath_push_snapshot(void);
 extern bool fastpath_insert_speculative(Relation rel, TupleTableSlot *slot,
 										Relation index, IndexInfo *index_info,
 										Datum *index_values, bool *index_isnull);
+extern void fastpath_slot_copy(TupleTableSlot *dst, TupleTableSlot *src);
+extern void fastpath_insert_index_entries(Relation rel, TupleTableSlot *slot,
+										  CompatIndexUpdate index_update);
 
 #endif							/* IDEM_FASTPATH_H */

@@ -18,7 +18,9 @@
  * applies a batch advances first, then applies: the position before, which
  * the call returns, tells which of its messages another member applied
  * while it waited for the lock, and those are duplicates without a look at
- * the key store.
+ * the key store.  The locked row of an advance is then updated by
+ * positions_fastpath.c without the executor when the table is as created,
+ * by PS_ADVANCE otherwise.
  *
  * Only a rewind moves a position back, and every rewind leaves a row in
  * idem_consumer.position_rewinds: the roles (current and session), the
@@ -97,7 +99,7 @@ typedef enum PositionStmt
 
 static const StorageStmt position_stmt_defs[PS_NUM_STMTS] = {
 	[PS_LOCK] = {
-		"SELECT \"position\" FROM " STORAGE_SCHEMA ".positions" POSITION_KEY
+		"SELECT \"position\", ctid FROM " STORAGE_SCHEMA ".positions" POSITION_KEY
 		" FOR UPDATE",
 		3, {INT4OID, TEXTOID, INT4OID}
 	},
@@ -206,11 +208,12 @@ get_offset_arg(FunctionCallInfo fcinfo, int argno, const char *argname)
 }
 
 /*
- * Locks the position of key and returns whether there is one, in *position.
- * args holds consumer_id, topic and partition.
+ * Locks the position of key and returns whether there is one, in *position,
+ * and the row version locked, the newest, in *tid.  args holds
+ * consumer_id, topic and partition.
  */
 static bool
-lock_position(Datum *args, int64 *position)
+lock_position(Datum *args, int64 *position, ItemPointer tid)
 {
 	bool		isnull;
 
@@ -219,12 +222,15 @@ lock_position(Datum *args, int64 *position)
 		return false;
 	*position = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
 											SPI_tuptable->tupdesc, 1, &isnull));
+	ItemPointerCopy((ItemPointer) DatumGetPointer(SPI_getbinval(SPI_tuptable->vals[0],
+													  SPI_tuptable->tupdesc, 2, &isnull)),
+					tid);
 	return true;
 }
 
 /*
  * Locks the position of args (consumer_id, topic, partition) and returns
- * true with it in *stored; or inserts args' position (args[3], with the
+ * true with it in *stored and the row version in *tid; or inserts args' position (args[3], with the
  * log-end offset args[4]) as the partition's first and returns false.  A
  * concurrent first insert makes ours insert nothing (once that one
  * commits): its row is then locked.  In REPEATABLE READ, a row inserted
@@ -232,11 +238,11 @@ lock_position(Datum *args, int64 *position)
  * ON CONFLICT does.
  */
 static bool
-lock_or_insert_position(Datum *args, const char *nulls, int64 *stored)
+lock_or_insert_position(Datum *args, const char *nulls, int64 *stored, ItemPointer tid)
 {
 	for (;;)
 	{
-		if (lock_position(args, stored))
+		if (lock_position(args, stored, tid))
 			return true;
 		storage_stmt_run(&position_stmts, PS_INSERT, args, nulls, 0);
 		if (SPI_processed == 1)
@@ -268,6 +274,7 @@ idem_position_advance(PG_FUNCTION_ARGS)
 	int64		from = -1;
 	int64		stored = 0;
 	bool		found;
+	ItemPointerData tid;
 	Datum		args[5];
 	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
 
@@ -296,7 +303,7 @@ idem_position_advance(PG_FUNCTION_ARGS)
 	args[3] = Int64GetDatum(position);
 	args[4] = PG_ARGISNULL(4) ? (Datum) 0 : PG_GETARG_DATUM(4);
 
-	found = lock_or_insert_position(args, nulls, &stored);
+	found = lock_or_insert_position(args, nulls, &stored, &tid);
 	if (found)
 	{
 		/* from_position, given, is at most position */
@@ -311,7 +318,9 @@ idem_position_advance(PG_FUNCTION_ARGS)
 					 errdetail("The stored position is " INT64_FORMAT "; the position given is " INT64_FORMAT ".",
 							   stored, position),
 					 errhint("The messages below the stored position are applied: skip them.  An operator moves a position back with idem_position_rewind().")));
-		storage_stmt_run(&position_stmts, PS_ADVANCE, args, nulls, 0);
+		if (!positions_fast_advance(&tid, DatumGetInt32(args[0]), key.topic, key.partition,
+									position, args[4], nulls[4] == 'n'))
+			storage_stmt_run(&position_stmts, PS_ADVANCE, args, nulls, 0);
 	}
 	SPI_finish();
 
@@ -336,6 +345,7 @@ idem_position_rewind(PG_FUNCTION_ARGS)
 	int64		stored = 0;
 	bool		found;
 	int32		consumer_id;
+	ItemPointerData tid;
 	text	   *reason;
 	NameData	current_role;
 	NameData	session_role;
@@ -359,7 +369,7 @@ idem_position_rewind(PG_FUNCTION_ARGS)
 	args[1] = PointerGetDatum(key.topic);
 	args[2] = Int32GetDatum(key.partition);
 	args[3] = Int64GetDatum(position);
-	found = lock_or_insert_position(args, nulls, &stored);
+	found = lock_or_insert_position(args, nulls, &stored, &tid);
 	if (found && position > stored)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),

@@ -51,6 +51,10 @@ enum PositionColumn
 extern void get_position_key(FunctionCallInfo fcinfo, PositionKey *key);
 extern int64 get_offset_arg(FunctionCallInfo fcinfo, int argno, const char *argname);
 extern Relation positions_open(Oid *index);
+/* positions_fastpath.c */
+extern bool positions_fast_advance(ItemPointer tid, int32 consumer_id, text *topic,
+								   int32 partition, int64 position, Datum log_end,
+								   bool log_end_null);
 extern void position_scankeys(ScanKeyData *skey, int *nkeys, int32 consumer_id,
 							  text *topic, int32 partition);
 

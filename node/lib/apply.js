@@ -78,19 +78,12 @@ async function tryApply(db, msg, opts) {
   return (await statement(db, { text: `SELECT ${call}::text AS outcome`, values }, opts)).rows[0].outcome;
 }
 
-// Build the batch statement's arrays: the keys, then one array per column,
-// each element converted as a parameter would be.
-function batchParams(messages, key, columns = []) {
-  if (!Array.isArray(messages)) throw new TypeError('messages must be an array');
-  if (typeof key !== 'function') throw new TypeError('key must be a function of a message');
+// The columns' arrays of a batch statement, one per column, each element
+// converted as a parameter would be; an error names the parameter ($3 ...).
+function columnParams(messages, columns) {
   if (!Array.isArray(columns) || columns.some((c) => typeof c !== 'function'))
     throw new TypeError('columns must be an array of functions of a message');
-  const keys = messages.map((m, i) => {
-    const k = key(m);
-    if (typeof k !== 'string') throw new TypeError(`the key of message ${i} must be a string, not ${typeof k}`);
-    return k;
-  });
-  const arrays = columns.map((column, c) => messages.map((m, i) => {
+  return columns.map((column, c) => messages.map((m, i) => {
     const value = column(m);
     if (Array.isArray(value))
       throw new ParamError(`column ${c + 1} of message ${i} is an array; a batch column holds one value per message`, c + 3);
@@ -101,7 +94,20 @@ function batchParams(messages, key, columns = []) {
       throw err;
     }
   }));
-  return [keys, ...arrays];
+}
+
+// Build the batch statement's arrays: the keys, then one array per column.
+function batchParams(messages, key, columns = []) {
+  if (!Array.isArray(messages)) throw new TypeError('messages must be an array');
+  if (typeof key !== 'function') throw new TypeError('key must be a function of a message');
+  if (!Array.isArray(columns) || columns.some((c) => typeof c !== 'function'))
+    throw new TypeError('columns must be an array of functions of a message');
+  const keys = messages.map((m, i) => {
+    const k = key(m);
+    if (typeof k !== 'string') throw new TypeError(`the key of message ${i} must be a string, not ${typeof k}`);
+    return k;
+  });
+  return [keys, ...columnParams(messages, columns)];
 }
 
 const RECORD_ONLY = 'SELECT k AS key FROM idem_record_batch($1, $2::text[]) AS k';
@@ -118,4 +124,4 @@ async function recordBatch(db, batch, opts) {
   return statement(db, { text: sql === undefined ? RECORD_ONLY : sql, values }, opts);
 }
 
-module.exports = { apply, tryApply, recordBatch, batchParams };
+module.exports = { apply, tryApply, recordBatch, batchParams, columnParams };

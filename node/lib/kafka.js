@@ -8,7 +8,7 @@
 'use strict';
 
 const { pipelinedTransaction } = require('./retry');
-const { batchParams } = require('./apply');
+const { columnParams } = require('./apply');
 
 // Resolves at the stream's next 'readable', 'end' or 'close', leaving no
 // listener behind.
@@ -50,6 +50,9 @@ const ADVANCE = `SELECT idem_position_advance($1, u.topic, u.partition, u.positi
   FROM unnest($2::text[], $3::integer[], $4::bigint[], $5::bigint[], $6::bigint[]) WITH ORDINALITY
        AS u (topic, partition, position, log_end, from_position, n)
  ORDER BY u.n`;
+// parsed once a connection: its plan is kept, as the batches' advance is
+// the same statement each time
+const ADVANCE_NAME = 'idem_consumer_kafka_advance';
 const POSITIONS = 'SELECT topic, "partition", "position" FROM idem_positions($1)';
 
 const DEFAULTS = { maxBatch: 500, commitOffsets: false, logEndIntervalMs: 1000, maxBackwardsRetries: 10,
@@ -128,25 +131,53 @@ function consumeKafka(options) {
     for (const k of fresh) if (positions.has(k)) stream.offsetsToFetch.set(k, positions.get(k));
   }
 
+  // The part of partition (topic, partition) in parts, found by index.
+  function partOf(parts, index, topic, partition) {
+    const k = partitionKey(topic, partition);
+    let part = index.get(k);
+    if (!part) {
+      part = { topic, partition, key: k, messages: [], ordered: true };
+      index.set(k, part);
+      parts.push(part);
+    }
+    return part;
+  }
+
   // The messages of a batch by partition, in offset order, each offset
   // once (a client may deliver one twice), none below the position known.
+  // A stream delivers a partition's messages in runs, in offset order:
+  // one comparison a message finds the run's part and tells that the
+  // part needs no sorting; a part out of order is sorted and its second
+  // copies dropped.
   function byPartition(messages) {
-    const parts = new Map();
+    const parts = [];
+    const index = new Map();
+    let part = null;
+    let last = -1n;
     for (const m of messages) {
-      const k = partitionKey(m.topic, m.partition);
-      let part = parts.get(k);
-      if (!part) parts.set(k, part = { topic: m.topic, partition: m.partition, messages: [] });
+      if (part === null || m.partition !== part.partition || m.topic !== part.topic) {
+        part = partOf(parts, index, m.topic, m.partition);
+        last = part.messages.length > 0 ? part.messages[part.messages.length - 1].offset : -1n;
+      }
+      if (m.offset <= last) part.ordered = false;
+      else last = m.offset;
       part.messages.push(m);
     }
-    for (const [k, part] of parts) {
-      const from = positions.get(k) ?? -1n;
-      const seen = new Set();
-      part.messages = part.messages
-        .filter((m) => m.offset >= from && !seen.has(m.offset) && seen.add(m.offset))
-        .sort((a, b) => (a.offset < b.offset ? -1 : 1));
-      if (part.messages.length === 0) parts.delete(k);
+    const kept = [];
+    for (const p of parts) {
+      const from = positions.get(p.key) ?? -1n;
+      if (!p.ordered) {
+        const seen = new Set();
+        p.messages = p.messages.filter((m) => !seen.has(m.offset) && seen.add(m.offset))
+          .sort((a, b) => (a.offset < b.offset ? -1 : 1));
+      }
+      // in offset order: those below the position are the first ones
+      let skip = 0;
+      while (skip < p.messages.length && p.messages[skip].offset < from) skip++;
+      if (skip > 0) p.messages = p.messages.slice(skip);
+      if (p.messages.length > 0) kept.push(p);
     }
-    return [...parts.values()].sort((a, b) =>
+    return kept.sort((a, b) =>
       (a.topic < b.topic ? -1 : a.topic > b.topic ? 1 : a.partition - b.partition));
   }
 
@@ -159,11 +190,11 @@ function consumeKafka(options) {
   async function applyParts(parts) {
     const arrays = [[], [], [], [], []];
     const batch = [];
-    const keyOf = new Map();                  // message -> its key, each key once
+    const keys = [];
     const seen = new Set();
     for (const part of parts) {
       const next = part.messages[part.messages.length - 1].offset + 1n;
-      const end = logEnds.get(partitionKey(part.topic, part.partition));
+      const end = logEnds.get(part.key);
       arrays[0].push(part.topic);
       arrays[1].push(part.partition);
       arrays[2].push(next.toString());
@@ -172,15 +203,17 @@ function consumeKafka(options) {
       part.next = next;
       for (const m of part.messages) {
         const k = o.key(m);
+        if (typeof k !== 'string')
+          throw new TypeError(`the key of message ${batch.length} must be a string, not ${typeof k}`);
         if (seen.has(k)) continue;
         seen.add(k);
-        keyOf.set(m, k);
+        keys.push(k);
         batch.push(m);
       }
     }
     const statements = [
-      { text: ADVANCE, values: [consumer, ...arrays] },
-      { text: o.sql, values: [consumer, ...batchParams(batch, (m) => keyOf.get(m), o.columns || [])] },
+      { name: ADVANCE_NAME, text: ADVANCE, values: [consumer, ...arrays] },
+      { text: o.sql, values: [consumer, keys, ...columnParams(batch, o.columns || [])] },
     ];
     const inside = o.onApplied ? ([, result]) => o.onApplied(batch, result) : undefined;
     try {
@@ -199,7 +232,7 @@ function consumeKafka(options) {
   let committing = null;
   function commitOffsets(parts) {
     for (const part of parts)
-      toCommit.set(partitionKey(part.topic, part.partition), part.messages[part.messages.length - 1]);
+      toCommit.set(part.key, part.messages[part.messages.length - 1]);
     if (!committing) committing = commitLoop();
   }
   async function commitLoop() {
@@ -224,7 +257,7 @@ function consumeKafka(options) {
       const done = await applyParts(parts);
       if (done !== null) {
         applied = done;
-        for (const part of parts) positions.set(partitionKey(part.topic, part.partition), part.next);
+        for (const part of parts) positions.set(part.key, part.next);
         if (o.commitOffsets) commitOffsets(parts);
         break;
       }

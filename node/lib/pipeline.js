@@ -2,7 +2,9 @@
 // node-postgres Client: for each its Parse, Bind, Describe and Execute,
 // then one Sync.  The server runs them in order and, after an error,
 // skips the rest up to the Sync; a transaction opened by the first is left
-// for the caller to end, as after any failed statement.
+// for the caller to end, as after any failed statement.  A statement with
+// a name is parsed once a connection, as node-postgres does it for its
+// named queries, and bound by its name afterwards.
 'use strict';
 
 const { toText } = require('./params');
@@ -13,6 +15,7 @@ const { toText } = require('./params');
 class Pipelined {
   constructor(Query, types, statements, callback) {
     this.statements = statements.map((s) => ({
+      name: s.name || '',
       text: s.text,
       // values as text or null, as node-postgres sends them
       values: (s.values || []).map((v, i) => toText(v, `parameter $${i + 1}`)),
@@ -28,11 +31,22 @@ class Pipelined {
 
   submit(connection) {
     const stream = connection.stream;
+    const parsed = connection.parsedStatements || {};
+    // The named statements parsed here, in the order of their
+    // ParseComplete, which the server sends each parse that succeeds,
+    // before an error skips the rest: a name is known once its statement
+    // exists on the server, whatever happens to the statements after it.
+    const parsing = [];
+    const other = this.statements.find((s) => s.name && parsed[s.name] !== undefined && parsed[s.name] !== s.text);
+    if (other) return new Error(`the statement ${other.name} was prepared with another text`);
     if (stream && stream.cork) stream.cork();
     try {
       for (const s of this.statements) {
-        connection.parse({ text: s.text, name: '', types: [] });
-        connection.bind({ portal: '', statement: '', values: s.values, binary: false });
+        if (!s.name || parsed[s.name] === undefined) {
+          connection.parse({ text: s.text, name: s.name, types: [] });
+          parsing.push(s.name);
+        }
+        connection.bind({ portal: '', statement: s.name, values: s.values, binary: false });
         connection.describe({ type: 'P', name: '' });
         connection.execute({ portal: '', rows: 0 });
       }
@@ -40,7 +54,26 @@ class Pipelined {
     } finally {
       if (stream && stream.uncork) stream.uncork();
     }
+    if (parsing.some((name) => name !== '') && connection.parsedStatements) {
+      const onParsed = () => {
+        const name = parsing.shift();
+        if (name) connection.parsedStatements[name] = this.statements.find((s) => s.name === name).text;
+        if (parsing.length === 0) connection.removeListener('parseComplete', onParsed);
+      };
+      connection.on('parseComplete', onParsed);
+      this.parsed = onParsed;
+      this.connection = connection;
+    }
     return null;
+  }
+
+  // stops following the ParseCompletes once the server answered
+  done(err, results) {
+    if (this.parsed) this.connection.removeListener('parseComplete', this.parsed);
+    this.parsed = null;
+    const done = this.callback;
+    this.callback = null;
+    if (done) done(err, results);
   }
 
   handleRowDescription(msg) { this.queries[this.at].handleRowDescription(msg); }
@@ -54,15 +87,11 @@ class Pipelined {
   // the client forgets this Submittable at an error: the server skips the
   // rest and its ReadyForQuery reaches no one
   handleError(err) {
-    const done = this.callback;
-    this.callback = null;
-    if (done) done(err);
+    this.done(err);
   }
 
   handleReadyForQuery() {
-    const done = this.callback;
-    this.callback = null;
-    if (done) done(null, this.queries.map((q) => q._result));
+    this.done(null, this.queries.map((q) => q._result));
   }
 }
 

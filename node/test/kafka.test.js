@@ -185,6 +185,25 @@ test('a batch is one round trip to the database: advance, batch statement and CO
   await assert.rejects(failing.run.done, { code: '22012' });
   assert.deepStrictEqual((await positions())[0], 33);
   assert.strictEqual((await db.query('SELECT 1 AS one')).rows[0].one, 1);
+  // the advance is prepared once on a connection, where the failing batch
+  // found it, and a connection that prepares it in a batch that fails
+  // keeps it too: the next batch binds it by its name
+  const prepared = async (client) => (await client.query(
+    "SELECT name FROM pg_prepared_statements WHERE name LIKE 'idem_consumer%'")).rows.map((r) => r.name);
+  assert.deepStrictEqual(await prepared(db), ['idem_consumer_kafka_advance']);
+  const fresh = await connect();
+  try {
+    const failingFresh = start(new FakeKafka([{ topic: 'orders', partitions: [0] }]),
+      { db: fresh, sql: 'SELECT $1::text, 1 / 0 FROM unnest($2::text[], $3::integer[], $4::bigint[])' });
+    failingFresh.push(kafka.message(0, 33)).catch(() => {});
+    await assert.rejects(failingFresh.run.done, { code: '22012' });
+    assert.deepStrictEqual(await prepared(fresh), ['idem_consumer_kafka_advance']);
+    const after = start(new FakeKafka([{ topic: 'orders', partitions: [0] }]), { db: fresh });
+    assert.deepStrictEqual(await after.push(kafka.message(3, 0)), { messages: 1, applied: 1, skipped: 0, overtaken: 0 });
+    await after.run.close();
+  } finally {
+    await fresh.end();
+  }
 
   // onApplied runs inside the transaction, with the batch statement's
   // result, and the COMMIT waits for it: a second round trip
@@ -209,6 +228,21 @@ test('a batch is one round trip to the database: advance, batch statement and CO
     ['BEGIN', 'SELECT', 'INSERT', 'COMMIT']);
   assert.deepStrictEqual((await positions())[0], 38);
   await sequential.run.close();
+});
+
+test('messages of partitions interleaved and out of offset order are applied in order, each once', async () => {
+  const kafka = new FakeKafka([{ topic: 'orders', partitions: [4, 5] }]);
+  const { run, push } = start(kafka);
+  const first = await push(kafka.message(5, 5), kafka.message(4, 10), kafka.message(5, 4), kafka.message(4, 8),
+    kafka.message(5, 5), kafka.message(4, 9));
+  assert.deepStrictEqual(first, { messages: 6, applied: 5, skipped: 1, overtaken: 0 });
+  // below the position, out of order too: skipped without a query
+  const second = await push(kafka.message(4, 12), kafka.message(4, 7), kafka.message(4, 11));
+  assert.deepStrictEqual(second, { messages: 3, applied: 2, skipped: 1, overtaken: 0 });
+  const p = await positions();
+  assert.deepStrictEqual([p[4], p[5]], [13, 6]);
+  assert.deepStrictEqual((await ledger()).filter((r) => /^[45]:/.test(r)), ['4:8', '4:9', '4:10', '4:11', '4:12', '5:4', '5:5']);
+  await run.close();
 });
 
 test('consumeKafka refuses bad options before anything runs', () => {
