@@ -27,7 +27,7 @@ SELECT count(*) AS functions, count(*) <= 35 AS at_most_35,
 SELECT p.oid::regprocedure AS view_function
   FROM pg_proc AS p
  WHERE p.proname IN ('idem_stats_internal', 'idem_stats_internal_1_1', 'idem_stats_info_internal')
- ORDER BY 1::text;
+ ORDER BY p.proname COLLATE "C";
 SELECT count(*) AS stats_rows_readable FROM idem_stats;
 \c :regression_db
 DROP DATABASE idem_api_surface;

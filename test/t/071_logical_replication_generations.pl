@@ -283,12 +283,15 @@ event($pub, 'reuse', 1, 5);
 $quiet = publisher_quiet();
 
 # The subscriber catches up as far as the truncation of G, which waits
-# for the reader; a new session is not held up behind it.
+# for the reader; a new session is not held up behind it.  (The apply
+# worker's backend_type is "logical replication apply worker" from
+# PostgreSQL 17 on.)
 $sub->safe_psql('postgres', 'ALTER SUBSCRIPTION idem ENABLE');
 ok( $sub->poll_query_until(
 		'postgres', q{
 		SELECT count(*) > 0 FROM pg_stat_activity
-		 WHERE backend_type = 'logical replication worker' AND wait_event_type = 'Lock'}),
+		 WHERE backend_type IN ('logical replication worker', 'logical replication apply worker')
+		   AND wait_event_type = 'Lock'}),
 	'the apply of the truncation waits for the reader');
 my ($rc, $out, $err) = $sub->psql('postgres',
 	q{SET statement_timeout = '10s'; SELECT idem_is_processed('paid:1', 'payments')});
