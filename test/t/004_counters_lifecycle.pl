@@ -99,6 +99,10 @@ is($node->safe_psql('postgres', q{SELECT count(*) FROM idem_stats WHERE consumer
 # idem_consumer.save = off: nothing is written at shutdown, nothing loaded.
 $node->append_conf('postgresql.conf', "idem_consumer.save = off\n");
 $node->reload;
+# the postmaster writes the file at shutdown: a session it starts after it
+# has read the new setting has it too
+ok($node->poll_query_until('postgres', q{SELECT current_setting('idem_consumer.save') = 'off'}),
+	'the postmaster has read save = off');
 $node->stop;
 ok(!-e $file, 'with save = off no counters file is written');
 $node->start;

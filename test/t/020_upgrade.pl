@@ -108,6 +108,9 @@ WITH ext AS (
     SELECT r.obj, 'constraint ' || con.conname || ': ' || pg_catalog.pg_get_constraintdef(con.oid)
            || CASE WHEN con.condeferrable THEN ' deferrable' ELSE '' END
       FROM rels r JOIN pg_catalog.pg_constraint con ON con.conrelid = r.relid
+     -- NOT NULL, a constraint of its own from PostgreSQL 18 on, is compared
+     -- with its column: its name follows the table it was copied from
+     WHERE con.contype <> 'n'
     UNION ALL
     SELECT r.obj, 'index: ' || pg_catalog.pg_get_indexdef(i.indexrelid)
            || CASE WHEN i.indisclustered THEN ' clustered' ELSE '' END
