@@ -84,9 +84,10 @@ my $events_known = q{SELECT string_agg(key, ' ' ORDER BY key) FROM idem_processe
 # what the worker has not yet, for a free place in the ring
 sub switch
 {
+	my ($rc, $out, $err);
 	for (1 .. 20)
 	{
-		my ($rc) = $pub->psql('postgres', q{
+		($rc, $out, $err) = $pub->psql('postgres', q{
 			SELECT idem_key_generation_retire();
 			SELECT idem_key_generation_retire();
 			SELECT idem_key_generation_switch();
@@ -94,7 +95,25 @@ sub switch
 		return if $rc == 0;
 		sleep 0.2;
 	}
-	die 'could not switch generations';
+	die "could not switch generations: $err";
+}
+
+# free_place(G): retires until generation G of the publisher's ring is
+# dropped and emptied, so that a switch can open it again
+sub free_place
+{
+	my ($g) = @_;
+	for (1 .. 50)
+	{
+		return if $pub->safe_psql('postgres', qq{
+			SELECT NOT EXISTS (SELECT FROM idem_consumer.key_generations WHERE generation = $g)
+			   AND pg_relation_size('idem_consumer.processed_keys_$g')
+			       + pg_relation_size('idem_consumer.key_collisions_$g')
+			       + pg_relation_size('idem_consumer_local.key_filter_$g') = 0}) eq 't';
+		$pub->safe_psql('postgres', q{SELECT idem_key_generation_retire()});
+		sleep 0.2;
+	}
+	die "could not free generation $g";
 }
 
 # waits until the publisher's storage stays the same for 3 s: the worker
@@ -282,6 +301,11 @@ $holder->query_safe('BEGIN');
 $holder->query_safe("LOCK TABLE idem_consumer.processed_keys_$h IN ACCESS SHARE MODE");
 switch();
 my ($c_epoch, $c) = split /\|/, $pub->safe_psql('postgres', $last_generation);
+# The place after C, which the switch below opens, is freed first: the
+# transaction probes every generation of the ring, none that it probed
+# can be emptied before it ends, and a place is opened again only once
+# emptied.  (The ring has 16 places.)
+free_place($c % 16 + 1);
 my $open_tx = $pub->background_psql('postgres', on_error_stop => 1);
 $open_tx->query_safe('BEGIN');
 $open_tx->query_safe(q{SELECT idem_apply('open:1', 'events', 'select 1')});
