@@ -15,37 +15,15 @@
 use strict;
 use warnings;
 
+use FindBin;
+use lib "$FindBin::RealBin/../lib";
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
+use ReplicatedStorage;
 use Test::More;
 
-# the same on both nodes: roles first, then the extension and the
-# business table
-my $setup = q{
-	CREATE ROLE team_pay;
-	CREATE ROLE pay_app LOGIN IN ROLE team_pay;
-	CREATE EXTENSION idem_consumer;
-	CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL DEFAULT 0);
-	GRANT EXECUTE ON FUNCTION idem_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
-	                          idem_try_apply(text, text, text, text[], timestamptz, text, bigint, "any"),
-	                          idem_consumer_create(text, regrole)
-	                          TO team_pay;
-	GRANT SELECT, UPDATE ON accounts TO team_pay;
-};
-
-my $pub = PostgreSQL::Test::Cluster->new('publisher');
-my $sub = PostgreSQL::Test::Cluster->new('subscriber');
-for my $node ($pub, $sub)
-{
-	$node->init(allows_streaming => 'logical');
-	# keys purged one by one, whose deletes replicate row by row
-	$node->append_conf('postgresql.conf',
-		"shared_preload_libraries = 'idem_consumer'\nidem_consumer.key_generation_interval = 0\n");
-	$node->start;
-	# the roles get other OIDs on the subscriber: owners replicate by name
-	$node->safe_psql('postgres', 'CREATE ROLE only_here') if $node == $sub;
-	$node->safe_psql('postgres', $setup);
-}
+# keys purged one by one, whose deletes replicate row by row
+my ($pub, $sub) = start_pair("idem_consumer.key_generation_interval = 0\n");
 isnt($pub->safe_psql('postgres', q{SELECT 'team_pay'::regrole::oid}),
 	$sub->safe_psql('postgres', q{SELECT 'team_pay'::regrole::oid}),
 	'the owner role has another OID on the subscriber');
@@ -65,11 +43,8 @@ my $without_identity = q{
 is($pub->safe_psql('postgres', $without_identity), '',
 	'every storage table has a replica identity');
 
-$pub->safe_psql('postgres', q{
-	INSERT INTO accounts SELECT g FROM generate_series(1, 4) g;
-	SELECT idem_consumer_create('payments', 'team_pay');
-	CREATE PUBLICATION idem FOR TABLES IN SCHEMA idem_consumer, TABLE public.accounts;
-});
+$pub->safe_psql('postgres', q{SELECT idem_consumer_create('payments', 'team_pay')});
+publish($pub);
 
 # The subscriber's own index for the deletes it applies (PostgreSQL 15
 # finds a row of a full replica identity by a sequential scan otherwise).
@@ -79,27 +54,7 @@ $sub->safe_psql('postgres', q{
 	ALTER TABLE idem_consumer.processed_keys_1
 	    REPLICA IDENTITY USING INDEX processed_keys_1_identity;
 });
-my $pub_conn = $pub->connstr('postgres') =~ s/'/''/gr;
-$sub->safe_psql('postgres',
-	"CREATE SUBSCRIPTION idem CONNECTION '$pub_conn' PUBLICATION idem");
-$sub->wait_for_subscription_sync($pub, 'idem');
-
-# apply(NODE, FROM, TO): delivers messages paid:FROM..TO of consumer
-# payments as pay_app, each one twice; returns how many ran their SQL.
-sub apply
-{
-	my ($node, $from, $to) = @_;
-	return $node->safe_psql(
-		'postgres', qq{
-		SELECT count(*) FILTER (WHERE idem_apply('paid:' || g, 'payments',
-		           'update accounts set balance = balance + \$1::bigint where id = \$2::int',
-		           ARRAY[g::text, (g % 4 + 1)::text]))
-		  FROM generate_series($from, $to) g, generate_series(1, 2) AS twice
-		},
-		extra_params => [ '-U', 'pay_app' ]);
-}
-
-my $balances = q{SELECT string_agg(id || ':' || balance, ' ' ORDER BY id) FROM accounts};
+subscribe($pub, $sub);
 
 is(apply($pub, 1, 200), '200', 'the publisher applies 200 messages delivered twice once each');
 is( $pub->safe_psql(
@@ -220,11 +175,7 @@ is($checker->query_safe(q{SELECT idem_position_passed('handed', 'orders', 0, 50)
 $checker->quit;
 
 # Take over: the subscription stops for good, the publisher is gone.
-$sub->safe_psql('postgres', q{
-	ALTER SUBSCRIPTION idem DISABLE;
-	ALTER SUBSCRIPTION idem SET (slot_name = NONE);
-	DROP SUBSCRIPTION idem;
-});
+take_over($sub);
 $pub->stop;
 
 is(scalar(grep { $connected->query_safe("EXECUTE deliver('gen:$_')") =~ /^t\s*$/ } 1 .. 12),
