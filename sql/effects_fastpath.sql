@@ -3,7 +3,8 @@
 -- a completion that does not fit on its row's page (not a HOT update) gets
 -- its index entries, every row stays reachable through the primary key
 -- (amcheck), a new lease's row is the one the SQL statement inserts, and a
--- table changed by hand (here: a trigger) is left to the SQL statements.
+-- table changed by hand (here: a trigger, a check constraint, a default) is
+-- left to the SQL statements.
 -- The cases the statements decide (a row of the key, a superseded fence, a
 -- completed effect, a concurrent writer) are in effects.sql and the
 -- isolation specs effects_begin and effects_takeover.
@@ -67,6 +68,31 @@ SELECT * FROM new_lease WHERE key = 'watched';
 SELECT idem_effect_complete('fp-wide', 'watched', :fence, '{"ok": true}');
 DROP TRIGGER seen ON idem_consumer.effects;
 DROP FUNCTION effects_seen();
-DROP VIEW new_lease;
 SELECT state, result FROM idem_consumer.effects WHERE key = 'watched';
+
+-- a check constraint on the table: the SQL statements enforce it, on a new
+-- lease and on a completion
+ALTER TABLE idem_consumer.effects ADD CONSTRAINT fp_no_refused
+    CHECK (key NOT LIKE 'refused%' AND NOT coalesce(result ? 'refused', false)) NOT VALID;
+\set VERBOSITY terse
+SELECT action FROM idem_effect_begin('fp-wide', 'refused-1');
+SELECT fence FROM idem_effect_begin('fp-wide', 'checked') \gset
+SELECT idem_effect_complete('fp-wide', 'checked', :fence, '{"refused": true}');
+\set VERBOSITY default
+ALTER TABLE idem_consumer.effects DROP CONSTRAINT fp_no_refused;
+SELECT key, state FROM idem_consumer.effects WHERE key IN ('checked', 'refused-1');
+
+-- a default the 1.1 script does not give, or another than it gives: a new
+-- lease takes the statement, which fills them in
+ALTER TABLE idem_consumer.effects ALTER COLUMN last_error SET DEFAULT 'by default';
+SELECT action FROM idem_effect_begin('fp-wide', 'defaulted', '{"amount": 5}', '45 seconds');
+ALTER TABLE idem_consumer.effects ALTER COLUMN last_error DROP DEFAULT;
+SELECT * FROM new_lease WHERE key = 'defaulted';
+ALTER TABLE idem_consumer.effects ALTER COLUMN provider_key SET DEFAULT 'fixed';
+SELECT action, provider_key FROM idem_effect_begin('fp-wide', 'fixed', '{"amount": 5}', '45 seconds');
+ALTER TABLE idem_consumer.effects ALTER COLUMN provider_key
+    SET DEFAULT pg_catalog.gen_random_uuid()::text;
+-- and the script's default again: the fast path
+SELECT action, provider_key <> 'fixed' AS random FROM idem_effect_begin('fp-wide', 'random');
+DROP VIEW new_lease;
 RESET enable_seqscan;

@@ -76,7 +76,25 @@ ALTER TABLE idem_consumer.positions ADD CONSTRAINT below_100 CHECK (position < 1
 SELECT idem_position_advance('fp', 'orders', 0, 100);
 \set VERBOSITY default
 ALTER TABLE idem_consumer.positions DROP CONSTRAINT below_100;
+-- as well in place of one of the script's: the checks are known by name
+BEGIN;
+ALTER TABLE idem_consumer.positions DROP CONSTRAINT positions_position_check;
+ALTER TABLE idem_consumer.positions ADD CONSTRAINT below_100 CHECK (position < 100);
+\set VERBOSITY terse
 SELECT idem_position_advance('fp', 'orders', 0, 100);
+\set VERBOSITY default
+ROLLBACK;
+SELECT idem_position_advance('fp', 'orders', 0, 100);
+-- and row security, which binds none of the superusers here: the
+-- statement all the same, which reads the index twice
+BEGIN;
+ALTER TABLE idem_consumer.positions ENABLE ROW LEVEL SECURITY;
+SELECT idx_scan AS before FROM pg_stat_xact_user_tables
+ WHERE relid = 'idem_consumer.positions'::regclass \gset
+SELECT idem_position_advance('fp', 'orders', 0, 101);
+SELECT idx_scan - :before AS statement_index_scans FROM pg_stat_xact_user_tables
+ WHERE relid = 'idem_consumer.positions'::regclass;
+ROLLBACK;
 
 -- A row inserted by this transaction: the statement, whose foreign key
 -- check the insert's would not make

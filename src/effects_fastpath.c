@@ -52,7 +52,6 @@
 #include "access/xact.h"
 #include "catalog/pg_am.h"
 #include "catalog/index.h"
-#include "catalog/pg_class.h"
 #include "catalog/pg_collation.h"
 #include "catalog/pg_opfamily.h"
 #include "catalog/pg_type.h"
@@ -129,28 +128,6 @@ set_column(TupleTableSlot *slot, AttrNumber attnum, Datum value)
 }
 
 /*
- * Tells whether the table is as the extension creates it, with nothing
- * (a trigger, a policy, a check, a changed column, partitions to route
- * rows to, the constraint of a partition) that the executor would have to
- * run or enforce on an insert or update.
- */
-static bool
-table_is_plain(Relation rel)
-{
-	TupleDesc	tupdesc = RelationGetDescr(rel);
-
-	if (rel->rd_rel->relkind != RELKIND_RELATION ||
-		rel->rd_rel->relispartition ||
-		rel->trigdesc != NULL ||
-		rel->rd_rel->relrowsecurity ||
-		(tupdesc->constr != NULL &&
-		 (tupdesc->constr->num_check > 0 || tupdesc->constr->has_generated_stored)))
-		return false;
-	/* the executor checks NOT NULL, the fast paths only form the tuple */
-	return fastpath_columns_match(tupdesc, effect_columns, EFFECTS_NATTS);
-}
-
-/*
  * Tells whether an index is the primary key on (consumer_id, key) that the
  * extension creates, compared as = on integers and on "C" text.
  */
@@ -196,62 +173,72 @@ index_is_outbox(Relation index)
 }
 
 /*
- * Tells whether the defaults an insert of a new inline effect relies on
- * are the ones the 1.1 script gives, and no other column has one: the
- * fast insert computes them itself.
+ * Tells whether the default of a column is one the 1.1 script gives and an
+ * insert of a new inline effect computes itself, as the statement would
+ * have it computed.
  */
 static bool
-defaults_are_plain(Relation rel)
+default_is_plain(AttrNumber attnum, const char *adbin)
 {
-	TupleConstr *constr = RelationGetDescr(rel)->constr;
+	Node	   *expr;
+	bool		plain;
 
-	if (constr == NULL)
-		return false;
-	for (int i = 0; i < constr->num_defval; i++)
+	/* the text of a default found plain before is the same expression */
+	if (attnum >= 1 && attnum <= EFFECTS_NATTS && plain_defaults[attnum] != NULL &&
+		strcmp(plain_defaults[attnum], adbin) == 0)
+		return true;
+	expr = stringToNode(adbin);
+	switch (attnum)
 	{
-		AttrNumber	attnum = constr->defval[i].adnum;
-		const char *adbin = constr->defval[i].adbin;
-		Node	   *expr;
-		bool		plain;
-
-		/* the text of a default found plain before is the same expression */
-		if (attnum >= 1 && attnum <= EFFECTS_NATTS && plain_defaults[attnum] != NULL &&
-			strcmp(plain_defaults[attnum], adbin) == 0)
-			continue;
-		expr = stringToNode(adbin);
-		switch (attnum)
-		{
-			case ATT_FENCE:
-			case ATT_ATTEMPTS:
-				plain = true;	/* the insert gives both */
-				break;
-			case ATT_PROVIDER_KEY:
-				plain = IsA(expr, CoerceViaIO) &&
-					((CoerceViaIO *) expr)->resulttype == TEXTOID &&
-					IsA(((CoerceViaIO *) expr)->arg, FuncExpr) &&
-					((FuncExpr *) ((CoerceViaIO *) expr)->arg)->funcid == F_GEN_RANDOM_UUID;
-				break;
-			case ATT_OUTCOME_UNKNOWN:
-				plain = IsA(expr, Const) && !((Const *) expr)->constisnull &&
-					((Const *) expr)->consttype == BOOLOID &&
-					!DatumGetBool(((Const *) expr)->constvalue);
-				break;
-			case ATT_CREATED_AT:
-			case ATT_UPDATED_AT:
-				plain = IsA(expr, FuncExpr) && ((FuncExpr *) expr)->funcid == F_NOW;
-				break;
-			default:
-				plain = false;
-				break;
-		}
-		if (!plain)
-			return false;
-		if (plain_defaults[attnum] != NULL)
-			pfree(plain_defaults[attnum]);
-		plain_defaults[attnum] = MemoryContextStrdup(TopMemoryContext, adbin);
+		case ATT_FENCE:
+		case ATT_ATTEMPTS:
+			plain = true;		/* the insert gives both */
+			break;
+		case ATT_PROVIDER_KEY:
+			plain = IsA(expr, CoerceViaIO) &&
+				((CoerceViaIO *) expr)->resulttype == TEXTOID &&
+				IsA(((CoerceViaIO *) expr)->arg, FuncExpr) &&
+				((FuncExpr *) ((CoerceViaIO *) expr)->arg)->funcid == F_GEN_RANDOM_UUID;
+			break;
+		case ATT_OUTCOME_UNKNOWN:
+			plain = IsA(expr, Const) && !((Const *) expr)->constisnull &&
+				((Const *) expr)->consttype == BOOLOID &&
+				!DatumGetBool(((Const *) expr)->constvalue);
+			break;
+		case ATT_CREATED_AT:
+		case ATT_UPDATED_AT:
+			plain = IsA(expr, FuncExpr) && ((FuncExpr *) expr)->funcid == F_NOW;
+			break;
+		default:
+			plain = false;
+			break;
 	}
+	if (!plain)
+		return false;
+	if (plain_defaults[attnum] != NULL)
+		pfree(plain_defaults[attnum]);
+	plain_defaults[attnum] = MemoryContextStrdup(TopMemoryContext, adbin);
 	return true;
 }
+
+/*
+ * The table as the 1.1 script creates it, with nothing (a trigger, a
+ * policy, a check, a changed column, partitions to route rows to, the
+ * constraint of a partition) that the executor would have to run or
+ * enforce on an insert or update; an insert also computes the defaults it
+ * relies on, which no other column may have.
+ */
+static const FastPathTableShape effects_shape_update = {
+	.columns = effect_columns,
+	.ncolumns = EFFECTS_NATTS,
+	.defaults = FASTPATH_DEFAULTS_ANY,
+};
+static const FastPathTableShape effects_shape_insert = {
+	.columns = effect_columns,
+	.ncolumns = EFFECTS_NATTS,
+	.defaults = FASTPATH_DEFAULTS_PLAIN,
+	.default_is_plain = default_is_plain,
+};
 
 /*
  * Opens the effects table (relid, as effects_table_oid() found it; the
@@ -274,7 +261,7 @@ open_effects(Oid relid, Relation *relp, Relation *pkp, bool insert)
 		return false;
 
 	rel = table_open(relid, RowExclusiveLock);
-	if (!table_is_plain(rel) || (insert && !defaults_are_plain(rel)))
+	if (!fastpath_table_matches(rel, insert ? &effects_shape_insert : &effects_shape_update))
 	{
 		table_close(rel, NoLock);
 		return false;

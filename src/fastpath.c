@@ -1,16 +1,18 @@
 /*-------------------------------------------------------------------------
  *
  * fastpath.c
- *	  What the fast paths of keys and of external effects share:
- *	  idem_consumer.fast_path, the check that a table has exactly the
- *	  columns the install script creates, the snapshot an SPI statement
- *	  would take, the speculative insertion through a unique index, and
- *	  the index entries of an updated row.
+ *	  What the fast paths of keys, of external effects and of positions
+ *	  share: idem_consumer.fast_path, the check that a table is as the
+ *	  install script creates it, the snapshot an SPI statement would take,
+ *	  the speculative insertion through a unique index, and the index
+ *	  entries of an updated row.
  *
  * A fast path forms its tuples from the values it is given and runs none
  * of the executor's checks, so it may write only to a table that is
- * exactly as created; each fast path checks the rest of its table (its
- * indexes, defaults, triggers) itself.  The insertion is the one ExecInsert
+ * exactly as created: fastpath_table_matches checks what the three share
+ * (the kind of table, row security, columns, check constraints, triggers
+ * and defaults), each against its own FastPathTableShape; each fast path
+ * checks its table's indexes itself.  The insertion is the one ExecInsert
  * makes for INSERT ... ON CONFLICT: a heap tuple with a speculative token,
  * then the index entry with UNIQUE_CHECK_PARTIAL, then the token resolved,
  * so that a tuple whose index entry conflicts is dead to everyone at once
@@ -30,6 +32,7 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/index.h"
+#include "catalog/pg_class.h"
 #include "catalog/pg_collation.h"
 #include "executor/executor.h"
 #include "storage/lmgr.h"
@@ -76,7 +79,7 @@ fastpath_enabled(void)
  * dropped column still takes a slot, which the fast path would fill with
  * garbage), each with the type, NOT NULL, name and collation of columns.
  */
-bool
+static bool
 fastpath_columns_match(TupleDesc tupdesc, const FastPathColumn *columns,
 					   int ncolumns)
 {
@@ -94,6 +97,58 @@ fastpath_columns_match(TupleDesc tupdesc, const FastPathColumn *columns,
 			(columns[i].collate_c && att->attcollation != C_COLLATION_OID))
 			return false;
 	}
+	return true;
+}
+
+/* whether name is one of the nnames names */
+static bool
+name_listed(const char *name, const char *const *names, int nnames)
+{
+	for (int i = 0; i < nnames; i++)
+		if (strcmp(name, names[i]) == 0)
+			return true;
+	return false;
+}
+
+/*
+ * Tells whether a table is as shape describes it, with nothing the
+ * executor would run or enforce on the fast path's writes: a plain table,
+ * no partition (only the executor routes rows and checks partition
+ * constraints), no row security, no stored generated column, exactly the
+ * check constraints shape names (a constraint's name is unique in its
+ * table), only triggers shape finds plain, shape's columns, and defaults
+ * as shape allows.
+ */
+bool
+fastpath_table_matches(Relation rel, const FastPathTableShape *shape)
+{
+	TupleDesc	tupdesc = RelationGetDescr(rel);
+	TupleConstr *constr = tupdesc->constr;
+	int			num_check = constr != NULL ? constr->num_check : 0;
+
+	if (rel->rd_rel->relkind != RELKIND_RELATION ||
+		rel->rd_rel->relispartition ||
+		rel->rd_rel->relrowsecurity ||
+		(constr != NULL && constr->has_generated_stored) ||
+		num_check != shape->nchecks)
+		return false;
+	for (int i = 0; i < num_check; i++)
+		if (!name_listed(constr->check[i].ccname, shape->checks, shape->nchecks))
+			return false;
+	/* the relcache keeps no trigger descriptor for a table without one */
+	if (rel->trigdesc != NULL)
+		for (int i = 0; i < rel->trigdesc->numtriggers; i++)
+			if (shape->trigger_is_plain == NULL ||
+				!shape->trigger_is_plain(&rel->trigdesc->triggers[i]))
+				return false;
+	if (!fastpath_columns_match(tupdesc, shape->columns, shape->ncolumns))
+		return false;
+	if (shape->defaults != FASTPATH_DEFAULTS_ANY && constr != NULL)
+		for (int i = 0; i < constr->num_defval; i++)
+			if (shape->defaults == FASTPATH_DEFAULTS_NONE ||
+				!shape->default_is_plain(constr->defval[i].adnum,
+										 constr->defval[i].adbin))
+				return false;
 	return true;
 }
 

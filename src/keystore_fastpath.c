@@ -11,7 +11,8 @@
  * duplicate (no transaction id, no WAL, no waiting), and a free hash takes
  * the new key.  A new key is inserted the way INSERT ... ON CONFLICT does
  * it, with the speculative insertion of fastpath.c, which the fast path
- * of external effects shares, as it shares the check of the columns.
+ * of external effects shares, as all three fast paths share the check of
+ * their table (fastpath_table_matches).
  * Anything else (another key in the hash's place, a row not visible to the
  * snapshot, a concurrent inserter) is left to the SQL statements, which
  * wait and decide; keystore.c says why that is exact.
@@ -40,7 +41,6 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/index.h"
-#include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
 #include "executor/executor.h"
 #include "utils/fmgroids.h"
@@ -53,30 +53,25 @@
 #include "fastpath.h"
 
 /*
- * Tells whether a key table has exactly the columns the extension
- * creates: (consumer_id int4, processed_at int4, key text COLLATE "C"),
- * all NOT NULL, and from version 1.1 on a fourth, fingerprint int4,
- * nullable, without a default; and nothing else.  The fast path forms its
- * tuples from these values alone, so any other column (even a dropped one,
- * which still takes a slot) would get a garbage value instead of its
- * default.
+ * The key table as the extension creates it: (consumer_id int4,
+ * processed_at int4, key text COLLATE "C"), all NOT NULL, and from version
+ * 1.1 on a fourth, fingerprint int4, nullable; no default, check
+ * constraint or trigger.  The fast path forms its tuples from these values
+ * alone, so any other column (even a dropped one, which still takes a
+ * slot) would get a garbage value instead of its default.
  */
-static bool
-key_columns_match(TupleDesc tupdesc)
-{
-	static const FastPathColumn key_columns[] = {
-		{NULL, INT4OID, true, false},	/* consumer_id */
-		{NULL, INT4OID, true, false},	/* processed_at */
-		{NULL, TEXTOID, true, true},	/* key */
-		{"fingerprint", INT4OID, false, false},
-	};
+static const FastPathColumn key_columns[] = {
+	{NULL, INT4OID, true, false},	/* consumer_id */
+	{NULL, INT4OID, true, false},	/* processed_at */
+	{NULL, TEXTOID, true, true},	/* key */
+	{"fingerprint", INT4OID, false, false},
+};
 
-	if ((tupdesc->natts != 3 && tupdesc->natts != 4) ||
-		(tupdesc->constr != NULL &&
-		 (tupdesc->constr->has_generated_stored || tupdesc->constr->num_defval > 0)))
-		return false;
-	return fastpath_columns_match(tupdesc, key_columns, tupdesc->natts);
-}
+/* the table of a 1.0 storage, then of a later one */
+static const FastPathTableShape key_shapes[] = {
+	{.columns = key_columns, .ncolumns = 3, .defaults = FASTPATH_DEFAULTS_NONE},
+	{.columns = key_columns, .ncolumns = 4, .defaults = FASTPATH_DEFAULTS_NONE},
+};
 
 /*
  * Whether the key table of each generation suits the fast path, as
@@ -110,10 +105,9 @@ verdict_relcache_callback(Datum arg, Oid relid)
 }
 
 /*
- * Tells whether an opened key table suits the fast path: a plain table,
- * no partition (only the executor routes rows and checks partition
- * constraints), with our columns only, no triggers, row security or check
- * constraints, and hash_index as its only index.
+ * Tells whether an opened key table suits the fast path: as key_shapes
+ * describes it (fastpath_table_matches), with hash_index as its only
+ * index.
  */
 static bool
 key_table_usable(Relation keys, Oid hash_index)
@@ -121,13 +115,8 @@ key_table_usable(Relation keys, Oid hash_index)
 	List	   *indexes = RelationGetIndexList(keys);
 	bool		usable;
 
-	usable = keys->rd_rel->relkind == RELKIND_RELATION &&
-		!keys->rd_rel->relispartition &&
-		key_columns_match(RelationGetDescr(keys)) &&
-		keys->trigdesc == NULL &&
-		!keys->rd_rel->relrowsecurity &&
-		(keys->rd_att->constr == NULL ||
-		 keys->rd_att->constr->num_check == 0) &&
+	usable = fastpath_table_matches(keys,
+									&key_shapes[RelationGetDescr(keys)->natts == 3 ? 0 : 1]) &&
 		list_length(indexes) == 1 &&
 		linitial_oid(indexes) == hash_index;
 	list_free(indexes);

@@ -38,7 +38,6 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
-#include "catalog/pg_class.h"
 #include "catalog/pg_trigger.h"
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
@@ -76,16 +75,6 @@ static const char *const position_checks[] = {
 	"positions_topic_check",
 };
 
-/* whether name is one of position_checks */
-static bool
-is_position_check(const char *name)
-{
-	for (int i = 0; i < lengthof(position_checks); i++)
-		if (strcmp(name, position_checks[i]) == 0)
-			return true;
-	return false;
-}
-
 /* whether two texts hold the same bytes, as the "C" collation compares */
 static bool
 texts_equal(text *a, text *b)
@@ -115,31 +104,18 @@ trigger_is_plain(const Trigger *t)
 }
 
 /*
- * Tells whether the table is as the 1.2 script creates it, with nothing
- * that UPDATE would run or enforce on an advance beyond what the header
- * says cannot fail or fire.
+ * The table as the 1.2 script creates it, with nothing that UPDATE would
+ * run or enforce on an advance beyond what the header says cannot fail or
+ * fire; an advance gives no column its default.
  */
-static bool
-positions_table_is_plain(Relation rel)
-{
-	TupleDesc	tupdesc = RelationGetDescr(rel);
-	TupleConstr *constr = tupdesc->constr;
-
-	if (rel->rd_rel->relkind != RELKIND_RELATION ||
-		rel->rd_rel->relispartition ||
-		rel->rd_rel->relrowsecurity ||
-		constr == NULL || constr->has_generated_stored ||
-		constr->num_check != lengthof(position_checks))
-		return false;
-	for (int i = 0; i < constr->num_check; i++)
-		if (!is_position_check(constr->check[i].ccname))
-			return false;
-	if (rel->trigdesc != NULL)
-		for (int i = 0; i < rel->trigdesc->numtriggers; i++)
-			if (!trigger_is_plain(&rel->trigdesc->triggers[i]))
-				return false;
-	return fastpath_columns_match(tupdesc, position_columns, PC_NUM_COLUMNS);
-}
+static const FastPathTableShape positions_shape = {
+	.columns = position_columns,
+	.ncolumns = PC_NUM_COLUMNS,
+	.checks = position_checks,
+	.nchecks = lengthof(position_checks),
+	.trigger_is_plain = trigger_is_plain,
+	.defaults = FASTPATH_DEFAULTS_ANY,
+};
 
 /*
  * Moves the position of the row version at tid, which this transaction
@@ -164,7 +140,7 @@ positions_fast_advance(ItemPointer tid, int32 consumer_id, text *topic, int32 pa
 		return false;
 	nspid = get_namespace_oid(STORAGE_SCHEMA, false);
 	rel = table_open(get_relname_relid("positions", nspid), RowExclusiveLock);
-	if (!positions_table_is_plain(rel))
+	if (!fastpath_table_matches(rel, &positions_shape))
 	{
 		table_close(rel, NoLock);
 		return false;
