@@ -6,8 +6,10 @@
 # workload then gives the same results on all three.  The library keeps
 # serving databases still at 1.0 and at 1.1.
 #
-# The released scripts (1.0, 1.0--1.1) are pinned by their checksums: an
-# edit of a released script would change what an update starts from.
+# The released scripts (1.0, 1.0--1.1, 1.1--1.2 and 1.2) are pinned by
+# their checksums: an edit of a released script would change what an
+# update starts from, or make a new install of a version differ from an
+# updated one.  A change of SQL goes into the next version's scripts.
 use strict;
 use warnings;
 
@@ -19,6 +21,8 @@ use Test::More;
 
 my $released_1_0_sha256 = '86d8eaadc82b08450a4b8f566207dbdba4d78fcea8de617b10aefce0a4af1eee';
 my $released_1_1_sha256 = 'f84523684b97d79cb71edd6a1ed369ea8b088df4c8208321982de2a19b946072';
+my $released_1_2_update_sha256 = 'edde26f951ea592462b9c4ad2820d2cc4c87dd59dddb848be37cec0fb7e2a58d';
+my $released_1_2_sha256 = 'dc4e9f9c1955f3a85b49fa192a5e0b4572b3bbac065cb664bcb42abd405a5320';
 my $current_version = '1.2';
 
 # Every object of the extension and what a DBA or a client can see of it,
@@ -268,6 +272,10 @@ is(Digest::SHA->new(256)->addfile("$sharedir/idem_consumer--1.0.sql")->hexdigest
 	$released_1_0_sha256, 'idem_consumer--1.0.sql is the released 1.0 script, unchanged');
 is(Digest::SHA->new(256)->addfile("$sharedir/idem_consumer--1.0--1.1.sql")->hexdigest,
 	$released_1_1_sha256, 'idem_consumer--1.0--1.1.sql is the released 1.1 update, unchanged');
+is(Digest::SHA->new(256)->addfile("$sharedir/idem_consumer--1.1--1.2.sql")->hexdigest,
+	$released_1_2_update_sha256, 'idem_consumer--1.1--1.2.sql is the released 1.2 update, unchanged');
+is(Digest::SHA->new(256)->addfile("$sharedir/idem_consumer--1.2.sql")->hexdigest,
+	$released_1_2_sha256, 'idem_consumer--1.2.sql is the released 1.2 script, unchanged');
 ok(!-e "$sharedir/idem_consumer--1.1.sql" && -e "$sharedir/idem_consumer--$current_version.sql",
 	"a new install runs idem_consumer--$current_version.sql; no --1.1.sql");
 
