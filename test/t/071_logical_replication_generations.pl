@@ -67,7 +67,7 @@ my $tables = join(
 		} 1 .. 16
 	} qw(processed_keys_ key_collisions_));
 my $storage = qq{
-	SELECT ($ring) || E'\n' || (SELECT string_agg(s, E'\n') FROM ($tables) AS t (s))
+	SELECT ($ring) || E'\n' || (SELECT string_agg(s, E'\n' ORDER BY s) FROM ($tables) AS t (s))
 	       || E'\nregistered ' || (SELECT count(*) || ':' || coalesce(md5(string_agg(epoch || '/' || consumer_id || '/' || first_at, ',' ORDER BY epoch, consumer_id, first_at)), '-')
 	                                 FROM idem_consumer.generation_consumers)
 	       || E'\ndead letters ' || (SELECT coalesce(string_agg(dead_letter_id || '/' || key || '/' || status, ',' ORDER BY dead_letter_id), '-')
