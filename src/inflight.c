@@ -78,6 +78,7 @@
 #include "utils/memutils.h"
 
 #include "idem_consumer.h"
+#include "text_bytes.h"
 
 typedef struct InflightKey
 {
@@ -225,10 +226,7 @@ inflight_find(int32 consumer_id, text *key)
 	{
 		if (inflight[i].consumer_id != consumer_id)
 			continue;
-		if (key == NULL ||
-			(VARSIZE_ANY_EXHDR(inflight[i].key) == VARSIZE_ANY_EXHDR(key) &&
-			 memcmp(VARDATA_ANY(inflight[i].key), VARDATA_ANY(key),
-					VARSIZE_ANY_EXHDR(key)) == 0))
+		if (key == NULL || text_bytes_equal(inflight[i].key, key))
 			return &inflight[i];
 	}
 	return NULL;

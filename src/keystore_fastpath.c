@@ -51,6 +51,7 @@
 #include "compat.h"
 #include "keystore_fastpath.h"
 #include "fastpath.h"
+#include "text_bytes.h"
 
 /*
  * The key table as the extension creates it: (consumer_id int4,
@@ -250,9 +251,7 @@ slot_holds_key(TupleTableSlot *slot, int32 consumer_id, text *key)
 	if (DatumGetInt32(slot_getattr(slot, 1, &isnull)) != consumer_id)
 		return false;
 	occupant = DatumGetTextPP(slot_getattr(slot, 3, &isnull));
-	return VARSIZE_ANY_EXHDR(occupant) == VARSIZE_ANY_EXHDR(key) &&
-		memcmp(VARDATA_ANY(occupant), VARDATA_ANY(key),
-			   VARSIZE_ANY_EXHDR(key)) == 0;
+	return text_bytes_equal(occupant, key);
 }
 
 /*

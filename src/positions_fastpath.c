@@ -51,6 +51,7 @@
 #include "idem_consumer.h"
 #include "fastpath.h"
 #include "positions.h"
+#include "text_bytes.h"
 
 /* The columns of idem_consumer.positions, as the 1.2 script creates them. */
 static const FastPathColumn position_columns[PC_NUM_COLUMNS] = {
@@ -74,14 +75,6 @@ static const char *const position_checks[] = {
 	"positions_position_check",
 	"positions_topic_check",
 };
-
-/* whether two texts hold the same bytes, as the "C" collation compares */
-static bool
-texts_equal(text *a, text *b)
-{
-	return VARSIZE_ANY_EXHDR(a) == VARSIZE_ANY_EXHDR(b) &&
-		memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) == 0;
-}
 
 /*
  * Tells whether a trigger of the table does nothing on an advance: the
@@ -155,7 +148,7 @@ positions_fast_advance(ItemPointer tid, int32 consumer_id, text *topic, int32 pa
 	if (table_tuple_fetch_row_version(rel, tid, SnapshotAny, oldslot) &&
 		DatumGetInt32(slot_getattr(oldslot, PC_CONSUMER_ID + 1, &isnull)) == consumer_id &&
 		DatumGetInt32(slot_getattr(oldslot, PC_PARTITION + 1, &isnull)) == partition &&
-		texts_equal(DatumGetTextPP(slot_getattr(oldslot, PC_TOPIC + 1, &isnull)), topic) &&
+		text_bytes_equal(DatumGetTextPP(slot_getattr(oldslot, PC_TOPIC + 1, &isnull)), topic) &&
 		!TransactionIdIsCurrentTransactionId(
 			DatumGetTransactionId(slot_getsysattr(oldslot, MinTransactionIdAttributeNumber,
 												  &isnull))))
